@@ -1,0 +1,93 @@
+"""Facts raydlc knows without asking AWS: GPU instance types and the DLC images.
+
+Config validation, rendering and planning need these before any cloud call (and offline);
+`raydlc capacity` reads the live facts from EC2 and can confirm them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    memory_gib: float
+    bf16_tflops: float  # dense bf16 peak, no sparsity
+
+
+GPUS: dict[str, GpuModel] = {
+    "l4": GpuModel("L4", 22.4, 121.0),  # 24 GB marketed, 22.4 GiB usable as reported by nvidia-smi
+    "a10g": GpuModel("A10G", 22.4, 125.0),
+    "l40s": GpuModel("L40S", 44.4, 362.0),
+    "a100-40gb": GpuModel("A100-40GB", 40.0, 312.0),
+    "a100-80gb": GpuModel("A100-80GB", 80.0, 312.0),
+    "h100": GpuModel("H100", 80.0, 989.0),
+    "h200": GpuModel("H200", 141.0, 989.0),
+    "b200": GpuModel("B200", 180.0, 2250.0),
+}
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    vcpus: int
+    memory_gib: int
+    gpus: int
+    gpu: str | None  # key into GPUS
+    efa_interfaces: int  # maximum EFA interfaces; 0 = no EFA
+    network_gbps: float
+    gpudirect_rdma: bool = False
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    t.name: t
+    for t in [
+        InstanceType("m7i.xlarge", 4, 16, 0, None, 0, 12.5),
+        InstanceType("m7i.2xlarge", 8, 32, 0, None, 0, 12.5),
+        InstanceType("m5.xlarge", 4, 16, 0, None, 0, 10),
+        InstanceType("g5.12xlarge", 48, 192, 4, "a10g", 1, 40),
+        InstanceType("g5.24xlarge", 96, 384, 4, "a10g", 1, 50),
+        InstanceType("g5.48xlarge", 192, 768, 8, "a10g", 1, 100),
+        InstanceType("g6.12xlarge", 48, 192, 4, "l4", 1, 40),
+        InstanceType("g6.24xlarge", 96, 384, 4, "l4", 1, 50),
+        InstanceType("g6.48xlarge", 192, 768, 8, "l4", 1, 100),
+        InstanceType("g6e.12xlarge", 48, 384, 4, "l40s", 1, 100),
+        InstanceType("g6e.24xlarge", 96, 768, 4, "l40s", 2, 200),
+        InstanceType("g6e.48xlarge", 192, 1536, 8, "l40s", 4, 400),
+        InstanceType("p4d.24xlarge", 96, 1152, 8, "a100-40gb", 4, 400, True),
+        InstanceType("p4de.24xlarge", 96, 1152, 8, "a100-80gb", 4, 400, True),
+        InstanceType("p5.48xlarge", 192, 2048, 8, "h100", 32, 3200, True),
+        InstanceType("p5e.48xlarge", 192, 2048, 8, "h200", 32, 3200, True),
+        InstanceType("p5en.48xlarge", 192, 2048, 8, "h200", 16, 3200, True),
+    ]
+}
+
+
+def instance_type(name: str) -> InstanceType | None:
+    return INSTANCE_TYPES.get(name)
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    image: str
+    ray: str
+    torch: str
+    cuda: str
+    nccl: str
+    efa_installer: str
+
+
+DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+
+IMAGES: dict[str, ImageFacts] = {
+    DEFAULT_IMAGE: ImageFacts(DEFAULT_IMAGE, "2.58.0", "2.13.0", "13.0.2", "2.29.7", "1.49"),
+}
+
+
+def image_facts(image: str) -> ImageFacts | None:
+    return IMAGES.get(image)

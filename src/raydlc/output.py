@@ -1,0 +1,34 @@
+"""Where output goes: rich for people, one plain JSON document for programs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "model_dump"):
+        return o.model_dump(mode="json")
+    if hasattr(o, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(o)
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    return str(o)
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, default=_default, sort_keys=False)
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON document on one line of stdout (the last line, for commands that also log)."""
+    sys.stdout.write(to_json(obj) + "\n")
+    sys.stdout.flush()

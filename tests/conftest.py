@@ -1,0 +1,29 @@
+"""Shared fixtures. Local servers (moto, kmock) and schema loading live here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RAYDLC_SHARED", REPO.parent / "shared"))
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No RAYDLC_* variables and an empty working directory, so defaults are really defaults."""
+    for k in list(os.environ):
+        if k.startswith("RAYDLC_"):
+            monkeypatch.delenv(k)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """../shared with the schemas; a missing folder is a failure, never a skip."""
+    if not (SHARED / "schemas").is_dir():
+        pytest.fail(f"schema folder {SHARED / 'schemas'} is missing: CI must have ../shared beside the clone")
+    return SHARED

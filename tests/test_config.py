@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raydlc.config import FIELDS, Config, load_config, parse_assignments, render_yaml_template
+from raydlc.errors import ConfigError
+
+REFERENCE_ENV_SH = [
+    "CLUSTER_NAME", "REGION", "K8S_VERSION", "NODE_AMI_FAMILY", "NAMESPACE", "SYSTEM_NODE_TYPE",
+    "SYSTEM_NODE_COUNT", "GPU_NODE_TYPE", "GPU_NODE_COUNT", "GPUS_PER_NODE", "GPU_NODEGROUP_NAME",
+    "GPU_AZ", "DLC_IMAGE", "KUBERAY_VERSION", "RAY_VERSION", "RAY_CLUSTER_NAME",
+    "NVIDIA_DEVICE_PLUGIN_VERSION", "EFA_DEVICE_PLUGIN_VERSION", "MODEL_ID", "STEPS", "SEQ_LEN",
+    "BATCH_SIZE", "LEARNING_RATE", "NUM_WORKERS",
+]
+
+
+def test_every_env_sh_variable_has_a_field() -> None:
+    missing = [n for n in REFERENCE_ENV_SH if n not in FIELDS]
+    assert missing == []
+
+
+def test_defaults_are_the_reference_values(clean_env: Path) -> None:
+    cfg = load_config(env={})
+    assert cfg.cluster.region == "us-east-2"
+    assert cfg.cluster.k8s_version == "1.36"
+    assert cfg.cluster.ami_family == "AmazonLinux2023"
+    assert cfg.cluster.namespace == "ray-train"
+    assert (cfg.system_nodes.instance_type, cfg.system_nodes.count) == ("m7i.xlarge", 1)
+    assert (cfg.gpu_nodes.instance_type, cfg.gpu_nodes.count, cfg.gpu_nodes.gpus_per_node) == ("g6.12xlarge", 2, 4)
+    assert cfg.images.dlc_image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    assert (cfg.images.ray_version, cfg.images.kuberay_version) == ("2.58.0", "1.7.0")
+    assert cfg.train.model_id == "Qwen/Qwen2.5-1.5B"
+    assert cfg.num_workers == 8
+    assert all(cfg.source(n) == "default" for n in FIELDS)
+
+
+def test_precedence_flag_over_env_over_file_over_default(clean_env: Path) -> None:
+    (clean_env / "raydlc.yaml").write_text(
+        yaml.safe_dump({"cluster": {"name": "from-file", "region": "us-west-2"}, "train": {"steps": 7, "seq_len": 64}})
+    )
+    env = {"RAYDLC_CLUSTER_NAME": "from-env", "RAYDLC_STEPS": "9"}
+    cfg = load_config(env=env, overrides={"STEPS": 11})
+    assert (cfg.cluster.name, cfg.source("CLUSTER_NAME")) == ("from-env", "env")
+    assert (cfg.cluster.region, cfg.source("REGION")) == ("us-west-2", "file")
+    assert (cfg.train.steps, cfg.source("STEPS")) == (11, "flag")
+    assert (cfg.train.seq_len, cfg.source("SEQ_LEN")) == (64, "file")
+    assert (cfg.train.batch_size, cfg.source("BATCH_SIZE")) == (1, "default")
+    assert cfg.origin("CLUSTER_NAME") == "env RAYDLC_CLUSTER_NAME"
+
+
+def test_explicit_config_path_and_raydlc_config_env(clean_env: Path) -> None:
+    p = clean_env / "elsewhere.yaml"
+    p.write_text("gpu_nodes:\n  count: 5\n")
+    assert load_config(p, env={}).gpu_nodes.count == 5
+    assert load_config(env={"RAYDLC_CONFIG": str(p)}).gpu_nodes.count == 5
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(clean_env / "nope.yaml", env={})
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "fragment"),
+    [
+        ({"RAYDLC_CLUSTER_NAME": "Bad_Name"}, "CLUSTER_NAME", "DNS-1123"),
+        ({"RAYDLC_NAMESPACE": "-ns"}, "NAMESPACE", "DNS-1123"),
+        ({"RAYDLC_GPU_NODEGROUP_NAME": "GPU"}, "GPU_NODEGROUP_NAME", "DNS-1123"),
+        ({"RAYDLC_RAY_CLUSTER_NAME": "x" * 60}, "RAY_CLUSTER_NAME", "DNS-1123"),
+        ({"RAYDLC_SYSTEM_NODE_COUNT": "0"}, "SYSTEM_NODE_COUNT", "at least 1"),
+        ({"RAYDLC_GPU_NODE_COUNT": "-1"}, "GPU_NODE_COUNT", "at least 1"),
+        ({"RAYDLC_GPU_NODE_COUNT": "two"}, "GPU_NODE_COUNT", "integer"),
+        ({"RAYDLC_REGION": "Ohio"}, "REGION", "AWS region"),
+        ({"RAYDLC_GPU_AZ": "us-west-2a"}, "GPU_AZ", "not in region"),
+        ({"RAYDLC_GPU_AZ": "zone-a"}, "GPU_AZ", "Availability Zone"),
+        ({"RAYDLC_RAY_VERSION": "2.50.0"}, "RAY_VERSION", "ships Ray 2.58.0"),
+        ({"RAYDLC_GPUS_PER_NODE": "8"}, "GPUS_PER_NODE", "has 4 GPUs"),
+        ({"RAYDLC_GPU_NODE_TYPE": "p5.48xlarge"}, "GPUS_PER_NODE", "has 8 GPUs"),
+        ({"RAYDLC_GPU_NODE_TYPE": "m7i.xlarge"}, "GPU_NODE_TYPE", "no GPUs"),
+        ({"RAYDLC_LEARNING_RATE": "0"}, "LEARNING_RATE", "greater than 0"),
+        ({"RAYDLC_LEARNING_RATE": "-1e-4"}, "LEARNING_RATE", "greater than 0"),
+        ({"RAYDLC_SEQ_LEN": "0"}, "SEQ_LEN", "at least 1"),
+        ({"RAYDLC_BATCH_SIZE": "0"}, "BATCH_SIZE", "at least 1"),
+        ({"RAYDLC_K8S_VERSION": "latest"}, "K8S_VERSION", "minor version"),
+        ({"RAYDLC_NODE_AMI_FAMILY": "Ubuntu"}, "NODE_AMI_FAMILY", "AmazonLinux2023"),
+    ],
+)
+def test_each_rule_names_field_and_source(clean_env: Path, env: dict[str, str], field: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(env=env)
+    msg = str(ei.value)
+    assert f"{field} (env RAYDLC_" in msg or f"{field} (default)" in msg
+    assert fragment in msg
+
+
+def test_cross_field_rules_accept_valid_combinations(clean_env: Path) -> None:
+    cfg = load_config(env={"RAYDLC_GPU_NODE_TYPE": "p5.48xlarge", "RAYDLC_GPUS_PER_NODE": "8", "RAYDLC_GPU_AZ": "us-east-2b"})
+    assert cfg.total_gpus == 16
+    forced = load_config(env={"RAYDLC_RAY_VERSION": "2.59.0", "RAYDLC_FORCE_RAY_VERSION": "true"})
+    assert forced.images.ray_version == "2.59.0"
+    custom = load_config(env={"RAYDLC_DLC_IMAGE": "example.com/mine:1", "RAYDLC_RAY_VERSION": "2.40.0"})
+    assert custom.images.ray_version == "2.40.0"  # unknown image: nothing to compare against
+
+
+def test_file_errors_name_the_file(clean_env: Path) -> None:
+    (clean_env / "raydlc.yaml").write_text("gpu_nodes:\n  cuont: 3\nclustr: {}\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(env={})
+    assert "gpu_nodes.cuont" in str(ei.value) and "clustr" in str(ei.value)
+    (clean_env / "raydlc.yaml").write_text("train:\n  steps: 0\n")
+    with pytest.raises(ConfigError, match=r"STEPS \(file .*raydlc.yaml\): must be at least 1"):
+        load_config(env={})
+    (clean_env / "raydlc.yaml").write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(env={})
+
+
+def test_flags_and_set_assignments(clean_env: Path) -> None:
+    assert parse_assignments(["RAYDLC_STEPS=3", "gpu_node_count=4"]) == {"STEPS": "3", "GPU_NODE_COUNT": "4"}
+    with pytest.raises(ConfigError, match="NAME=VALUE"):
+        parse_assignments(["STEPS"])
+    with pytest.raises(ConfigError, match="NOT_A_FIELD"):
+        load_config(env={}, overrides={"NOT_A_FIELD": 1})
+
+
+def test_template_round_trip_gives_defaults(clean_env: Path) -> None:
+    (clean_env / "raydlc.yaml").write_text(render_yaml_template())
+    from_file = load_config(env={})
+    assert from_file.as_dict() == Config().as_dict()
+    assert all(from_file.source(n) == "file" for n in FIELDS)
