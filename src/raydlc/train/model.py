@@ -1,0 +1,171 @@
+"""Model specs with exact Qwen2 architecture configs, and FSDP2 sharding per decoder block.
+
+The specs are kept in code because `AutoConfig.from_pretrained` needs the hub, and the
+planner, the benchmarks and the local runs all need the exact shapes offline.
+`param_count` is pure arithmetic so `raydlc plan` never has to import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raydlc.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie_embeddings: bool
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    hub_id: str | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def layer_params(self) -> int:
+        """One decoder block: q/k/v projections carry biases in Qwen2, o_proj does not."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attn = (h * h + h) + 2 * (h * kv + kv) + h * h
+        mlp = 3 * h * self.intermediate_size
+        norms = 2 * h
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def param_count(self) -> int:
+        head = 0 if self.tie_embeddings else self.embedding_params()
+        return self.embedding_params() + self.num_layers * self.layer_params() + self.hidden_size + head
+
+
+SPECS: dict[str, ModelSpec] = {
+    # The local default: ~4M parameters, a vocabulary sized for a tokenizer trained on the spot.
+    "tiny": ModelSpec("tiny", 256, 4, 4, 2, 688, 4096, True, max_position_embeddings=2048),
+    "qwen2.5-0.5b": ModelSpec("qwen2.5-0.5b", 896, 24, 14, 2, 4864, 151936, True, hub_id="Qwen/Qwen2.5-0.5B"),
+    "qwen2.5-1.5b": ModelSpec("qwen2.5-1.5b", 1536, 28, 12, 2, 8960, 151936, True, hub_id="Qwen/Qwen2.5-1.5B"),
+}
+_BY_HUB_ID = {s.hub_id.lower(): s for s in SPECS.values() if s.hub_id}
+
+
+def resolve_spec(model_id: str) -> ModelSpec | None:
+    """A built-in spec by name or by its hub id; None for other hub ids and local dirs."""
+    key = model_id.strip()
+    return SPECS.get(key.lower()) or _BY_HUB_ID.get(key.lower())
+
+
+def get_spec(name: str) -> ModelSpec:
+    spec = resolve_spec(name)
+    if spec is None:
+        raise InputError(f"unknown model spec {name!r}", hint=f"built-in specs: {', '.join(SPECS)}")
+    return spec
+
+
+def qwen2_config(spec: ModelSpec, **overrides: Any) -> Any:
+    from transformers import Qwen2Config
+
+    kw: dict[str, Any] = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps,
+        tie_word_embeddings=spec.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    kw.update(overrides)
+    return Qwen2Config(**kw)
+
+
+def build_model(spec: ModelSpec, *, device: str | "torch.device" = "cpu", dtype: "torch.dtype | None" = None, seed: int | None = 0) -> "nn.Module":
+    """A randomly initialised Qwen2 causal LM; `device="meta"` builds shapes only (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if seed is not None and str(device) != "meta":
+        torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(qwen2_config(spec), dtype=dtype or torch.float32)
+    return model
+
+
+def load_pretrained(model_id: str, *, dtype: "torch.dtype | None" = None) -> "nn.Module":
+    """Real weights from a hub id or a local directory; offline hub ids fail at once."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    local = Path(model_id).expanduser()
+    if not local.is_dir() and os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        raise InputError(
+            f"model {model_id!r} is a hub id and HF_HUB_OFFLINE is set",
+            hint="use a built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or a local directory",
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(local) if local.is_dir() else model_id, dtype=dtype, attn_implementation="sdpa"
+        )
+    except OSError as e:
+        raise InputError(
+            f"cannot load model {model_id!r}: {e}",
+            hint="without network, set HF_HUB_OFFLINE=1 and use a built-in spec or a local directory",
+        ) from e
+
+
+def decoder_layers(model: "nn.Module") -> list["nn.Module"]:
+    return list(model.model.layers)  # type: ignore[attr-defined]
+
+
+def apply_fsdp(
+    model: "nn.Module",
+    *,
+    mesh: Any = None,
+    param_dtype: "torch.dtype | None" = None,
+    reduce_dtype: "torch.dtype | None" = None,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> "nn.Module":
+    """FSDP2: one `fully_shard` per decoder block, then the root (torchtitan's layout).
+
+    Per-block units let all-gathers of block i+1 overlap compute of block i; the root unit
+    holds the embeddings, final norm and (tied) head. A 2-D mesh (replicate, shard) is HSDP.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    layers = decoder_layers(model)
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, layer in enumerate(layers):
+            wrapped = checkpoint_wrapper(layer)
+            model.model.layers[i] = wrapped  # type: ignore[attr-defined, index]
+        layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # The last block is resharded by the root's backward anyway; keeping it saves one all-gather.
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(layers) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def spec_dict(spec: ModelSpec) -> dict[str, Any]:
+    return asdict(spec) | {"params": spec.param_count()}
