@@ -27,6 +27,7 @@ from raydlc.render import FILES, render_all, to_yaml, write
 from raydlc.render.eksctl import availability_zones
 from raydlc.render.helm import releases
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY
+from raydlc.render.raycluster import STOP_RAY
 from raydlc.render.sizing import allocatable_for_pods, kube_reserved_cpu, worker_size
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -212,7 +213,7 @@ def test_head_has_no_gpu(name: str, rendered) -> None:
         assert c["resources"]["requests"] == c["resources"]["limits"]
         assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in c["env"]
         assert sorted(p["containerPort"] for p in c["ports"]) == [6379, 8265, 10001]
-        assert c["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
+        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", STOP_RAY]
         assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in c["volumeMounts"]
         assert "command" not in c and "args" not in c
     for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
@@ -280,6 +281,10 @@ def test_gpu_taint_and_tolerations_agree(name: str, rendered) -> None:
         if release.name == "nvidia-device-plugin":
             keys = {t["key"] for t in release.values["tolerations"]}
             assert {t["key"] for t in taints} <= keys
+
+
+def test_pre_stop_hook_stops_ray_inside_the_pod() -> None:
+    assert STOP_RAY.startswith("ray ") and STOP_RAY.endswith(" stop")
 
 
 def test_gpu_taint_is_one_eksctls_efa_plugin_tolerates() -> None:

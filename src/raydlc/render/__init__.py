@@ -1,8 +1,9 @@
 """Everything the cluster needs, rendered from the one Config as data; YAML only at the edge.
 
 `render_all` is pure: it returns {relative filename: document} and raises a RaydlcError before
-anything is written when the config cannot be rendered. `write` is the edge: it writes every
-file through a temporary name and a rename, so a failure never leaves half a manifest behind.
+anything is written when the config cannot be rendered. `write` is the edge: it stages every
+file under a temporary name first and renames them only when all are written, so a failure
+never leaves half a manifest (or half a set) behind.
 """
 
 from __future__ import annotations
@@ -81,18 +82,19 @@ def write(docs: dict[str, dict[str, Any]], out_dir: str | os.PathLike[str]) -> l
     root = Path(out_dir)
     if root.exists() and not root.is_dir():
         raise InputError(f"--out {root}: exists and is not a directory", hint="pass a directory path")
-    texts = {name: to_yaml(doc) for name, doc in docs.items()}
-    written: list[Path] = []
-    for name, text in texts.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
+    texts = {root / name: to_yaml(doc) for name, doc in docs.items()}
+    staged: dict[Path, str] = {}
+    try:
+        for path, text in texts.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged[path] = tmp
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
+    except BaseException:
+        for tmp in staged.values():
             Path(tmp).unlink(missing_ok=True)
-            raise
-        written.append(path)
-    return written
+        raise
+    for path, tmp in staged.items():
+        os.replace(tmp, path)
+    return list(staged)

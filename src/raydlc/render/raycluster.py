@@ -34,8 +34,11 @@ ENTRYPOINT = "python -m raydlc.train"
 
 
 
+STOP_RAY = "ray stop"  # the pod's own preStop hook: runs inside the Ray container, never on this machine
+
+
 def _pre_stop() -> dict[str, Any]:
-    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", STOP_RAY]}}}
 
 
 def _volume_mounts() -> list[dict[str, Any]]:
