@@ -283,6 +283,33 @@ def test_gpu_taint_and_tolerations_agree(name: str, rendered) -> None:
             assert {t["key"] for t in taints} <= keys
 
 
+@pytest.mark.parametrize("name", SPREAD)
+def test_names_image_and_namespace_follow_the_config(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    rc, job = docs[FILES["raycluster"]], docs[FILES["rayjob"]]
+    assert (rc["metadata"]["name"], job["metadata"]["name"]) == (cfg.ray.cluster_name, cfg.ray.job_name)
+    namespaces = {rc["metadata"]["namespace"], job["metadata"]["namespace"]}
+    namespaces |= {p["metadata"]["namespace"] for p in docs[FILES["netpol"]]["items"]}
+    assert namespaces == {cfg.cluster.namespace}
+    assert rc["spec"]["rayVersion"] == job["spec"]["rayClusterSpec"]["rayVersion"] == cfg.images.ray_version
+    images = {c["image"] for _, t in pod_templates(docs) for c in t["spec"]["containers"]}
+    assert images == {cfg.images.dlc_image}
+    meta = docs[FILES["eksctl"]]["metadata"]
+    assert (meta["name"], meta["region"], meta["version"]) == (cfg.cluster.name, cfg.cluster.region, cfg.cluster.k8s_version)
+
+
+def test_p5_worker_claims_8_gpus_and_32_efa_with_gpudirect(rendered) -> None:
+    _, docs = rendered["p5"]
+    for template in gpu_pods(docs):
+        (c,) = template["spec"]["containers"]
+        assert c["resources"]["limits"][GPU_RESOURCE] == "8"
+        assert c["resources"]["limits"][EFA_RESOURCE] == "32"
+        assert {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"} in c["env"]
+    _, default = rendered["default"]
+    for template in gpu_pods(default):
+        assert "FI_EFA_USE_DEVICE_RDMA" not in {e["name"] for e in template["spec"]["containers"][0]["env"]}
+
+
 def test_pre_stop_hook_stops_ray_inside_the_pod() -> None:
     assert STOP_RAY.startswith("ray ") and STOP_RAY.endswith(" stop")
 
