@@ -78,9 +78,8 @@ def nvidia_device_plugin(cfg: Config) -> Release | None:
 
 
 def releases(cfg: Config) -> list[Release]:
-    """Every release raydlc owns, in install order (device plugin before the operator's pods need it)."""
-    out = [r for r in (nvidia_device_plugin(cfg), kuberay_operator(cfg)) if r is not None]
-    return out
+    """Every release raydlc owns, in install order: the GPU plugin before anything asks for GPUs."""
+    return [r for r in (nvidia_device_plugin(cfg), kuberay_operator(cfg)) if r is not None]
 
 
 def render_helm(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -7,17 +7,16 @@ GPU, every EFA interface, and the CPU and memory left after system reservations
 (raydlc.render.sizing), so there is exactly one worker per node and Ray's view of the GPUs
 (`num-gpus`) equals the kubelet's.
 
-NCCL's network is pinned with NCCL_NET (RAY NCCL_NET setting): aws-ofi-nccl registers itself
-as "Libfabric" (1.12 and later; older releases said "AWS Libfabric", which newer ones still accept),
-and when the pinned network cannot initialise NCCL fails instead of quietly using sockets.
+NCCL's network is pinned by the NCCL_NET setting: aws-ofi-nccl registers itself as "Libfabric"
+(after 1.11; 1.11 and older said "AWS Libfabric", a name newer releases still accept, as they do
+"OFI"), and when the pinned network cannot initialise NCCL fails instead of quietly using sockets.
 The container command is left to KubeRay, which generates `ray start` from rayStartParams.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
+from typing import Any
 
 from raydlc import catalog
 from raydlc.config import FIELDS, Config
