@@ -130,6 +130,35 @@ def version(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
         err_console.print(f"[yellow]warning:[/] local {k} {local[k]} differs from the image's {image[k]}")
 
 
+@app.command("render")
+def render(
+    ctx: typer.Context,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files under DIR instead of printing YAML."),
+    only: Optional[str] = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm or netpol."),
+    zones: Optional[str] = typer.Option(
+        None, "--zones", help="Availability Zones that offer the GPU type, best first (the capacity answer): us-east-2a,us-east-2b."
+    ),
+    json_: bool = typer.Option(False, "--json", help="Print JSON: the documents, or the files written."),
+) -> None:
+    """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy from the config."""
+    from raydlc.render import render_all, to_yaml_stream, write
+
+    cfg = load(ctx)
+    zone_list = [z.strip() for z in zones.split(",") if z.strip()] if zones else None
+    docs = render_all(cfg, zone_list, only=only)
+    if out is not None:
+        paths = write(docs, out)
+        if json_:
+            emit_json({"out": str(out), "files": [str(p.relative_to(out)) for p in paths]})
+        else:
+            for p in paths:
+                console.print(f"wrote {p}")
+        return
+    if json_:
+        emit_json({"files": docs})
+        return
+    sys.stdout.write(to_yaml_stream(docs))
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
     try:  # typer >= 0.20 vendors click

@@ -173,11 +173,42 @@ class RayConfig(_Section):
     job_deadline_s: int = _env(
         "JOB_DEADLINE_S", "RayJob activeDeadlineSeconds: a cost guardrail for one job", default=4 * 3600
     )
+    job_name: str = _env("RAY_JOB_NAME", "name of the RayJob resource (its cluster is named after it)", default="ray-train-job")
+    job_ttl_s: int = _env(
+        "JOB_TTL_S", "RayJob ttlSecondsAfterFinished: how long a finished job's cluster stays for logs", default=600
+    )
+    job_backoff_limit: int = _env(
+        "JOB_BACKOFF_LIMIT", "RayJob backoffLimit: whole-job retries, each on a fresh cluster", default=0
+    )
+    submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = _env(
+        "JOB_SUBMISSION_MODE", "how KubeRay submits a RayJob: a submitter pod, the operator over HTTP, or a head sidecar",
+        default="K8sJobMode",
+    )
+    operator_namespace: str = _env(
+        "KUBERAY_NAMESPACE", "namespace of the KubeRay operator (admitted by the head's NetworkPolicy)", default="kuberay-operator"
+    )
 
     @field_validator("cluster_name")
     @classmethod
     def _name(cls, v: str) -> str:
         return _dns1123(v, 47)  # KubeRay appends suffixes to pod and service names
+
+    @field_validator("job_name")
+    @classmethod
+    def _job_name(cls, v: str) -> str:
+        return _dns1123(v, 40)  # the job's RayCluster is this name plus a 6-character suffix
+
+    @field_validator("operator_namespace")
+    @classmethod
+    def _op_ns(cls, v: str) -> str:
+        return _dns1123(v)
+
+    @field_validator("job_ttl_s", "job_backoff_limit")
+    @classmethod
+    def _non_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"must be 0 or more, got {v}")
+        return v
 
     @field_validator("nccl_net", mode="before")
     @classmethod

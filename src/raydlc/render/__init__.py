@@ -1,0 +1,100 @@
+"""Everything the cluster needs, rendered from the one Config as data; YAML only at the edge.
+
+`render_all` is pure: it returns {relative filename: document} and raises a RaydlcError before
+anything is written when the config cannot be rendered. `write` is the edge: it stages every
+file under a temporary name first and renames them only when all are written, so a failure
+never leaves half a manifest (or half a set) behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydlc.config import Config
+from raydlc.errors import InputError
+
+FILES = {
+    "eksctl": "eksctl-cluster.yaml",
+    "raycluster": "raycluster.yaml",
+    "rayjob": "rayjob.yaml",
+    "netpol": "networkpolicy.yaml",
+}
+KINDS = ("eksctl", "raycluster", "rayjob", "helm", "netpol")
+
+
+def render_all(
+    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """filename -> document for every manifest (or only one kind); `zones`: AZs offering the GPU type, best first."""
+    from raydlc.render.eksctl import render_eksctl
+    from raydlc.render.helm import render_helm
+    from raydlc.render.netpol import render_netpol
+    from raydlc.render.raycluster import render_raycluster, render_rayjob
+
+    if only is not None and only not in KINDS:
+        raise InputError(f"--only {only!r}: unknown kind", hint=f"choose one of {', '.join(KINDS)}")
+    out: dict[str, dict[str, Any]] = {}
+    if only in (None, "eksctl"):
+        out[FILES["eksctl"]] = render_eksctl(cfg, zones)
+    if only in (None, "helm"):
+        out.update(render_helm(cfg))
+    if only in (None, "raycluster"):
+        out[FILES["raycluster"]] = render_raycluster(cfg)
+    if only in (None, "rayjob"):
+        out[FILES["rayjob"]] = render_rayjob(cfg)
+    if only in (None, "netpol"):
+        out[FILES["netpol"]] = render_netpol(cfg)
+    return out
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, multi-line strings (runtimeEnvYAML) as literal blocks, never anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(doc: dict[str, Any]) -> str:
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def to_yaml_stream(docs: dict[str, dict[str, Any]]) -> str:
+    """All documents as one multi-document stream, each headed by its filename."""
+    return "".join(f"---\n# {name}\n{to_yaml(doc)}" for name, doc in docs.items())
+
+
+def write(docs: dict[str, dict[str, Any]], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write each document under out_dir; returns the paths written."""
+    root = Path(out_dir)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"--out {root}: exists and is not a directory", hint="pass a directory path")
+    texts = {root / name: to_yaml(doc) for name, doc in docs.items()}
+    staged: dict[Path, str] = {}
+    try:
+        for path, text in texts.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged[path] = tmp
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+    except BaseException:
+        for tmp in staged.values():
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    for path, tmp in staged.items():
+        os.replace(tmp, path)
+    return list(staged)

@@ -1,0 +1,103 @@
+"""The eksctl ClusterConfig (eksctl.io/v1alpha5): VPC, add-ons and the two managed node groups.
+
+The GPU node group lives in exactly one Availability Zone: EFA traffic cannot cross AZs, and
+eksctl's `efaEnabled` also creates the EFA security group and a cluster placement group for it.
+The cluster itself needs at least two AZs (an EKS requirement), one of which is the GPU AZ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from raydlc.config import Config
+from raydlc.errors import InputError
+from raydlc.render import nodes
+
+API_VERSION = "eksctl.io/v1alpha5"
+CORE_ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
+
+# eksctl installs the NVIDIA plugin itself only for AmazonLinux2 (which raydlc does not offer);
+# the flag keeps that true should eksctl's default change. See raydlc.render.helm for owners.
+CREATE_FLAGS: tuple[str, ...] = ("--install-nvidia-plugin=false",)
+
+
+def availability_zones(cfg: Config, zones: Sequence[str] | None) -> tuple[list[str], str]:
+    """(cluster AZs, the one GPU AZ) from GPU_AZ and the capacity answer (AZs offering the type, best first)."""
+    offered = list(dict.fromkeys(zones or []))
+    region = cfg.cluster.region
+    stray = [z for z in offered if not (z.startswith(region) and len(z) == len(region) + 1)]
+    if stray:
+        raise InputError(
+            f"zones {', '.join(stray)} are not Availability Zones of REGION {region!r}",
+            hint=f"pass zones such as {region}a,{region}b",
+        )
+    gpu_az = cfg.gpu_nodes.az or (offered[0] if offered else None)
+    if gpu_az is None:
+        raise InputError(
+            "GPU_AZ: the GPU Availability Zone is unknown (GPU_AZ is empty and no capacity answer was given)",
+            hint=f"set GPU_AZ (e.g. {region}a) and pass the zones that offer {cfg.gpu_nodes.instance_type} "
+            f"(raydlc render --zones {region}a,{region}b)",
+        )
+    if offered and gpu_az not in offered:
+        raise InputError(
+            f"GPU_AZ: {gpu_az} is not among the zones that offer {cfg.gpu_nodes.instance_type} ({', '.join(offered)})",
+            hint="pick GPU_AZ from those zones, or leave it empty to take the best one",
+        )
+    cluster_azs = [gpu_az] + [z for z in offered if z != gpu_az]
+    if len(cluster_azs) < 2:
+        raise InputError(
+            f"an EKS cluster needs subnets in at least two Availability Zones; only {gpu_az} is known",
+            hint=f"pass a second zone of {region}, e.g. raydlc render --zones {gpu_az},<another zone>",
+        )
+    return cluster_azs, gpu_az
+
+
+def _nodegroup(
+    name: str, instance: str, count: int, volume_gb: int, ami: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "instanceType": instance,
+        "desiredCapacity": count,
+        "minSize": count,
+        "maxSize": count,
+        "privateNetworking": True,
+        "amiFamily": ami,
+        "volumeSize": volume_gb,
+        "volumeType": "gp3",
+        "labels": labels,
+    }
+
+
+def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, Any]:
+    cluster_azs, gpu_az = availability_zones(cfg, zones)
+    sysn, gpun = cfg.system_nodes, cfg.gpu_nodes
+    system = _nodegroup(
+        sysn.nodegroup_name, sysn.instance_type, sysn.count, sysn.volume_size_gb, cfg.cluster.ami_family,
+        nodes.system_labels(),
+    )
+    gpu = _nodegroup(
+        gpun.nodegroup_name, gpun.instance_type, gpun.count, gpun.volume_size_gb, cfg.cluster.ami_family,
+        nodes.gpu_labels(),
+    )
+    gpu["availabilityZones"] = [gpu_az]
+    gpu["efaEnabled"] = True
+    taints = nodes.gpu_taints(cfg)
+    if taints:
+        gpu["taints"] = taints
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ClusterConfig",
+        "metadata": {
+            "name": cfg.cluster.name,
+            "region": cfg.cluster.region,
+            "version": cfg.cluster.k8s_version,
+            "tags": {"app.kubernetes.io/managed-by": "raydlc"},
+        },
+        "availabilityZones": cluster_azs,
+        "vpc": {"nat": {"gateway": "Single"}},
+        "iam": {"withOIDC": True},
+        "addons": [{"name": name} for name in CORE_ADDONS],
+        "managedNodeGroups": [system, gpu],
+    }

@@ -1,0 +1,214 @@
+"""RayCluster and RayJob (ray.io/v1) for KubeRay: a CPU-only head and one GPU pod per GPU node.
+
+The head runs on the system node with `num-gpus: "0"` so that Ray never schedules a GPU worker
+there, and `NVIDIA_VISIBLE_DEVICES=void` because the node's container runtime would otherwise run
+the NVIDIA hook on a GPU-less node and fail the pod. Each worker claims its whole node: every
+GPU, every EFA interface, and the CPU and memory left after system reservations
+(raydlc.render.sizing), so there is exactly one worker per node and Ray's view of the GPUs
+(`num-gpus`) equals the kubelet's.
+
+NCCL's network is pinned by the NCCL_NET setting: aws-ofi-nccl registers itself as "Libfabric"
+(after 1.11; 1.11 and older said "AWS Libfabric", a name newer releases still accept, as they do
+"OFI"), and when the pinned network cannot initialise NCCL fails instead of quietly using sockets.
+The container command is left to KubeRay, which generates `ray start` from rayStartParams.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from raydlc import catalog
+from raydlc.config import FIELDS, Config
+from raydlc.render import nodes
+from raydlc.render.sizing import head_size, worker_size
+
+API_VERSION = "ray.io/v1"
+CLUSTER_LABEL = "raydlc.io/cluster"  # on every pod of one Ray cluster; the NetworkPolicy keys on it
+HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+LOG_VOLUME = "ray-logs"
+LOG_PATH = "/tmp/ray"
+WORKER_GROUP = "gpu-workers"
+ENTRYPOINT = "python -m raydlc.train"
+
+
+
+STOP_RAY = "ray stop"  # the pod's own preStop hook: runs inside the Ray container, never on this machine
+
+
+def _pre_stop() -> dict[str, Any]:
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", STOP_RAY]}}}
+
+
+def _volume_mounts() -> list[dict[str, Any]]:
+    return [{"name": LOG_VOLUME, "mountPath": LOG_PATH}]
+
+
+def _volumes() -> list[dict[str, Any]]:
+    return [{"name": LOG_VOLUME, "emptyDir": {}}]
+
+
+def _env(pairs: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def worker_env(cfg: Config) -> dict[str, str]:
+    """EFA/NCCL settings of every GPU pod; a value here is a decision, not a default."""
+    env = {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0"}
+    if cfg.ray.nccl_net:
+        env["NCCL_NET"] = cfg.ray.nccl_net
+    it = catalog.instance_type(cfg.gpu_nodes.instance_type)
+    if it is not None and it.gpudirect_rdma:
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
+    size = head_size(cfg.system_nodes.instance_type)
+    container = {
+        "name": "ray-head",
+        "image": cfg.images.dlc_image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+        "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in HEAD_PORTS.items()],
+        "resources": size.resources(),
+        "volumeMounts": _volume_mounts(),
+        "lifecycle": _pre_stop(),
+    }
+    return {
+        "serviceType": "ClusterIP",
+        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {
+            "metadata": {"labels": {CLUSTER_LABEL: instance}},
+            "spec": {
+                "nodeSelector": nodes.system_labels(),
+                "containers": [container],
+                "volumes": _volumes(),
+            },
+        },
+    }
+
+
+def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
+    gpun = cfg.gpu_nodes
+    size = worker_size(gpun.instance_type)
+    it = catalog.instance_type(gpun.instance_type)
+    assert it is not None  # worker_size raised otherwise
+    devices = {nodes.GPU_RESOURCE: str(gpun.gpus_per_node), nodes.EFA_RESOURCE: str(it.efa_interfaces)}
+    container = {
+        "name": "ray-worker",
+        "image": cfg.images.dlc_image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": _env(worker_env(cfg)),
+        "resources": size.resources(devices),
+        "volumeMounts": _volume_mounts(),
+        "lifecycle": _pre_stop(),
+    }
+    spec: dict[str, Any] = {
+        "nodeSelector": {nodes.ROLE: nodes.GPU_ROLE},
+        "containers": [container],
+        "volumes": _volumes(),
+    }
+    tolerations = nodes.gpu_tolerations(cfg)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {
+        "groupName": WORKER_GROUP,
+        "replicas": gpun.count,
+        "minReplicas": gpun.count,
+        "maxReplicas": gpun.count,
+        "rayStartParams": {"num-gpus": str(gpun.gpus_per_node)},
+        "template": {"metadata": {"labels": {CLUSTER_LABEL: instance}}, "spec": spec},
+    }
+
+
+def cluster_spec(cfg: Config, instance: str) -> dict[str, Any]:
+    """The RayCluster spec; `instance` names the cluster in the pods' CLUSTER_LABEL."""
+    return {
+        "rayVersion": cfg.images.ray_version,
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": _head_group(cfg, instance),
+        "workerGroupSpecs": [_worker_group(cfg, instance)],
+    }
+
+
+def render_raycluster(cfg: Config) -> dict[str, Any]:
+    name = cfg.ray.cluster_name
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayCluster",
+        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
+        "spec": cluster_spec(cfg, name),
+    }
+
+
+def job_env(cfg: Config) -> dict[str, str]:
+    """The training settings as RAYDLC_* variables: `python -m raydlc.train` loads its Config from them.
+
+    Only the train section and the resolved worker count travel; nothing from the caller's
+    environment is copied, so no credential can leak into the manifest.
+    """
+    env: dict[str, str] = {}
+    for f in FIELDS.values():
+        if f.section != "train":
+            continue
+        value = getattr(cfg.train, f.key)
+        if value is not None:
+            env[f.env_var] = str(value)
+    env[FIELDS["NUM_WORKERS"].env_var] = str(cfg.num_workers)
+    return env
+
+
+def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
+    """Ray's runtime_env for the job; `code_uri` (a zip Ray can fetch) ships raydlc to the cluster.
+
+    It is written as JSON (which is YAML) because KubeRay reads runtimeEnvYAML with a YAML 1.2
+    parser: an unquoted `2e-05` would reach Ray as a float, and Ray rejects non-string env_vars.
+    """
+    env: dict[str, Any] = {"env_vars": job_env(cfg)}
+    if code_uri:
+        env["py_modules"] = [code_uri]
+    return env
+
+
+def _submitter(cfg: Config, instance: str) -> dict[str, Any]:
+    """The K8sJobMode submitter pod, labelled so the head's NetworkPolicy admits it."""
+    q = {"cpu": "500m", "memory": "1Gi"}
+    return {
+        "metadata": {"labels": {CLUSTER_LABEL: instance}},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": nodes.system_labels(),
+            "containers": [
+                {
+                    "name": "ray-job-submitter",
+                    "image": cfg.images.dlc_image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+                    "resources": {"requests": dict(q), "limits": dict(q)},
+                }
+            ],
+        },
+    }
+
+
+def render_rayjob(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
+    name = cfg.ray.job_name
+    spec: dict[str, Any] = {
+        "entrypoint": ENTRYPOINT,
+        "runtimeEnvYAML": json.dumps(runtime_env(cfg, code_uri), indent=2, sort_keys=True),
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": cfg.ray.job_ttl_s,
+        "activeDeadlineSeconds": cfg.ray.job_deadline_s,
+        "backoffLimit": cfg.ray.job_backoff_limit,
+        "submissionMode": cfg.ray.submission_mode,
+        "rayClusterSpec": cluster_spec(cfg, name),
+    }
+    if cfg.ray.submission_mode == "K8sJobMode":
+        spec["submitterPodTemplate"] = _submitter(cfg, name)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
+        "spec": spec,
+    }

@@ -1,0 +1,544 @@
+"""raydlc.render against the real schemas of the tools that read its output, and its safety rules.
+
+RayCluster/RayJob are checked against the KubeRay v1.7.0 CRDs' openAPIV3Schema made strict
+(unknown fields rejected), the ClusterConfig against eksctl v0.230.0's JSON schema, and core
+kinds with kubernetes-validate --strict. Golden files: set RAYDLC_UPDATE_GOLDEN=1 to rewrite
+tests/golden/default/ from the current renderer, then review the diff.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import all_versions
+
+from raydlc import catalog
+from raydlc.config import Config, load_config
+from raydlc.errors import InputError
+from raydlc.render import FILES, render_all, to_yaml, write
+from raydlc.render.eksctl import availability_zones
+from raydlc.render.helm import releases
+from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY
+from raydlc.render.raycluster import STOP_RAY
+from raydlc.render.sizing import allocatable_for_pods, kube_reserved_cpu, worker_size
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+GOLDEN = Path(__file__).resolve().parent / "golden" / "default"
+ZONES = ["us-east-2a", "us-east-2b", "us-east-2c"]
+
+# name -> (overrides, zones): the spread the issue asks for, plus the switches that change shape.
+SPREAD: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "default": ({}, ZONES),
+    "one-node": ({"GPU_NODE_COUNT": 1}, ZONES),
+    "four-nodes": ({"GPU_NODE_COUNT": 4, "GPU_AZ": "us-east-2b"}, ZONES),
+    "p5": (
+        {"GPU_NODE_TYPE": "p5.48xlarge", "GPUS_PER_NODE": 8, "REGION": "us-west-2", "GPU_AZ": "us-west-2c"},
+        ["us-west-2a", "us-west-2c"],
+    ),
+    "custom-image": ({"DLC_IMAGE": "123456789012.dkr.ecr.us-east-2.amazonaws.com/my/ray:2.58.0-custom"}, ZONES),
+    "namespace": ({"NAMESPACE": "team-a-training", "RAY_CLUSTER_NAME": "team-a", "RAY_JOB_NAME": "team-a-job"}, ZONES),
+    "bottlerocket-untainted": ({"NODE_AMI_FAMILY": "Bottlerocket", "GPU_TAINT": False, "NCCL_NET": ""}, ZONES),
+    "http-mode": ({"JOB_SUBMISSION_MODE": "HTTPMode", "JOB_DEADLINE_S": 600, "KUBERAY_NAMESPACE": "ray-system"}, ZONES),
+}
+
+
+def make_config(overrides: dict[str, Any], cwd: Path) -> Config:
+    return load_config(env={}, overrides=overrides, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def empty_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("no-config-here")
+
+
+@pytest.fixture(scope="module")
+def rendered(empty_dir: Path) -> dict[str, tuple[Config, dict[str, dict[str, Any]]]]:
+    out = {}
+    for name, (overrides, zones) in SPREAD.items():
+        cfg = make_config(overrides, empty_dir)
+        out[name] = (cfg, render_all(cfg, zones))
+    return out
+
+
+def _strict(node: Any) -> Any:
+    """Reject unknown fields wherever the CRD lists properties and does not preserve unknown ones."""
+    if isinstance(node, dict):
+        node = {k: _strict(v) for k, v in node.items()}
+        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node.setdefault("additionalProperties", False)
+        return node
+    if isinstance(node, list):
+        return [_strict(v) for v in node]
+    return node
+
+
+@pytest.fixture(scope="module")
+def crd_validators(shared_dir: Path) -> dict[str, jsonschema.Draft7Validator]:
+    folder = shared_dir / "schemas" / "kuberay-v1.7.0"
+    out = {}
+    for kind, filename in (("RayCluster", "ray.io_rayclusters.yaml"), ("RayJob", "ray.io_rayjobs.yaml")):
+        crd = yaml.load((folder / filename).read_text(), Loader=_LOADER)  # libyaml: the CRDs are 2 MB
+        (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        out[kind] = jsonschema.Draft7Validator(_strict(v1["schema"]["openAPIV3Schema"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def eksctl_validator(shared_dir: Path) -> jsonschema.Draft7Validator:
+    schema = json.loads((shared_dir / "schemas" / "eksctl-v0.230.0" / "schema.json").read_text())
+    return jsonschema.Draft7Validator(schema)
+
+
+def k8s_schema_version(wanted: str) -> str:
+    """The Kubernetes schema version to validate against: the configured one when kubernetes-validate
+    ships it, else the newest shipped one not newer than it, else (config newer than all) the newest."""
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.split(".")[:2])
+
+    shipped = sorted({".".join(v.split(".")[:2]) for v in all_versions()}, key=key)
+    older = [v for v in shipped if key(v) <= key(wanted)]
+    return older[-1] if older else shipped[0]
+
+
+def errors_of(validator: jsonschema.Draft7Validator, doc: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def pod_templates(docs: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, pod template) for every pod raydlc defines."""
+    out = []
+    rc = docs[FILES["raycluster"]]["spec"]
+    job = docs[FILES["rayjob"]]["spec"]
+    for where, spec in (("raycluster", rc), ("rayjob", job["rayClusterSpec"])):
+        out.append((f"{where}/head", spec["headGroupSpec"]["template"]))
+        for g in spec["workerGroupSpecs"]:
+            out.append((f"{where}/{g['groupName']}", g["template"]))
+    if "submitterPodTemplate" in job:
+        out.append(("rayjob/submitter", job["submitterPodTemplate"]))
+    return out
+
+
+def gpu_pods(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [t for where, t in pod_templates(docs) if "head" not in where and "submitter" not in where]
+
+
+def walk(node: Any):
+    yield node
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from walk(v)
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_raycluster_and_rayjob_match_the_kuberay_crds(name: str, rendered, crd_validators) -> None:
+    _, docs = rendered[name]
+    for filename, kind in ((FILES["raycluster"], "RayCluster"), (FILES["rayjob"], "RayJob")):
+        assert docs[filename]["kind"] == kind
+        assert errors_of(crd_validators[kind], docs[filename]) == [], f"{name} {filename}"
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_cluster_config_matches_the_eksctl_schema(name: str, rendered, eksctl_validator) -> None:
+    _, docs = rendered[name]
+    assert errors_of(eksctl_validator, docs[FILES["eksctl"]]) == []
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_core_kinds_pass_kubernetes_validate_strict(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    version = k8s_schema_version(cfg.cluster.k8s_version)
+    policies = docs[FILES["netpol"]]["items"]
+    assert [p["kind"] for p in policies] == ["NetworkPolicy", "NetworkPolicy"]
+    for policy in policies:
+        kubernetes_validate.validate(policy, version, strict=True)
+    for where, template in pod_templates(docs):
+        pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": template}
+        kubernetes_validate.validate(pod_template, version, strict=True)
+
+
+def test_configured_kubernetes_version_is_one_kubernetes_validate_ships(empty_dir: Path) -> None:
+    cfg = make_config({}, empty_dir)
+    assert k8s_schema_version(cfg.cluster.k8s_version) == cfg.cluster.k8s_version
+    assert k8s_schema_version("1.99") == max(
+        {".".join(v.split(".")[:2]) for v in all_versions()}, key=lambda v: tuple(map(int, v.split(".")))
+    )
+
+
+def test_strict_crd_schema_rejects_an_unknown_field(rendered, crd_validators) -> None:
+    _, docs = rendered["default"]
+    bad = copy.deepcopy(docs[FILES["raycluster"]])
+    bad["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["gpuz"] = 1
+    assert any("gpuz" in e for e in errors_of(crd_validators["RayCluster"], bad))
+    bad2 = copy.deepcopy(docs[FILES["rayjob"]])
+    bad2["spec"]["activeDeadline"] = 5
+    assert errors_of(crd_validators["RayJob"], bad2) != []
+
+
+def test_kubernetes_validate_strict_rejects_an_unknown_field(rendered) -> None:
+    _, docs = rendered["default"]
+    bad = copy.deepcopy(docs[FILES["netpol"]]["items"][0])
+    bad["spec"]["ingress"][0]["fromm"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.36", strict=True)
+
+
+# --- safety properties ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_head_has_no_gpu(name: str, rendered) -> None:
+    _, docs = rendered[name]
+    for where, template in pod_templates(docs):
+        if "head" not in where:
+            continue
+        spec = template["spec"]
+        assert spec["nodeSelector"] == {"role": "system"}
+        (c,) = spec["containers"]
+        for part in ("requests", "limits"):
+            assert GPU_RESOURCE not in c["resources"][part] and EFA_RESOURCE not in c["resources"][part]
+        assert c["resources"]["requests"] == c["resources"]["limits"]
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in c["env"]
+        assert sorted(p["containerPort"] for p in c["ports"]) == [6379, 8265, 10001]
+        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", STOP_RAY]
+        assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in c["volumeMounts"]
+        assert "command" not in c and "args" not in c
+    for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
+        assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+        assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_no_public_exposure_anywhere(name: str, rendered) -> None:
+    _, docs = rendered[name]
+    for doc in docs.values():
+        for node in walk(doc):
+            if isinstance(node, dict):
+                assert node.get("kind") != "Ingress"
+                assert node.get("serviceType", "ClusterIP") == "ClusterIP"
+                assert node.get("type") not in ("LoadBalancer", "NodePort")
+                assert node.get("enableIngress", False) is False
+                assert "hostNetwork" not in node and "hostPort" not in node
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_every_gpu_pod_claims_the_whole_node(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    it = catalog.instance_type(cfg.gpu_nodes.instance_type)
+    assert it is not None
+    pods = gpu_pods(docs)
+    assert len(pods) == 2
+    for template in pods:
+        (c,) = template["spec"]["containers"]
+        req, lim = c["resources"]["requests"], c["resources"]["limits"]
+        assert req == lim
+        assert req[GPU_RESOURCE] == str(it.gpus) and req[EFA_RESOURCE] == str(it.efa_interfaces)
+        assert int(req[EFA_RESOURCE]) >= 1
+        assert all(isinstance(v, str) for v in req.values())
+        assert template["spec"]["nodeSelector"] == {"role": "gpu-worker"}
+        assert "command" not in c and "args" not in c
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["FI_PROVIDER"] == "efa" and env["NCCL_DEBUG"] == "INFO"
+        assert env.get("NCCL_NET") == cfg.ray.nccl_net
+        assert ("FI_EFA_USE_DEVICE_RDMA" in env) == it.gpudirect_rdma
+        if it.gpudirect_rdma:
+            assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
+        (group,) = spec["workerGroupSpecs"]
+        n = cfg.gpu_nodes.count
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (n, n, n)
+        assert group["rayStartParams"]["num-gpus"] == group["template"]["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE]
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_gpu_taint_and_tolerations_agree(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    (gpu_ng,) = [ng for ng in docs[FILES["eksctl"]]["managedNodeGroups"] if ng.get("efaEnabled")]
+    taints = gpu_ng.get("taints", [])
+    assert bool(taints) == cfg.gpu_nodes.taint
+    for template in gpu_pods(docs):
+        tolerations = template["spec"].get("tolerations", [])
+        for t in taints:
+            assert any(
+                tol["key"] == t["key"] and tol["effect"] == t["effect"]
+                and (tol["operator"] == "Exists" or tol.get("value") == t["value"])
+                for tol in tolerations
+            ), (t, tolerations)
+    for release in releases(cfg):
+        if release.name == "nvidia-device-plugin":
+            keys = {t["key"] for t in release.values["tolerations"]}
+            assert {t["key"] for t in taints} <= keys
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_names_image_and_namespace_follow_the_config(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    rc, job = docs[FILES["raycluster"]], docs[FILES["rayjob"]]
+    assert (rc["metadata"]["name"], job["metadata"]["name"]) == (cfg.ray.cluster_name, cfg.ray.job_name)
+    namespaces = {rc["metadata"]["namespace"], job["metadata"]["namespace"]}
+    namespaces |= {p["metadata"]["namespace"] for p in docs[FILES["netpol"]]["items"]}
+    assert namespaces == {cfg.cluster.namespace}
+    assert rc["spec"]["rayVersion"] == job["spec"]["rayClusterSpec"]["rayVersion"] == cfg.images.ray_version
+    images = {c["image"] for _, t in pod_templates(docs) for c in t["spec"]["containers"]}
+    assert images == {cfg.images.dlc_image}
+    meta = docs[FILES["eksctl"]]["metadata"]
+    assert (meta["name"], meta["region"], meta["version"]) == (cfg.cluster.name, cfg.cluster.region, cfg.cluster.k8s_version)
+
+
+def test_p5_worker_claims_8_gpus_and_32_efa_with_gpudirect(rendered) -> None:
+    _, docs = rendered["p5"]
+    for template in gpu_pods(docs):
+        (c,) = template["spec"]["containers"]
+        assert c["resources"]["limits"][GPU_RESOURCE] == "8"
+        assert c["resources"]["limits"][EFA_RESOURCE] == "32"
+        assert {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"} in c["env"]
+    _, default = rendered["default"]
+    for template in gpu_pods(default):
+        assert "FI_EFA_USE_DEVICE_RDMA" not in {e["name"] for e in template["spec"]["containers"][0]["env"]}
+
+
+def test_pre_stop_hook_stops_ray_inside_the_pod() -> None:
+    assert STOP_RAY.startswith("ray ") and STOP_RAY.endswith(" stop")
+
+
+def test_gpu_taint_is_one_eksctls_efa_plugin_tolerates() -> None:
+    # eksctl's EFA device-plugin DaemonSet tolerates only these keys; see raydlc.render.nodes.
+    assert GPU_TAINT_KEY in {"CriticalAddonsOnly", "aws.amazon.com/efa"}
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_gpu_node_group_is_in_exactly_one_az(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    cc = docs[FILES["eksctl"]]
+    groups = {ng["name"]: ng for ng in cc["managedNodeGroups"]}
+    gpu = groups[cfg.gpu_nodes.nodegroup_name]
+    assert gpu["efaEnabled"] is True and gpu["privateNetworking"] is True
+    assert len(gpu["availabilityZones"]) == 1 and "subnets" not in gpu
+    (az,) = gpu["availabilityZones"]
+    assert az == (cfg.gpu_nodes.az or SPREAD[name][1][0])
+    assert az in cc["availabilityZones"] and len(cc["availabilityZones"]) >= 2
+    assert gpu["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+    n = cfg.gpu_nodes.count
+    assert (gpu["desiredCapacity"], gpu["minSize"], gpu["maxSize"]) == (n, n, n)
+    system = groups[cfg.system_nodes.nodegroup_name]
+    assert system["labels"] == {"role": "system"} and "efaEnabled" not in system
+    assert cc["vpc"]["nat"]["gateway"] == "Single" and cc["iam"]["withOIDC"] is True
+    assert [a["name"] for a in cc["addons"]] == ["vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"]
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_network_policy_admits_only_own_cluster_and_operator(name: str, rendered) -> None:
+    cfg, docs = rendered[name]
+    policies = docs[FILES["netpol"]]["items"]
+    instances = [cfg.ray.cluster_name, cfg.ray.job_name]
+    labels_in_use = [
+        t["metadata"]["labels"]["raydlc.io/cluster"] for _, t in pod_templates(docs)
+    ]
+    assert set(labels_in_use) == set(instances)
+    for policy, instance in zip(policies, instances):
+        spec = policy["spec"]
+        assert policy["metadata"]["namespace"] == cfg.cluster.namespace
+        assert spec["podSelector"]["matchLabels"] == {"raydlc.io/cluster": instance, "ray.io/node-type": "head"}
+        assert spec["policyTypes"] == ["Ingress"]
+        own, operator = spec["ingress"]
+        assert own["from"] == [{"podSelector": {"matchLabels": {"raydlc.io/cluster": instance}}}]
+        (peer,) = operator["from"]
+        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": cfg.ray.operator_namespace}
+        assert sorted(p["port"] for p in operator["ports"]) == [6379, 8265, 10001]
+        for rule in spec["ingress"]:
+            for src in rule["from"]:
+                assert "ipBlock" not in src
+                assert src.get("podSelector", {}).get("matchLabels"), "an empty podSelector would admit every pod"
+
+
+def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    secrets = {
+        "AWS_ACCESS_KEY_ID": "AKIAZZZZSECRETKEY123",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYSECRETVALUE",
+        "AWS_SESSION_TOKEN": "FwoGZXIvYXdzEXAMPLESESSIONTOKEN",
+        "HF_TOKEN": "hf_NOTAREALTOKENBUTASECRET",
+    }
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
+    for k in [k for k in os.environ if k.startswith("RAYDLC_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("RAYDLC_STEPS", "7")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config()
+    assert cfg.train.steps == 7
+    docs = render_all(cfg, ZONES)
+    paths = write(docs, tmp_path / "out")
+    assert len(paths) == len(docs) == 6
+    text = "\n".join(p.read_text() for p in paths)
+    assert "RAYDLC_STEPS" in text and '"7"' in text
+    for value in secrets.values():
+        assert value not in text
+    for name in secrets:
+        assert name not in text
+    assert "password" not in text.lower() and "secretKeyRef" not in text
+
+
+# --- the RayJob -----------------------------------------------------------------------------
+
+
+def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) -> None:
+    cfg = make_config({"JOB_DEADLINE_S": 900, "JOB_TTL_S": 30, "JOB_BACKOFF_LIMIT": 2, "STEPS": 11, "LEARNING_RATE": "3e-5"}, empty_dir)
+    job = render_all(cfg, ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
+    assert (job["activeDeadlineSeconds"], job["ttlSecondsAfterFinished"], job["backoffLimit"]) == (900, 30, 2)
+    assert job["shutdownAfterJobFinishes"] is True and job["submissionMode"] == "K8sJobMode"
+    assert job["entrypoint"].startswith("python -m raydlc.train")
+    runtime = yaml.safe_load(job["runtimeEnvYAML"])
+    env = runtime["env_vars"]
+    assert all(isinstance(v, str) for v in env.values())
+    assert env["RAYDLC_STEPS"] == "11" and env["RAYDLC_LEARNING_RATE"] == "3e-05"
+    assert env["RAYDLC_NUM_WORKERS"] == "8"
+    reloaded = load_config(env=env, cwd=empty_dir)
+    assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
+    rc = render_all(cfg, ZONES, only="raycluster")[FILES["raycluster"]]["spec"]
+    strip = lambda s: json.loads(json.dumps(s).replace(cfg.ray.job_name, cfg.ray.cluster_name))  # noqa: E731
+    assert strip(job["rayClusterSpec"]) == rc
+
+
+def test_rayjob_http_mode_has_no_submitter_pod(rendered) -> None:
+    _, docs = rendered["http-mode"]
+    spec = docs[FILES["rayjob"]]["spec"]
+    assert spec["submissionMode"] == "HTTPMode" and "submitterPodTemplate" not in spec
+    assert spec["activeDeadlineSeconds"] == 600
+
+
+# --- helm and device-plugin ownership --------------------------------------------------------
+
+
+def test_helm_releases_and_device_plugin_owners(rendered) -> None:
+    cfg, docs = rendered["default"]
+    by_name = {r.name: r for r in releases(cfg)}
+    assert set(by_name) == {"kuberay-operator", "nvidia-device-plugin"}
+    op = by_name["kuberay-operator"]
+    assert op.version == cfg.images.kuberay_version == "1.7.0"
+    assert op.values["nodeSelector"] == {"role": "system"} and op.namespace == cfg.ray.operator_namespace
+    nv = by_name["nvidia-device-plugin"]
+    assert nv.version == cfg.images.nvidia_device_plugin_version and nv.values["nodeSelector"] == {"role": "gpu-worker"}
+    assert set(docs) >= {"helm/kuberay-operator.values.yaml", "helm/nvidia-device-plugin.values.yaml"}
+    assert not any("efa" in name for name in docs if name.startswith("helm/")), "eksctl owns the EFA plugin"
+    br_cfg, br_docs = rendered["bottlerocket-untainted"]
+    assert [r.name for r in releases(br_cfg)] == ["kuberay-operator"]
+    assert "helm/nvidia-device-plugin.values.yaml" not in br_docs
+
+
+# --- sizing -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("instance", [n for n, t in catalog.INSTANCE_TYPES.items() if t.gpus])
+def test_worker_fits_the_node_after_reservations(instance: str) -> None:
+    it = catalog.INSTANCE_TYPES[instance]
+    size = worker_size(instance)
+    cpu, mem = allocatable_for_pods(it)
+    assert 1 <= size.cpu <= cpu < it.vcpus - kube_reserved_cpu(it.vcpus)
+    assert 1 <= size.memory_gib <= mem < it.memory_gib * 0.95
+
+
+def test_default_sizes_are_the_documented_ones(rendered) -> None:
+    _, docs = rendered["default"]
+    rc = docs[FILES["raycluster"]]["spec"]
+    head = rc["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    worker = rc["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert (head["cpu"], head["memory"]) == ("2", "9Gi")
+    assert (worker["cpu"], worker["memory"]) == ("47", "176Gi")
+    assert abs(kube_reserved_cpu(48) - 0.19) < 1e-9
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_unknown_gpu_type_is_an_input_error_naming_it(empty_dir: Path) -> None:
+    cfg = make_config({"GPU_NODE_TYPE": "g99.huge", "GPUS_PER_NODE": 4}, empty_dir)
+    with pytest.raises(InputError) as e:
+        render_all(cfg, ZONES)
+    assert "GPU_NODE_TYPE" in e.value.message and "g99.huge" in e.value.message and e.value.hint
+
+
+@pytest.mark.parametrize(
+    "overrides, zones, needle",
+    [
+        ({}, None, "GPU_AZ"),
+        ({"GPU_AZ": "us-east-2a"}, None, "two Availability Zones"),
+        ({"GPU_AZ": "us-east-2c"}, ["us-east-2a", "us-east-2b"], "not among"),
+        ({}, ["us-east-2a"], "two Availability Zones"),
+        ({}, ["eu-west-1a", "eu-west-1b"], "REGION"),
+    ],
+)
+def test_zone_problems_are_input_errors(overrides: dict[str, Any], zones, needle: str, empty_dir: Path) -> None:
+    cfg = make_config(overrides, empty_dir)
+    with pytest.raises(InputError) as e:
+        availability_zones(cfg, zones)
+    assert needle in e.value.message and e.value.hint
+
+
+def test_capacity_answer_picks_the_gpu_az_first(empty_dir: Path) -> None:
+    cfg = make_config({}, empty_dir)
+    assert availability_zones(cfg, ["us-east-2c", "us-east-2a", "us-east-2c"]) == (["us-east-2c", "us-east-2a"], "us-east-2c")
+    cfg_b = make_config({"GPU_AZ": "us-east-2a"}, empty_dir)
+    assert availability_zones(cfg_b, ["us-east-2c", "us-east-2a"]) == (["us-east-2a", "us-east-2c"], "us-east-2a")
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"RAY_JOB_NAME": "Bad_Name"}, "RAY_JOB_NAME"),
+        ({"RAY_JOB_NAME": "x" * 41}, "RAY_JOB_NAME"),
+        ({"JOB_TTL_S": -1}, "JOB_TTL_S"),
+        ({"JOB_BACKOFF_LIMIT": -2}, "JOB_BACKOFF_LIMIT"),
+        ({"JOB_SUBMISSION_MODE": "ShellMode"}, "JOB_SUBMISSION_MODE"),
+        ({"KUBERAY_NAMESPACE": "-ns"}, "KUBERAY_NAMESPACE"),
+    ],
+)
+def test_new_settings_are_validated(overrides: dict[str, Any], field: str, empty_dir: Path) -> None:
+    from raydlc.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        make_config(overrides, empty_dir)
+    assert field in str(e.value)
+
+
+def test_render_functions_are_pure_and_import_nothing_heavy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from raydlc.config import load_config; from raydlc.render import render_all; "
+        "render_all(load_config(env={}), ['us-east-2a','us-east-2b']); "
+        "print(sorted(m for m in ('boto3','kubernetes','ray','torch') if m in sys.modules))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# --- golden files ---------------------------------------------------------------------------
+
+
+def test_default_config_matches_the_golden_files(rendered) -> None:
+    """RAYDLC_UPDATE_GOLDEN=1 rewrites tests/golden/default/ (then review `git diff`)."""
+    _, docs = rendered["default"]
+    if os.environ.get("RAYDLC_UPDATE_GOLDEN") == "1":
+        if GOLDEN.exists():
+            for old in GOLDEN.rglob("*.yaml"):
+                old.unlink()
+        write(docs, GOLDEN)
+    on_disk = sorted(str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml"))
+    assert on_disk == sorted(docs), "golden file set differs; RAYDLC_UPDATE_GOLDEN=1 to rewrite"
+    for name, doc in docs.items():
+        assert (GOLDEN / name).read_text() == to_yaml(doc), f"{name} differs from its golden file"

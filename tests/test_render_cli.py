@@ -1,0 +1,114 @@
+"""`raydlc render`: files, stdout, --only, --json, and bad input that writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raydlc.cli import main
+from raydlc.config import load_config
+from raydlc.render import render_all
+
+ZONES = "us-east-2a,us-east-2b"
+ALL_FILES = [
+    "eksctl-cluster.yaml",
+    "helm/kuberay-operator.values.yaml",
+    "helm/nvidia-device-plugin.values.yaml",
+    "networkpolicy.yaml",
+    "raycluster.yaml",
+    "rayjob.yaml",
+]
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_render_out_writes_every_file_as_rendered(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = clean_env / "manifests"
+    assert main(["--set", "GPU_NODE_COUNT=3", "render", "--zones", ZONES, "--out", str(out)]) == 0
+    assert files_under(out) == ALL_FILES
+    expected = render_all(load_config(env={}, overrides={"GPU_NODE_COUNT": 3}, cwd=clean_env), ZONES.split(","))
+    for name, doc in expected.items():
+        assert yaml.safe_load((out / name).read_text()) == doc
+    assert yaml.safe_load((out / "raycluster.yaml").read_text())["spec"]["workerGroupSpecs"][0]["replicas"] == 3
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_render_without_out_prints_yaml_and_writes_nothing(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "--only", "raycluster"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["kind"] for d in docs] == ["RayCluster"]
+    assert list(clean_env.iterdir()) == []
+
+
+def test_render_only_helm_needs_no_zones(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "--only", "helm", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc["files"]) == ["helm/kuberay-operator.values.yaml", "helm/nvidia-device-plugin.values.yaml"]
+
+
+def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = clean_env / "o"
+    assert main(["render", "--zones", ZONES, "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["out"] == str(out) and sorted(doc["files"]) == ALL_FILES == files_under(out)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["render", "--only", "bogus"], "--only"),
+        (["render"], "GPU_AZ"),
+        (["--set", "GPU_NODE_TYPE=g99.huge", "render", "--zones", ZONES], "GPU_NODE_TYPE"),
+        (["--set", "GPU_AZ=us-east-2c", "render", "--zones", ZONES], "GPU_AZ"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(
+    args: list[str], needle: str, clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = clean_env / "manifests"
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "hint:" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_out_that_is_a_file_is_an_input_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = clean_env / "afile"
+    target.write_text("keep me")
+    assert main(["render", "--zones", ZONES, "--out", str(target)]) == 2
+    assert target.read_text() == "keep me"
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_render_command_imports_nothing_heavy(tmp_path: Path) -> None:
+    code = (
+        "import sys; from raydlc.cli import main; rc = main(['render', '--zones', %r]); "
+        "sys.stderr.write('HEAVY=' + ','.join(sorted(m for m in ('torch','ray','transformers','kubernetes','boto3') "
+        "if m in sys.modules)) + '\\n'); sys.exit(rc)" % ZONES
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert "HEAVY=\n" in r.stderr
+    assert "kind: RayJob" in r.stdout
+
+
+def test_schema_tests_fail_not_skip_without_the_schema_folder(tmp_path: Path) -> None:
+    test_file = Path(__file__).with_name("test_render.py")
+    env = {**os.environ, "RAYDLC_SHARED": str(tmp_path / "missing")}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs",
+         f"{test_file}::test_cluster_config_matches_the_eksctl_schema[default]"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=test_file.parent.parent,
+    )
+    assert r.returncode == 1, r.stdout[-1500:]
+    assert "1 error" in r.stdout or "1 failed" in r.stdout
+    assert "skipped" not in r.stdout and "schema folder" in r.stdout
