@@ -13,6 +13,7 @@ The standard AWS environment applies unchanged: `AWS_PROFILE`, the credential ch
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -87,11 +88,16 @@ def _max_attempts() -> int:
     return max(1, value)
 
 
-def known_regions(sess: "boto3.Session", service: str = "ec2") -> set[str]:
+@functools.lru_cache(maxsize=None)
+def known_regions(service: str = "ec2") -> frozenset[str]:
+    """Regions botocore's endpoint data lists for a service, in every partition (read once: ~1 s)."""
+    import boto3
+
+    sess = boto3.Session()
     regions: set[str] = set()
     for partition in sess.get_available_partitions():
         regions.update(sess.get_available_regions(service, partition_name=partition))
-    return regions
+    return frozenset(regions)
 
 
 def session(region: str, profile: str | None = None) -> "boto3.Session":
@@ -124,7 +130,7 @@ def session(region: str, profile: str | None = None) -> "boto3.Session":
             hint="set AWS_PROFILE to a configured profile, or export AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, or run `aws configure` / `aws sso login`",
         )
-    if region not in known_regions(sess):
+    if region not in known_regions():
         raise RegionError(
             f"unknown AWS region {region!r}",
             hint="check REGION (e.g. us-east-2, us-west-2); if the region is new, upgrade boto3/botocore",

@@ -156,7 +156,7 @@ def _read(fn: Callable[[], T]) -> Signal[T]:
     except CredentialsError:
         raise
     except RaydlcError as e:
-        return Signal(unknown=e.message)
+        return Signal(unknown=e.message if not e.hint else f"{e.message} ({e.hint})")
 
 
 def read_zones(ec2: Any) -> list[Zone]:
@@ -285,7 +285,13 @@ def read_subnets(eks: Any, ec2: Any, cluster: str) -> SubnetFacts:
         if e.code == "ResourceNotFoundException":
             return SubnetFacts(cluster=None)
         raise
-    vpc_id = desc.get("resourcesVpcConfig", {}).get("vpcId")
+    vpc_config = desc.get("resourcesVpcConfig", {})
+    vpc_id = vpc_config.get("vpcId")
+    if not vpc_id and vpc_config.get("subnetIds"):
+        first = aws.call(ec2, "describe_subnets", SubnetIds=vpc_config["subnetIds"][:1])["Subnets"]
+        vpc_id = first[0]["VpcId"] if first else None
+    if not vpc_id:
+        raise aws.AwsCallError(f"EKS cluster {cluster} reports no VPC or subnets")
     subnets = list(aws.paginate(ec2, "describe_subnets", "Subnets", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]))
     return SubnetFacts(
         cluster=cluster, vpc_id=vpc_id,
