@@ -89,11 +89,30 @@ def _max_attempts() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def known_regions(service: str = "ec2") -> frozenset[str]:
-    """Regions botocore's endpoint data lists for a service, in every partition (read once: ~1 s)."""
-    import boto3
+def _data_loader() -> Any:
+    """One botocore data loader per process: it caches the parsed service models and endpoint
+    data, which every new session would otherwise parse again (~0.5 s per client)."""
+    from botocore.loaders import create_loader
 
-    sess = boto3.Session()
+    return create_loader()
+
+
+def _boto3_session(region: str | None = None, profile: str | None = None) -> "boto3.Session":
+    import boto3
+    import botocore.session
+
+    core = botocore.session.get_session()
+    loader = _data_loader()
+    core.register_component("data_loader", loader)
+    sess = boto3.Session(botocore_session=core, region_name=region, profile_name=profile)
+    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))  # boto3 appends its path per session
+    return sess
+
+
+@functools.lru_cache(maxsize=None)
+def known_regions(service: str = "ec2") -> frozenset[str]:
+    """Regions botocore's endpoint data lists for a service, in every partition."""
+    sess = _boto3_session()
     regions: set[str] = set()
     for partition in sess.get_available_partitions():
         regions.update(sess.get_available_regions(service, partition_name=partition))
@@ -106,19 +125,17 @@ def session(region: str, profile: str | None = None) -> "boto3.Session":
     `profile` defaults to `AWS_PROFILE` (boto3 reads it itself). The region must be one
     botocore knows: a typo would otherwise surface as an unreachable endpoint much later.
     """
-    import boto3
     from botocore import exceptions as bx
 
     try:
-        sess = boto3.Session(region_name=region, profile_name=profile or None)
+        sess = _boto3_session(region, profile or None)
+        creds = sess.get_credentials()
     except bx.ProfileNotFound as e:
         name = profile or os.environ.get("AWS_PROFILE", "")
         raise CredentialsError(
             f"AWS profile {name!r} is not in ~/.aws/config or ~/.aws/credentials",
-            hint="check AWS_PROFILE (or --profile); `aws configure list-profiles` shows the profiles",
+            hint="check AWS_PROFILE; `aws configure list-profiles` shows the profiles",
         ) from e
-    try:
-        creds = sess.get_credentials()
     except (bx.BotoCoreError, ValueError) as e:
         raise CredentialsError(
             f"AWS credentials could not be loaded: {e}",

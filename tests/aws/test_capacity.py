@@ -24,7 +24,7 @@ from raydlc import capacity as cap
 from raydlc.capacity import InstanceFacts, QuotaValue, Signal, Signals, SubnetFacts, Zone
 from raydlc.cli import main
 
-from conftest import Answer, Quotas, reset_moto  # type: ignore[import-not-found]
+from conftest import Answer, Quotas  # type: ignore[import-not-found]
 
 G = "L-DB2E81BA"
 G_SPOT = "L-3819A6DF"
@@ -91,7 +91,10 @@ def test_quota_zero_is_quota_short_with_the_exact_request(clients: Any, quotas: 
 
 
 def test_quota_below_need_counts_running_instances_of_the_family(clients: Any, quotas: Quotas) -> None:
-    """Instances are real moto instances; stubbed: GetSpotPlacementScores."""
+    """Instances are real moto instances; stubbed: GetSpotPlacementScores.
+
+    eu-central-1 is the one region where tests create resources; us-west-2 stays untouched.
+    """
     region = "eu-central-1"
     ec2, _, _ = clients(region)
     for itype, n, market in (("g5.12xlarge", 1, None), ("g6.xlarge", 2, None), ("m5.large", 3, None), ("g6.xlarge", 1, "spot")):
@@ -121,7 +124,7 @@ def test_spot_scores_denied_leaves_that_signal_unknown(clients: Any, quotas: Quo
 
 def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, quotas: Quotas) -> None:
     """VPC, subnets and the EKS cluster are real moto objects; stubbed: GetSpotPlacementScores."""
-    region = "ap-southeast-2"
+    region = "eu-central-1"
     ec2, _, eks = clients(region)
     vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
     public = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.1.0/24", AvailabilityZone=f"{region}a")["Subnet"]["SubnetId"]
@@ -129,14 +132,15 @@ def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, q
     private = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.2.0/24", AvailabilityZone=f"{region}b")["Subnet"]["SubnetId"]
     ec2.create_tags(Resources=[private], Tags=[{"Key": "kubernetes.io/role/internal-elb", "Value": "1"}])
     eks.create_cluster(name="lab", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": [public, private]})
-    quotas.values[G] = 1000
-    offered = {"ap-southeast-2a", "ap-southeast-2b"}
-    signals = gather(clients, region, "g5.12xlarge", cluster="lab", answers=(scores({"apse2-az3": 9, "apse2-az1": 1}),))
-    signals = Signals(**{**vars(signals), "offered": Signal(frozenset(offered))})  # moto's snapshot offers g5 in 2a/2b anyway
+    quotas.values[G] = 1000  # eu-central-1 also holds the instances of the test above: 56 vCPUs in use
+    signals = gather(clients, region, "g5.12xlarge", cluster="lab", answers=(scores({"euc1-az1": 9, "euc1-az2": 1}),))
     report = cap.rank(signals, region=region, instance_type="g5.12xlarge", count=2)
+    assert {z.verdict for z in report.zones} == {"ready"}
     assert report.cluster is not None and report.cluster.vpc_id == vpc
     assert zone(report, f"{region}a").private_subnet is False and zone(report, f"{region}b").private_subnet is True
     assert "no private subnet" in zone(report, f"{region}a").reason
+    assert zone(report, f"{region}c").private_subnet is False
+    assert [z.zone for z in report.zones] == [f"{region}b", f"{region}a", f"{region}c"]  # subnet before Spot score
     assert report.best_zone == f"{region}b"
     no_cluster = gather(clients, region, "g5.12xlarge", cluster="absent", answers=(scores({}),))
     assert no_cluster.subnets.value == SubnetFacts(cluster=None)
@@ -218,19 +222,19 @@ class Reservations:
 
 
 def _probe(ec2: Any) -> cap.ProbeResult:
-    return cap.probe(ec2, region="us-east-1", zone="us-east-1b", instance_type="g6.12xlarge", count=2)
+    return cap.probe(ec2, region="us-east-2", zone="us-east-2b", instance_type="g6.12xlarge", count=2)
 
 
 def test_probe_dry_runs_then_reserves_and_cancels(clients: Any) -> None:
     """Stubbed: Create/CancelCapacityReservation."""
-    ec2, _, _ = clients("us-east-1")
+    ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2)
     result = _probe(ec2)
     dry, real = stub.create.calls
     assert dry["DryRun"] is True and "ClientToken" not in dry
     for p in (dry, real):
         assert {k: p[k] for k in ("InstanceType", "InstancePlatform", "AvailabilityZone", "InstanceCount", "InstanceMatchCriteria")} == {
-            "InstanceType": "g6.12xlarge", "InstancePlatform": "Linux/UNIX", "AvailabilityZone": "us-east-1b",
+            "InstanceType": "g6.12xlarge", "InstancePlatform": "Linux/UNIX", "AvailabilityZone": "us-east-2b",
             "InstanceCount": 2, "InstanceMatchCriteria": "targeted"}
     assert real["TagSpecifications"][0]["Tags"][0] == {"Key": cap.PROBE_TAG, "Value": real["ClientToken"]}
     assert stub.cancel.calls == [{"CapacityReservationId": "cr-0123456789abcdef0"}]
@@ -240,7 +244,7 @@ def test_probe_dry_runs_then_reserves_and_cancels(clients: Any) -> None:
 
 def test_probe_insufficient_capacity_creates_nothing_to_cancel(clients: Any) -> None:
     """Stubbed: CreateCapacityReservation answers InsufficientInstanceCapacity."""
-    ec2, _, _ = clients("us-east-1")
+    ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2, create=(500, {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none"}}))
     result = _probe(ec2)
     assert result.outcome == "insufficient-capacity" and not result.cancelled
@@ -249,7 +253,7 @@ def test_probe_insufficient_capacity_creates_nothing_to_cancel(clients: Any) -> 
 
 def test_probe_dry_run_denied_stops_before_creating(clients: Any) -> None:
     """Stubbed: CreateCapacityReservation (DryRun) answers UnauthorizedOperation."""
-    ec2, _, _ = clients("us-east-1")
+    ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2)
     stub.create.reply = lambda p: (403, {"Error": {"Code": "UnauthorizedOperation", "Message": "no"}})
     from raydlc.aws import AccessDeniedError
@@ -262,7 +266,7 @@ def test_probe_dry_run_denied_stops_before_creating(clients: Any) -> None:
 
 def test_sigint_between_create_and_cancel_still_cancels(clients: Any) -> None:
     """Stubbed: Create/CancelCapacityReservation. A real SIGINT arrives right after the create returns."""
-    ec2, _, _ = clients("us-east-1")
+    ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2)
     ec2.meta.events.register("after-call.ec2.CreateCapacityReservation",
                              lambda **kw: os.kill(os.getpid(), signal.SIGINT) if not kw["parsed"].get("Error") else None)
@@ -277,7 +281,7 @@ def test_sigint_between_create_and_cancel_still_cancels(clients: Any) -> None:
 def test_keyboard_interrupt_that_loses_the_id_is_swept_and_cancelled(clients: Any) -> None:
     """Stubbed: Create/Describe/CancelCapacityReservation(s). KeyboardInterrupt is raised inside
     the create call after AWS answered, so the id never reaches the probe: the tag finds it."""
-    ec2, _, _ = clients("us-east-1")
+    ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2, found=["cr-0lost00000000000"])
 
     def interrupt(**kw: Any) -> None:
@@ -294,12 +298,12 @@ def test_keyboard_interrupt_that_loses_the_id_is_swept_and_cancelled(clients: An
 
 def test_cancel_failure_says_how_to_cancel_by_hand(clients: Any) -> None:
     """Stubbed: Create/CancelCapacityReservation; the cancel answers InternalError."""
-    ec2, _, _ = clients("us-east-1")
+    ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2)
     stub.cancel.reply = lambda p: (400, {"Error": {"Code": "InvalidState", "Message": "busy"}})
     with pytest.raises(cap.ReservationLeftBehind, match="could NOT be cancelled") as e:
         _probe(ec2)
-    assert "aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-0123456789abcdef0 --region us-east-1" in (e.value.hint or "")
+    assert "aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-0123456789abcdef0 --region us-east-2" in (e.value.hint or "")
 
 
 # ---------------------------------------------------------------- CLI
@@ -352,8 +356,7 @@ def _run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
 
 
 def test_acceptance_untouched_moto_lists_us_west_2d_not_offered(aws_env: str) -> None:
-    """Nothing stubbed: the real CLI process, an untouched moto server (reset), default retries."""
-    reset_moto(aws_env)
+    """Nothing stubbed: the real CLI process, default retries; no test creates anything in us-west-2."""
     env = {k: v for k, v in os.environ.items() if k != "AWS_MAX_ATTEMPTS"}
     r = _run_cli(["capacity", "--region", "us-west-2", "--instance-type", "g5.12xlarge", "--count", "2", "--json"], env)
     assert r.returncode == 0, r.stderr
