@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from raydlc import catalog
+from raydlc import aws, catalog
 from raydlc.errors import AwsError, CredentialsError, RaydlcError
 
 if TYPE_CHECKING:
@@ -150,18 +151,20 @@ class Signals:
 
 
 def _read(fn: Callable[[], T]) -> Signal[T]:
-    """A signal from one reader: AWS failures become 'unknown'; bad credentials stop everything."""
+    """A signal from one reader: AWS failures become 'unknown'.
+
+    Bad credentials and an unknown, disabled or unreachable region stop everything instead:
+    every other signal would fail the same way and the report would say nothing.
+    """
     try:
         return Signal(value=fn())
-    except CredentialsError:
+    except (CredentialsError, aws.RegionError):
         raise
     except RaydlcError as e:
         return Signal(unknown=e.message if not e.hint else f"{e.message} ({e.hint})")
 
 
 def read_zones(ec2: Any) -> list[Zone]:
-    from raydlc import aws
-
     out = aws.call(ec2, "describe_availability_zones", Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}])
     zones = [
         Zone(z["ZoneName"], z.get("ZoneId"))
@@ -172,8 +175,6 @@ def read_zones(ec2: Any) -> list[Zone]:
 
 
 def read_offered(ec2: Any, instance_type: str) -> frozenset[str]:
-    from raydlc import aws
-
     items = aws.paginate(
         ec2, "describe_instance_type_offerings", "InstanceTypeOfferings",
         LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}],
@@ -199,8 +200,6 @@ def _facts(t: dict[str, Any]) -> InstanceFacts:
 
 
 def read_facts(ec2: Any, instance_types: list[str]) -> dict[str, InstanceFacts]:
-    from raydlc import aws
-
     out: dict[str, InstanceFacts] = {}
     for i in range(0, len(instance_types), 100):
         resp = aws.call(ec2, "describe_instance_types", InstanceTypes=instance_types[i : i + 100])
@@ -209,8 +208,6 @@ def read_facts(ec2: Any, instance_types: list[str]) -> dict[str, InstanceFacts]:
 
 
 def read_instance_facts(ec2: Any, instance_type: str) -> InstanceFacts:
-    from raydlc import aws
-
     facts = read_facts(ec2, [instance_type])
     if instance_type not in facts:
         raise aws.AwsCallError(f"EC2 does not know instance type {instance_type!r}")
@@ -219,8 +216,6 @@ def read_instance_facts(ec2: Any, instance_type: str) -> InstanceFacts:
 
 def read_quota(quotas: Any, code: str, name: str) -> QuotaValue:
     """The applied quota value, or AWS's default when none was ever applied."""
-    from raydlc import aws
-
     try:
         q = aws.call(quotas, "get_service_quota", ServiceCode="ec2", QuotaCode=code)["Quota"]
         return QuotaValue(code, q.get("QuotaName") or name, float(q["Value"]), "applied")
@@ -233,8 +228,6 @@ def read_quota(quotas: Any, code: str, name: str) -> QuotaValue:
 
 def read_used_vcpus(ec2: Any, instance_type: str) -> int:
     """vCPUs of pending and running instances that count against the same On-Demand quota."""
-    from raydlc import aws
-
     qc = quota_class(instance_type)
     counts: dict[str, int] = {}
     for reservation in aws.paginate(
@@ -253,8 +246,6 @@ def read_used_vcpus(ec2: Any, instance_type: str) -> int:
 
 
 def read_spot_scores(ec2: Any, region: str, instance_type: str, count: int) -> dict[str, int]:
-    from raydlc import aws
-
     out = aws.call(
         ec2, "get_spot_placement_scores",
         InstanceTypes=[instance_type], TargetCapacity=count, TargetCapacityUnitType="units",
@@ -277,8 +268,6 @@ def _is_private(subnet: dict[str, Any]) -> bool:
 
 
 def read_subnets(eks: Any, ec2: Any, cluster: str) -> SubnetFacts:
-    from raydlc import aws
-
     try:
         desc = aws.call(eks, "describe_cluster", name=cluster)["cluster"]
     except aws.AwsCallError as e:
@@ -300,8 +289,6 @@ def read_subnets(eks: Any, ec2: Any, cluster: str) -> SubnetFacts:
 
 
 def _spot_quota(quotas: Any, qc: QuotaClass) -> QuotaValue:
-    from raydlc import aws
-
     if qc.spot_code is None:
         raise aws.UnsupportedError(f"{qc.name} instances have no Spot quota")
     return read_quota(quotas, qc.spot_code, f"All {qc.name} Spot Instance Requests")
@@ -373,7 +360,7 @@ class ProbeResult:
     zone: str
     instance_type: str
     count: int
-    outcome: Literal["available", "insufficient-capacity", "interrupted"]
+    outcome: Literal["available", "insufficient-capacity"]
     reservation_id: str | None
     cancelled: bool
     hourly_usd: float | None
@@ -542,6 +529,9 @@ class ReservationLeftBehind(AwsError):
     """A probe reservation could not be cancelled: it costs money until someone does."""
 
 
+_INSUFFICIENT = ("InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientReservedInstanceCapacity")
+
+
 def hourly_cost(instance_type: str, count: int) -> float | None:
     price = HOURLY_USD_US_EAST_1.get(instance_type)
     return None if price is None else round(price * count, 4)
@@ -562,6 +552,8 @@ def _deferred_signals(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.getsignal(s) for s in signums}
 
     def hold(signum: int, frame: Any) -> None:
+        if not received:
+            sys.stderr.write("raydlc: cancelling the probe's capacity reservation before stopping…\n")
         received.append(signum)
 
     for s in signums:
@@ -574,8 +566,6 @@ def _deferred_signals(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
 
 
 def _cancel(ec2: Any, reservation_id: str, region: str) -> None:
-    from raydlc import aws
-
     try:
         aws.call(ec2, "cancel_capacity_reservation", CapacityReservationId=reservation_id)
     except RaydlcError as e:
@@ -586,14 +576,19 @@ def _cancel(ec2: Any, reservation_id: str, region: str) -> None:
         ) from e
 
 
-def _sweep(ec2: Any, token: str) -> list[str]:
+def _sweep(ec2: Any, token: str, region: str) -> list[str]:
     """Reservations this probe created whose id never reached us (interrupted mid-call)."""
-    from raydlc import aws
-
-    out = aws.call(
-        ec2, "describe_capacity_reservations",
-        Filters=[{"Name": f"tag:{PROBE_TAG}", "Values": [token]}, {"Name": "state", "Values": ["active", "pending"]}],
-    )
+    try:
+        out = aws.call(
+            ec2, "describe_capacity_reservations",
+            Filters=[{"Name": f"tag:{PROBE_TAG}", "Values": [token]}, {"Name": "state", "Values": ["active", "pending"]}],
+        )
+    except RaydlcError as e:
+        raise ReservationLeftBehind(
+            f"the probe's create was cut off and its reservation could not be looked up ({e.message}); "
+            "one may be active and billed",
+            hint=f"aws ec2 describe-capacity-reservations --region {region} --filters Name=tag:{PROBE_TAG},Values={token}",
+        ) from e
     return [r["CapacityReservationId"] for r in out.get("CapacityReservations", [])]
 
 
@@ -603,49 +598,53 @@ def probe(ec2: Any, *, region: str, zone: str, instance_type: str, count: int) -
     A DryRun first proves the permission without creating anything. The create carries a
     ClientToken and a tag, so a create whose answer was lost can still be found and cancelled.
     """
-    from raydlc import aws
-
     params = dict(
         InstanceType=instance_type, InstancePlatform=PLATFORM, AvailabilityZone=zone, InstanceCount=count,
         InstanceMatchCriteria="targeted", EndDateType="unlimited", Tenancy="default",
     )
     try:
-        aws.call(ec2, "create_capacity_reservation", DryRun=True, **params)
+        dry = aws.call(ec2, "create_capacity_reservation", DryRun=True, **params)
     except aws.AwsCallError as e:
         if e.code != "DryRunOperation":
             raise
     else:
-        raise aws.AwsCallError(
-            "create_capacity_reservation ignored DryRun=True; refusing to probe against this endpoint",
-            hint="the endpoint may have created a reservation: check `aws ec2 describe-capacity-reservations`",
+        rid = dry.get("CapacityReservation", {}).get("CapacityReservationId")
+        if rid:
+            _cancel(ec2, rid, region)
+        raise aws.UnsupportedError(
+            "ec2 CreateCapacityReservation ignored DryRun=True; refusing to probe against this endpoint"
+            + (f" (reservation {rid} it created was cancelled)" if rid else ""),
+            hint="check `aws ec2 describe-capacity-reservations` for leftovers",
         )
 
     token = uuid.uuid4().hex
     price = hourly_cost(instance_type, count)
     reservation_id: str | None = None
-    attempted = False
-    outcome: Literal["available", "insufficient-capacity", "interrupted"] = "available"
+    answered = False  # AWS gave a definitive answer to the create, so nothing can be unaccounted for
+    outcome: Literal["available", "insufficient-capacity"] = "available"
     message = ""
     with _deferred_signals() as received:
         try:
-            attempted = True
             out = aws.call(
                 ec2, "create_capacity_reservation", ClientToken=token,
                 TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": [{"Key": PROBE_TAG, "Value": token}]}],
                 **params,
             )
             reservation_id = out["CapacityReservation"]["CapacityReservationId"]
-            attempted = False
+            answered = True
         except aws.AwsCallError as e:
-            attempted = False
-            if e.code not in ("InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientReservedInstanceCapacity"):
+            answered = e.code is not None
+            if e.code not in _INSUFFICIENT:
                 raise
             outcome, message = "insufficient-capacity", f"AWS has no {count} × {instance_type} in {zone} right now ({e.code})"
         finally:
-            leftovers = [reservation_id] if reservation_id else (_sweep(ec2, token) if attempted else [])
-            for rid in leftovers:
-                _cancel(ec2, rid, region)
-            reservation_id = reservation_id or (leftovers[0] if leftovers else None)
+            if reservation_id:
+                _cancel(ec2, reservation_id, region)
+            elif not answered:
+                found = _sweep(ec2, token, region)
+                for rid in found:
+                    _cancel(ec2, rid, region)
+                reservation_id = found[0] if found else None
     cost = "" if price is None else f"; held, it would have cost ${price:,.2f}/h"
     if received:
         raise ProbeInterrupted(
@@ -661,8 +660,6 @@ def probe(ec2: Any, *, region: str, zone: str, instance_type: str, count: int) -
 
 def discover(cfg: "Config", *, with_probe: bool = False) -> CapacityReport:
     """The whole check for a config: clients from raydlc.aws, signals, ranking, optional probe."""
-    from raydlc import aws
-
     region = cfg.cluster.region
     sess = aws.session(region)
     ec2, quotas, eks = (aws.client(sess, s) for s in ("ec2", "service-quotas", "eks"))

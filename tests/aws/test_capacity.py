@@ -146,6 +146,17 @@ def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, q
     assert no_cluster.subnets.value == SubnetFacts(cluster=None)
 
 
+def test_unreachable_region_stops_instead_of_reporting_all_unknown(clients: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydlc.aws import RegionError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    with pytest.raises(RegionError, match="cannot reach"):
+        gather(clients, "us-west-2")
+
+
 # ---------------------------------------------------------------- pure ranking
 
 
@@ -296,6 +307,22 @@ def test_keyboard_interrupt_that_loses_the_id_is_swept_and_cancelled(clients: An
     assert stub.cancel.calls == [{"CapacityReservationId": "cr-0lost00000000000"}]
 
 
+def test_lost_id_and_failed_lookup_is_a_loud_error(clients: Any) -> None:
+    """Stubbed: Create/DescribeCapacityReservations; the lookup answers UnauthorizedOperation."""
+    ec2, _, _ = clients("us-east-2")
+    stub = Reservations(ec2)
+    stub.describe.reply = lambda p: (403, {"Error": {"Code": "UnauthorizedOperation", "Message": "no"}})
+
+    def interrupt(**kw: Any) -> None:
+        if not kw["parsed"].get("Error"):
+            raise KeyboardInterrupt
+
+    ec2.meta.events.register("after-call.ec2.CreateCapacityReservation", interrupt)
+    with pytest.raises(cap.ReservationLeftBehind, match="could not be looked up") as e:
+        _probe(ec2)
+    assert f"Name=tag:{cap.PROBE_TAG},Values={stub.create.calls[-1]['ClientToken']}" in (e.value.hint or "")
+
+
 def test_cancel_failure_says_how_to_cancel_by_hand(clients: Any) -> None:
     """Stubbed: Create/CancelCapacityReservation; the cancel answers InternalError."""
     ec2, _, _ = clients("us-east-2")
@@ -347,6 +374,29 @@ def test_cli_instance_type_flag_takes_gpus_from_catalog(aws_env: str, client_hoo
     monkeypatch.setenv("RAYDLC_GPUS_PER_NODE", "4")  # set on purpose: the mismatch is reported, not overridden
     assert main(args) == 2
     assert "GPUS_PER_NODE" in capsys.readouterr().err
+
+
+def test_cli_probe_reserves_in_the_best_zone_and_reports_cost(
+    aws_env: str, quotas: Quotas, offerings: Any, client_hooks: dict[str, Any], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In-process CLI against moto; stubbed: GetSpotPlacementScores, Create/CancelCapacityReservation."""
+    offerings("us-east-2", "g6.12xlarge", ["us-east-2a", "us-east-2b"])
+    quotas.values[G] = 500
+    created = Answer("ec2", "CreateCapacityReservation", lambda p: (412, {"Error": {"Code": "DryRunOperation"}}) if p.get("DryRun")
+                     else (200, {"CapacityReservation": {"CapacityReservationId": "cr-0probe", "State": "active"}}))
+    cancelled = Answer("ec2", "CancelCapacityReservation", lambda p: (200, {"Return": True}))
+    for a in (scores({"use2-az1": 2, "use2-az2": 7}), created, cancelled):
+        client_hooks.update(a.events())
+    monkeypatch.setenv("RAYDLC_GPU_AZ", "us-east-2c")
+    assert main(["capacity", "--region", "us-east-2", "--probe", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["best_zone"] == "us-east-2b"  # use2-az2 has the higher Spot score
+    assert [c["AvailabilityZone"] for c in created.calls] == ["us-east-2b", "us-east-2b"]
+    assert cancelled.calls == [{"CapacityReservationId": "cr-0probe"}]
+    assert {k: doc["probe"][k] for k in ("zone", "outcome", "reservation_id", "cancelled", "hourly_usd")} == {
+        "zone": "us-east-2b", "outcome": "available", "reservation_id": "cr-0probe", "cancelled": True, "hourly_usd": 9.2032}
+    assert any(c.startswith("GPU_AZ: us-east-2c is not-offered") for c in doc["checks"])
 
 
 def _run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
