@@ -704,6 +704,8 @@ def print_report(report: CapacityReport, console: Any) -> None:
     if q.value is not None:
         used = "?" if q.used is None else q.used
         console.print(f"On-Demand quota {q.code} ({q.name}): {q.value:g} vCPUs, {used} in use")
+    if report.spot_quota.value is not None:
+        console.print(f"Spot quota {report.spot_quota.code} ({report.spot_quota.name}): {report.spot_quota.value:g} vCPUs")
     for name, why in report.unknown.items():
         console.print(f"[dim]unknown {name}: {why}[/]")
     for line in report.checks:

@@ -16,7 +16,7 @@ from botocore.awsrequest import AWSResponse
 from raydlc import aws
 from raydlc.errors import CredentialsError
 
-from conftest import aws_error  # type: ignore[import-not-found]
+from awsstub import aws_error  # type: ignore[import-not-found]
 
 
 def test_session_without_credentials_fails_before_any_call(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,7 @@ from raydlc import capacity as cap
 from raydlc.capacity import InstanceFacts, QuotaValue, Signal, Signals, SubnetFacts, Zone
 from raydlc.cli import main
 
-from conftest import Answer, Quotas  # type: ignore[import-not-found]
+from awsstub import Answer, Quotas  # type: ignore[import-not-found]
 
 G = "L-DB2E81BA"
 G_SPOT = "L-3819A6DF"
