@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from raydlc.errors import AwsError, CredentialsError, RaydlcError
+from raydlc.errors import AwsError, CredentialsError, InputError, RaydlcError
 
 if TYPE_CHECKING:
     import boto3
@@ -82,7 +82,7 @@ def _max_attempts() -> int:
     try:
         value = int(raw)
     except ValueError as e:
-        raise CredentialsError(
+        raise InputError(
             f"AWS_MAX_ATTEMPTS must be a whole number, got {raw!r}", hint="unset it or set e.g. AWS_MAX_ATTEMPTS=5"
         ) from e
     return max(1, value)

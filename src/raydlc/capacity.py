@@ -161,7 +161,7 @@ def _read(fn: Callable[[], T]) -> Signal[T]:
     except (CredentialsError, aws.RegionError):
         raise
     except RaydlcError as e:
-        return Signal(unknown=e.message if not e.hint else f"{e.message} ({e.hint})")
+        return Signal(unknown=e.message if not e.hint else f"{e.message}; hint: {e.hint}")
 
 
 def read_zones(ec2: Any) -> list[Zone]:
@@ -712,7 +712,8 @@ def print_report(report: CapacityReport, console: Any) -> None:
         console.print(f"[yellow]check:[/] {line}")
     if report.quota_request:
         r = report.quota_request
-        console.print(f"quota short: request {r.quota_code} ({r.quota_name}) = {r.value:g} vCPUs:\n  {r.command}")
+        console.print(f"quota short: request {r.quota_code} ({r.quota_name}) = {r.value:g} vCPUs:")
+        console.print(f"  {r.command}", soft_wrap=True, highlight=False)
     if report.probe:
         console.print(f"probe: {report.probe.message}")
     best = next((z for z in report.zones if z.zone == report.best_zone), None)

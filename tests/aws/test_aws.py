@@ -14,7 +14,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from raydlc import aws
-from raydlc.errors import CredentialsError
+from raydlc.errors import CredentialsError, InputError
 
 from awsstub import aws_error  # type: ignore[import-not-found]
 
@@ -60,7 +60,7 @@ def test_client_honours_endpoint_and_retry_settings(aws_env: str, monkeypatch: p
     zones = aws.call(ec2, "describe_availability_zones")["AvailabilityZones"]
     assert {z["ZoneName"] for z in zones} >= {"us-west-2a", "us-west-2b"}
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
-    with pytest.raises(CredentialsError, match="AWS_MAX_ATTEMPTS"):
+    with pytest.raises(InputError, match="AWS_MAX_ATTEMPTS"):
         aws.client(aws.session("us-west-2"), "ec2")
 
 
