@@ -162,7 +162,7 @@ def client(sess: "boto3.Session", service: str) -> Any:
     from raydlc import __version__
 
     config = Config(
-        retries={"mode": os.environ.get("AWS_RETRY_MODE", "standard"), "total_max_attempts": _max_attempts()},  # type: ignore[typeddict-unknown-key]
+        retries={"mode": os.environ.get("AWS_RETRY_MODE", "standard"), "total_max_attempts": _max_attempts()},
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
         user_agent_extra=f"raydlc/{__version__}",

@@ -160,6 +160,9 @@ def capacity(
             err_console.print(f"[yellow]check:[/] {line}")
         if report.best_zone:
             sys.stdout.write(f"RAYDLC_GPU_AZ={report.best_zone}\n")
+        else:
+            why = report.zones[0].reason if report.zones else "no Availability Zone could be read"
+            err_console.print(f"no AZ can take the GPU nodes: {why}", highlight=False)
     else:
         cap.print_report(report, console)
     if report.best_zone is None or (report.probe is not None and report.probe.outcome != "available"):

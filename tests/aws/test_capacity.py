@@ -359,6 +359,9 @@ def test_cli_json_and_emit_env(aws_env: str, quotas: Quotas, offerings: Any, cli
     assert main([*args, "--count", "3", "--json"]) == 3  # 144 vCPUs > 96: quota-short everywhere
     short = json.loads(capsys.readouterr().out)
     assert short["best_zone"] is None and short["quota_request"]["value"] == 144
+    assert main([*args, "--count", "3", "--emit-env"]) == 3
+    out = capsys.readouterr()
+    assert out.out == "" and "request L-DB2E81BA = 144" in out.err
     assert main([*args, "--json", "--emit-env"]) == 2
 
 
