@@ -122,6 +122,20 @@ def test_spot_scores_denied_leaves_that_signal_unknown(clients: Any, quotas: Quo
     assert report.best_zone == "us-west-2a"
 
 
+def test_quota_never_applied_falls_back_to_the_aws_default(clients: Any, quotas: Quotas) -> None:
+    """GetServiceQuota is moto's (NoSuchResource for a code with no applied value);
+    stubbed: GetAWSDefaultServiceQuota, which moto lacks."""
+    _, sq, _ = clients("us-east-2")
+    default = Answer("service-quotas", "GetAWSDefaultServiceQuota",
+                     lambda p: (200, {"Quota": {"QuotaCode": p["QuotaCode"], "QuotaName": "P default", "Value": 0.0}})).on(sq)
+    value = cap.read_quota(sq, "L-417A185B", "Running On-Demand P instances")
+    assert quotas.asked[-1] == ("ec2", "L-417A185B")
+    assert default.calls == [{"ServiceCode": "ec2", "QuotaCode": "L-417A185B"}]
+    assert (value.value, value.source, value.name) == (0.0, "default", "P default")
+    quotas.values["L-417A185B"] = 384
+    assert cap.read_quota(sq, "L-417A185B", "P").source == "applied" and len(default.calls) == 1
+
+
 def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, quotas: Quotas) -> None:
     """VPC, subnets and the EKS cluster are real moto objects; stubbed: GetSpotPlacementScores."""
     region = "eu-central-1"
