@@ -36,8 +36,9 @@ def moto_url() -> Iterator[str]:
 def aws_env(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """Fake credentials, boto3 pointed at moto, no RAYDLC_* or ~/.aws leaking in.
 
-    moto's state lives as long as the session: tests that create resources (instances,
-    VPCs, clusters) each use a region no other test reads, so no reset (0.7 s) is needed.
+    moto's state lives as long as the session and is not reset (a reset costs ~0.7 s and every
+    region's backend is rebuilt on next use): tests create resources (instances, VPCs, an EKS
+    cluster) only in eu-central-1, and never in us-west-2, which the acceptance test reads.
     """
     for k in list(os.environ):
         if k.startswith(("RAYDLC_", "AWS_")):
