@@ -159,6 +159,63 @@ def render(
         return
     sys.stdout.write(to_yaml_stream(docs))
 
+
+@app.command("capacity")
+def capacity(
+    ctx: typer.Context,
+    region: Optional[str] = typer.Option(None, "--region", help="AWS region (REGION)."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", help="GPU instance type (GPU_NODE_TYPE)."),
+    count: Optional[int] = typer.Option(None, "--count", help="Number of GPU nodes (GPU_NODE_COUNT)."),
+    probe: bool = typer.Option(False, "--probe", help="Reserve the nodes in the best AZ for an instant, then cancel."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+    emit_env: bool = typer.Option(False, "--emit-env", help="Print only RAYDLC_GPU_AZ=<best zone>, for scripts."),
+) -> None:
+    """Rank the region's AZs for the GPU nodes: offerings, On-Demand quota, Spot score, subnets.
+
+    Exit 0 when an AZ is ready (or could not be ruled out), 3 when none can take the nodes.
+    """
+    from raydlc import capacity as cap
+
+    if json_ and emit_env:
+        raise InputError("--json and --emit-env both write stdout", hint="choose one")
+    flags: dict[str, Any] = {"REGION": region, "GPU_NODE_TYPE": instance_type, "GPU_NODE_COUNT": count}
+    gpus = _catalog_gpus(ctx, instance_type)
+    if gpus is not None:
+        flags["GPUS_PER_NODE"] = gpus
+    report = cap.discover(load(ctx, **flags), with_probe=probe)
+    if json_:
+        emit_json(report.to_dict())
+    elif emit_env:
+        for line in report.checks:
+            err_console.print(f"[yellow]check:[/] {line}")
+        if report.best_zone:
+            sys.stdout.write(f"RAYDLC_GPU_AZ={report.best_zone}\n")
+        else:
+            why = report.zones[0].reason if report.zones else "no Availability Zone could be read"
+            err_console.print(f"no AZ can take the GPU nodes: {why}", highlight=False)
+    else:
+        cap.print_report(report, console)
+    if report.best_zone is None or (report.probe is not None and report.probe.outcome != "available"):
+        raise typer.Exit(3)
+
+
+def _catalog_gpus(ctx: typer.Context, instance_type: str | None) -> int | None:
+    """GPUS_PER_NODE for a --instance-type raydlc knows, unless the user set GPUS_PER_NODE."""
+    from raydlc import catalog
+    from raydlc.config import load_config, parse_assignments
+    from raydlc.errors import ConfigError
+
+    known = catalog.instance_type(instance_type) if instance_type else None
+    if known is None or known.gpus == 0:
+        return None
+    st = _state(ctx)
+    try:
+        current = load_config(st.config_path, overrides=parse_assignments(st.assignments))
+    except ConfigError:
+        return known.gpus  # the final load reports whatever is still wrong
+    return None if current.source("GPUS_PER_NODE") != "default" else known.gpus
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
     try:  # typer >= 0.20 vendors click
