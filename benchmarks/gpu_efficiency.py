@@ -548,6 +548,9 @@ def run(cfg: Settings) -> dict[str, Any]:
     spec = get_spec(cfg.model)
     if cfg.device == "cuda":
         torch.cuda.set_device(0)
+    elif cfg.smoke:
+        # The smoke run checks the script, not the CPU: one thread keeps it quick on a shared machine.
+        torch.set_num_threads(1)
     hw = hardware(cfg.device, cfg.matmul_n)
     results: list[LoopResult] = []
     with process_group(cfg.device):
@@ -625,7 +628,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         if not torch.cuda.is_available():
             raise InputError("--device cuda but no CUDA GPU is visible", hint="run on a GPU machine, or use --smoke on CPU")
     elif model != "tiny":
-        raise InputError(f"no CUDA GPU here, and {model} is too large to benchmark on a CPU", hint="use --smoke (the tiny model on CPU)")
+        raise InputError(f"{model} is too large to benchmark on a CPU (no CUDA GPU in use)", hint="use --smoke (the tiny model on CPU)")
     steps = a.steps if a.steps is not None else (8 if smoke else 30)
     warmup = a.warmup if a.warmup is not None else (2 if smoke else 5)
     if steps < (4 if smoke else 20):
