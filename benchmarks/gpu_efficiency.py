@@ -256,6 +256,14 @@ def format_table(report: dict[str, Any]) -> str:
 # ---- edges: torch, the process group, the GPU ---------------------------------------------
 
 
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Progress on stderr, each finished row included, so a run cut short still leaves figures."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -476,15 +484,16 @@ def fits_on_device(spec: "ModelSpec", cfg: Settings, *, ac: bool) -> Callable[[i
         return lambda batch, seq: True
 
     def fits(batch: int, seq: int) -> bool:
+        ok = True
         try:
             raydlc_loop(spec, cfg, batch=batch, seq=seq, compile=False, ac=ac, steps=2, warmup=0)
-            return True
         except Exception as e:  # noqa: BLE001 — only OOM is an answer; anything else propagates
             if not is_oom(e):
                 raise
-            return False
-        finally:
-            release(cfg.device)
+            ok = False
+        release(cfg.device)
+        log(f"probe{' with AC' if ac else ''} {batch} x {seq}: {'fits' if ok else 'out of memory'}")
+        return ok
 
     return fits
 
@@ -510,6 +519,7 @@ def timed_raydlc(spec: "ModelSpec", cfg: Settings, shape: Shape, *, compile: boo
             if not is_oom(e) or batch == 1:
                 raise
         release(cfg.device)
+        log(f"out of memory at {batch} x {shape.seq} in the timed run: halving the batch")
         batch, backed_off = batch // 2, backed_off + 1
     r.shape_how, r.probe, r.backed_off = shape.how, shape.trials, backed_off
     return r
@@ -552,9 +562,20 @@ def run(cfg: Settings) -> dict[str, Any]:
         # The smoke run checks the script, not the CPU: one thread keeps it quick on a shared machine.
         torch.set_num_threads(1)
     hw = hardware(cfg.device, cfg.matmul_n)
-    results: list[LoopResult] = []
+    log(f"{hw['device_name']}: measured bf16 matmul {hw['matmul_tflops']:.1f} TFLOP/s; peak {hw['peak_tflops']:.1f} ({hw['peak_source']})")
+    params = spec.param_count()
+    rows: list[dict[str, Any]] = []
+
+    def record(r: LoopResult) -> None:
+        row = row_figures(r, params=params, spec=spec, peak_tflops=hw["peak_tflops"], matmul_tflops=hw["matmul_tflops"])
+        rows.append(row)
+        log(
+            f"{row['name']} {row['batch']} x {row['seq']}: {1000 * row['step_time_median_s']:.1f} ms/step, "
+            f"{row['tokens_per_s']:,.0f} tokens/s, MFU {100 * row['mfu']:.1f}%, loss {row['loss_first']:.3f}->{row['loss_last']:.3f}"
+        )
+
     with process_group(cfg.device):
-        results.append(reference_loop(spec, cfg))
+        record(reference_loop(spec, cfg))
     release(cfg.device)
     shapes: dict[bool, Shape] = {}
     for variant in ["plain", *cfg.variants]:
@@ -562,10 +583,9 @@ def run(cfg: Settings) -> dict[str, Any]:
         with process_group(cfg.device):
             if ac not in shapes:
                 shapes[ac] = choose_shape(spec, cfg, ac=ac)
-            results.append(timed_raydlc(spec, cfg, shapes[ac], compile=compile, ac=ac))
+                log(f"shape{' with AC' if ac else ''}: {shapes[ac].batch} x {shapes[ac].seq} ({shapes[ac].how})")
+            record(timed_raydlc(spec, cfg, shapes[ac], compile=compile, ac=ac))
         release(cfg.device)
-    params = spec.param_count()
-    rows = [row_figures(r, params=params, spec=spec, peak_tflops=hw["peak_tflops"], matmul_tflops=hw["matmul_tflops"]) for r in results]
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     try:
