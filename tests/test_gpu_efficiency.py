@@ -85,6 +85,8 @@ def test_non_finite_loss_ends_the_run_with_an_error(tmp_path: Path) -> None:
         (["--device", "cpu"], "qwen2.5-1.5b"),
         (["--smoke", "--model", "gpt-9"], "gpt-9"),
         (["--smoke", "--out", "/nonexistent/dir/f.json"], "/nonexistent/dir"),
+        (["--smoke", "--device", "cuda"], "no CUDA GPU"),
+        (["--smoke", "--batch", "0"], "--batch must be positive"),
     ],
 )
 def test_bad_input_exits_2_naming_it(bench: ModuleType, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,6 +108,14 @@ def test_probe_halves_the_sequence_when_one_row_does_not_fit(bench: ModuleType) 
     assert (capped.batch, capped.seq) == (4, 512)
     with pytest.raises(TrainError, match="not even one sequence"):
         bench.probe_shape(lambda b, s: False, max_seq=1024, max_batch=8, min_seq=128)
+
+
+def test_batch_and_seq_flags_skip_the_probe(bench: ModuleType) -> None:
+    cfg = bench.parse_args(["--smoke", "--batch", "3", "--seq", "64"])
+    shape = bench.choose_shape(SPECS["tiny"], cfg, ac=False)
+    assert (shape.batch, shape.seq, shape.how, shape.trials) == (3, 64, "flags", [])
+    capped = bench.choose_shape(SPECS["tiny"], bench.parse_args(["--smoke", "--max-seq", "99999"]), ac=False)
+    assert capped.seq == SPECS["tiny"].max_position_embeddings
 
 
 def test_losses_must_be_finite_and_falling(bench: ModuleType) -> None:
