@@ -553,14 +553,26 @@ def hardware(device: str, matmul_n: int) -> dict[str, Any]:
 def run(cfg: Settings) -> dict[str, Any]:
     import torch
 
-    from raydlc.train.model import get_spec, spec_dict
+    from raydlc.train.model import get_spec
 
     spec = get_spec(cfg.model)
+    threads = torch.get_num_threads()
     if cfg.device == "cuda":
         torch.cuda.set_device(0)
     elif cfg.smoke:
         # The smoke run checks the script, not the CPU: one thread keeps it quick on a shared machine.
         torch.set_num_threads(1)
+    try:
+        return measure(spec, cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(spec: "ModelSpec", cfg: Settings) -> dict[str, Any]:
+    import torch
+
+    from raydlc.train.model import spec_dict
+
     hw = hardware(cfg.device, cfg.matmul_n)
     log(f"{hw['device_name']}: measured bf16 matmul {hw['matmul_tflops']:.1f} TFLOP/s; peak {hw['peak_tflops']:.1f} ({hw['peak_source']})")
     params = spec.param_count()
@@ -578,13 +590,24 @@ def run(cfg: Settings) -> dict[str, Any]:
         record(reference_loop(spec, cfg))
     release(cfg.device)
     shapes: dict[bool, Shape] = {}
+    failed: list[dict[str, str]] = []
     for variant in ["plain", *cfg.variants]:
         compile, ac = VARIANTS.get(variant, (False, False))
-        with process_group(cfg.device):
-            if ac not in shapes:
-                shapes[ac] = choose_shape(spec, cfg, ac=ac)
-                log(f"shape{' with AC' if ac else ''}: {shapes[ac].batch} x {shapes[ac].seq} ({shapes[ac].how})")
-            record(timed_raydlc(spec, cfg, shapes[ac], compile=compile, ac=ac))
+        try:
+            with process_group(cfg.device):
+                if ac not in shapes:
+                    shapes[ac] = choose_shape(spec, cfg, ac=ac)
+                    log(f"shape{' with AC' if ac else ''}: {shapes[ac].batch} x {shapes[ac].seq} ({shapes[ac].how})")
+                record(timed_raydlc(spec, cfg, shapes[ac], compile=compile, ac=ac))
+        except RaydlcError:
+            raise
+        except Exception as e:  # noqa: BLE001 — one broken variant (a compiler error, say) must not cost the others
+            if variant == "plain":
+                raise
+            failed.append({"variant": variant, "error": f"{type(e).__name__}: {e}"[:1000]})
+            log(f"variant {variant} failed: {failed[-1]['error']}")
+            if compile:
+                torch._dynamo.reset()
         release(cfg.device)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
@@ -600,6 +623,7 @@ def run(cfg: Settings) -> dict[str, Any]:
         "settings": settings,
         "versions": versions,
         "rows": rows,
+        "failed_variants": failed,
         "summary": summary(rows),
     }
 
@@ -697,7 +721,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"loss did not fall over the timed steps for: {', '.join(falling)}",
                 hint="both loops train on one repeated batch, so a working loop must lower its loss",
             )
+        for f in report["failed_variants"]:
+            print(f"variant {f['variant']} failed: {f['error'].splitlines()[0]}")
         print(last_line(report["summary"]))
+        if report["failed_variants"]:
+            names = ", ".join(f["variant"] for f in report["failed_variants"])
+            print(f"error: variant(s) {names} failed; the other rows stand", file=sys.stderr)
+            return 1
         return 0
     except RaydlcError as e:
         print(f"error: {e}", file=sys.stderr)

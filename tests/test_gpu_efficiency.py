@@ -33,6 +33,13 @@ def bench() -> ModuleType:
     return mod
 
 
+@pytest.fixture(autouse=True)
+def _restore_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process `main` sets env defaults; monkeypatch puts them back after each test."""
+    for name, value in (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_VERBOSITY", "error")):
+        monkeypatch.setenv(name, os.environ.get(name, value))
+
+
 def run_script(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])])
@@ -62,7 +69,7 @@ def test_smoke_run_prints_the_last_line_and_writes_finite_figures(tmp_path: Path
         assert row["loss_falls"] and row["loss_last_quarter_mean"] < row["loss_first_quarter_mean"]
         assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_time_median_s"])
     assert doc["model"]["params"] == SPECS["tiny"].param_count()
-    assert doc["hardware"]["matmul_tflops"] > 0
+    assert doc["hardware"]["matmul_tflops"] > 0 and doc["failed_variants"] == []
     best = max(rows[1:], key=lambda r: r["tokens_per_s"])
     assert doc["summary"]["raydlc_best"] == best["name"]
     assert ratio == pytest.approx(best["tokens_per_s"] / rows[0]["tokens_per_s"], abs=0.006)
@@ -75,6 +82,28 @@ def test_non_finite_loss_ends_the_run_with_an_error(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "non-finite loss" in r.stderr and "Traceback" not in r.stderr
     assert not LAST.search(r.stdout) and not out.exists()
+
+
+def test_a_broken_variant_is_reported_and_the_other_rows_stand(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = bench.timed_raydlc
+
+    def broken_ac(*args: object, ac: bool, **kw: object) -> object:
+        if ac:
+            raise RuntimeError("backend compiler failed")
+        return real(*args, ac=ac, **kw)
+
+    monkeypatch.setattr(bench, "timed_raydlc", broken_ac)
+    out = tmp_path / "figures.json"
+    assert bench.main(["--smoke", "--steps", "4", "--warmup", "1", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert LAST.match(lines[-1]) and lines[-2] == "variant ac failed: RuntimeError: backend compiler failed"
+    doc = json.loads(out.read_text())
+    assert [r["name"] for r in doc["rows"]] == ["reference (FSDP1, bs1x128)", "raydlc (FSDP2)"]
+    assert doc["failed_variants"] == [{"variant": "ac", "error": "RuntimeError: backend compiler failed"}]
+    assert "variant(s) ac failed" in captured.err
 
 
 @pytest.mark.parametrize(
