@@ -248,7 +248,10 @@ def format_table(report: dict[str, Any]) -> str:
             ]
         )
     widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 1) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i in (0, 1) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([*head, fmt(cols), rule, *(fmt(l) for l in lines)])
 
