@@ -6,6 +6,7 @@ Config validation, rendering and planning need these before any cloud call (and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -22,7 +23,9 @@ GPUS: dict[str, GpuModel] = {
     "l40s": GpuModel("L40S", 44.4, 362.0),
     "a100-40gb": GpuModel("A100-40GB", 40.0, 312.0),
     "a100-80gb": GpuModel("A100-80GB", 80.0, 312.0),
-    "h100": GpuModel("H100", 80.0, 989.0),
+    "h100": GpuModel("H100", 80.0, 989.0),  # SXM
+    "h100-pcie": GpuModel("H100 PCIe", 80.0, 756.0),
+    "h100-nvl": GpuModel("H100 NVL", 94.0, 835.0),
     "h200": GpuModel("H200", 141.0, 989.0),
     "b200": GpuModel("B200", 180.0, 2250.0),
 }
@@ -91,3 +94,28 @@ IMAGES: dict[str, ImageFacts] = {
 
 def image_facts(image: str) -> ImageFacts | None:
     return IMAGES.get(image)
+
+
+# What `torch.cuda.get_device_name()` reports, most specific first: "NVIDIA L40S" must not be
+# read as an L4, nor an "NVIDIA H100 PCIe" as the SXM part with its higher peak.
+_DEVICE_NAMES: list[tuple[str, str]] = [
+    (r"\bg?h200\b", "h200"),
+    (r"\bh100\b.*\bpcie\b", "h100-pcie"),
+    (r"\bh100\b.*\bnvl\b", "h100-nvl"),
+    (r"\bh100\b", "h100"),
+    (r"\ba100\b.*\b80\s*gb\b", "a100-80gb"),
+    (r"\ba100\b", "a100-40gb"),
+    (r"\bl40s\b", "l40s"),
+    (r"\bl4\b", "l4"),
+    (r"\ba10g\b", "a10g"),
+    (r"\bb200\b", "b200"),
+]
+
+
+def gpu_for_device_name(device_name: str) -> GpuModel | None:
+    """The GPU model behind a CUDA device name, so figures like MFU use the right peak."""
+    name = device_name.lower()
+    for pattern, key in _DEVICE_NAMES:
+        if re.search(pattern, name):
+            return GPUS[key]
+    return None
