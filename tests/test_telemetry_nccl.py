@@ -235,3 +235,27 @@ def test_cli_reads_stdin_and_imports_nothing_heavy(tmp_path: Path) -> None:
     out = r.stdout.decode().splitlines()
     assert r.returncode == 0, r.stderr.decode()
     assert json.loads(out[0])["verdict"] == "socket" and out[-1] == "HEAVY="
+
+
+def test_numpy_and_plain_newline_counts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydlc.telemetry import nccl
+
+    data = b"".join((DATA / n).read_bytes() * 3 for n in ("socket_nccl952_ibext_no_device_fallback.log", "efa_ofi715_cloudwatch_gdr_shared.log"))
+    plain = analyze_chunks([data], source="x")
+    monkeypatch.setattr(nccl, "NUMPY_MIN", 0)
+    vectorised = analyze_chunks((data[i:i + 4096] for i in range(0, len(data), 4096)), source="x")
+    assert [(e.line, e.text) for e in vectorised.evidence + vectorised.errors] == [(e.line, e.text) for e in plain.evidence + plain.errors]
+    assert vectorised.lines == plain.lines == data.count(b"\n")
+
+
+def test_pinned_network_missing_is_an_error_not_a_fallback(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = ["ip-10-0-1-17:2210:2291 [0] init.cc:236 NCCL WARN Error: network AWS Libfabric not found."]
+    r = analyze_lines(lines)
+    assert (r.verdict, r.fallback, len(r.errors)) == ("unknown", False, 1)
+    assert any("NCCL_NET" in c for c in r.causes) and any("AWS Libfabric" in x for x in r.reasons)
+
+
+def test_ib_fallback_gets_ib_advice_not_efa_advice() -> None:
+    r = analyze_paths([str(DATA / "socket_nccl952_ibext_no_device_fallback.log")])
+    assert r.fallback_from == "ib"
+    assert any("InfiniBand" in c for c in r.causes) and not any("vpc.amazonaws.com/efa" in c for c in r.causes)

@@ -21,10 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    import numpy as np
+from typing import Any, Literal
 
 Verdict = Literal["efa", "socket", "ib", "libfabric-other", "single-node", "mixed", "unknown"]
 VERDICTS: tuple[str, ...] = ("efa", "socket", "ib", "libfabric-other", "single-node", "mixed", "unknown")
@@ -62,7 +59,7 @@ _BARE = re.compile(r"NCCL (INFO|WARN|TRACE|ABORT) ?(.*)")
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(\S*)")
 _OFI_VERSION = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl (\S+)")
 _PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is ([^\s,(]+)(?:, fabric is ([^\s,(]+))?")
-_LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded (?:net|coll) plugin (.+?)\s*\((v\d+)\)")
+_LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded net plugin (.+?)\s*\((v\d+)\)")
 _P2P_PLUGIN = re.compile(r"^P2P plugin (?:v\d+ )?(\S+)")
 _SO_PROBLEM = re.compile(r"([\w.+\-/]+\.so[\w.]*): (cannot open shared object file|version `[^']*' not found|undefined symbol)")
 _COMM = re.compile(r"\brank (\d+) n[Rr]anks (\d+)(?: nNodes (\d+))?")
@@ -122,6 +119,7 @@ class NcclReport:
 
     verdict: str
     fallback: bool
+    fallback_from: str | None
     gdr: bool | None
     nccl_version: str | None
     plugin: str | None
@@ -458,8 +456,7 @@ class NcclParser:
     def _plugin(self, tgt: _Proc, msg: str, text: str, line: int, source: str) -> None:
         m = _LOADED_PLUGIN.search(msg)
         if m:
-            if "coll" not in msg.split("Loaded", 1)[1][:6]:
-                tgt.plugin, tgt.plugin_version = m.group(1), m.group(2)
+            tgt.plugin, tgt.plugin_version = m.group(1), m.group(2)
             self._note("plugin", text, line, source)
             return
         m = _P2P_PLUGIN.match(msg)
@@ -623,6 +620,8 @@ class NcclParser:
         fallback = bool(attempted and landed and _SPEED[landed] < _SPEED[attempted])
         if fallback:
             reasons.append(f"fallback: {attempted} failed and NCCL went on with {landed}")
+        if self.net_missing:
+            reasons.append(f"NCCL_NET asks for network {self.net_missing!r}, which NCCL could not find: the job stopped instead of falling back")
         if verdict == "mixed" and attempted and any(_SPEED.get(c, 9) < _SPEED[attempted] for c in classes):
             fallback = True
             reasons.append(f"fallback on some ranks: {attempted} failed there")
@@ -633,7 +632,7 @@ class NcclParser:
             gdr = all(p.gdr for p in net_procs)
 
         report = NcclReport(
-            verdict=verdict, fallback=fallback, gdr=gdr,
+            verdict=verdict, fallback=fallback, fallback_from=attempted if fallback else None, gdr=gdr,
             nccl_version=", ".join(versions) or None,
             plugin=", ".join(plugins) or None,
             plugin_version=", ".join(plugin_versions) or None,
@@ -695,13 +694,17 @@ def likely_causes(r: NcclReport) -> list[str]:
     if not (r.fallback or r.verdict in ("socket", "libfabric-other", "mixed") or r.failures):
         return out
     texts = " ".join(e.text for e in r.failures).lower()
+    if any(e.kind == "network" for e in r.failures):
+        out.append("NCCL_NET names a network that is not there: for EFA the plugin must load (NCCL_NET=Libfabric needs libnccl-net-ofi.so on LD_LIBRARY_PATH or NCCL_NET_PLUGIN=ofi)")
+    if r.fallback_from == "ib":
+        out.append("InfiniBand/RoCE failed: is /dev/infiniband mounted in the container (RDMA device plugin or privileged)? Does NCCL_IB_HCA name a present HCA? Is nvidia-peermem loaded for GPUDirect?")
     if "empty list" in texts or "fi_getinfo" in texts or "no eligible" in texts or "optimal provider" in texts:
         out.append("no EFA device visible in the container: is /dev/infiniband/uverbs* mounted? Does the pod request vpc.amazonaws.com/efa? Is the EFA device plugin DaemonSet ready on the node?")
     if "version `" in texts or "cannot open shared object" in texts or "undefined symbol" in texts:
         out.append("the net plugin could not be loaded: libfabric / aws-ofi-nccl versions in the image do not match (check LD_LIBRARY_PATH and /opt/amazon/efa/lib)")
     if r.provider and r.provider.split(";")[0] not in ("efa", "efa-direct"):
         out.append(f"the OFI plugin selected provider {r.provider!r}, not efa: check FI_PROVIDER=efa and that fi_info -p efa lists a device")
-    if r.verdict in ("socket", "mixed") or r.fallback:
+    if r.fallback_from != "ib" and (r.verdict in ("socket", "mixed") or r.fallback):
         out.append("EFA resource requested by the pod (vpc.amazonaws.com/efa in limits)? device plugin ready (kubectl get ds -n kube-system aws-efa-k8s-device-plugin)?")
         out.append("FI_PROVIDER=efa set in the worker environment? /dev/infiniband mounted in the container?")
         if "NCCL_NET" not in r.env:
@@ -744,9 +747,6 @@ def candidate_lines(chunk: bytes, start: int = 0, end: int | None = None, libfab
         yield b, e
 
 
-_EMPTY: "np.ndarray" = ()  # type: ignore[assignment]
-
-
 class ChunkScanner:
     """Feeds byte chunks (any sizes) to a parser, tracking line numbers across chunks.
 
@@ -762,7 +762,7 @@ class ChunkScanner:
         self.source = source
         self._tail = b""
         self._line = 0  # newlines before the current chunk
-        self._eq: np.ndarray = _EMPTY
+        self._eq: Any = None  # numpy bool buffer, reused across chunks
         parser._last_text = ""
         if source not in parser.sources:
             parser.sources.append(source)
@@ -794,7 +794,7 @@ class ChunkScanner:
         if end - start >= NUMPY_MIN:
             np = _numpy()
             n = end - start
-            if len(self._eq) < n:
+            if self._eq is None or len(self._eq) < n:
                 self._eq = np.empty(max(n, 1 << 20), dtype=bool)
             eq = self._eq[:n]
             np.equal(np.frombuffer(data, dtype=np.uint8, count=n, offset=start), 10, out=eq)
@@ -836,7 +836,7 @@ class ChunkScanner:
 NUMPY_MIN = 4 << 20
 
 
-def _numpy():  # type: ignore[no-untyped-def]
+def _numpy() -> Any:
     import numpy
 
     return numpy
