@@ -259,3 +259,49 @@ def test_ib_fallback_gets_ib_advice_not_efa_advice() -> None:
     r = analyze_paths([str(DATA / "socket_nccl952_ibext_no_device_fallback.log")])
     assert r.fallback_from == "ib"
     assert any("InfiniBand" in c for c in r.causes) and not any("vpc.amazonaws.com/efa" in c for c in r.causes)
+
+
+# Real lines quoted in public troubleshooting notes (found with the code search; their files
+# name no stable URL, so they live here as rule tests rather than in the manifest).
+GLIBC_PLUGIN_FAILURE = """\
+NET/Plugin: libnccl-net.so: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.38' not found
+NET/IB : No device found.
+Failed to initialize NET plugin IB
+Initialized NET plugin Socket
+Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"""
+
+OFI_1_21_CXX_WARNS = """\
+NCCL INFO NCCL version 2.28.3+cuda12.9
+NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v11)
+NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.21.1
+NCCL INFO NET/OFI No eligible providers were found
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] int nccl_net_ofi_create_plugin(nccl_net_ofi_plugin_t**):334 NCCL WARN NET/OFI Unable to find a protocol that worked.  Failing initialization.
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] int nccl_net_ofi_create_plugin(nccl_net_ofi_plugin_t**):418 NCCL WARN NET/OFI aws-ofi-nccl initialization failed
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] ncclResult_t nccl_net_ofi_init(ncclDebugLogger_t):79 NCCL WARN NET/OFI Initializing plugin failed
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] plugin/net.cc:306 NCCL WARN Failed to initialize any NET plugin"""
+
+
+def test_plugin_that_cannot_load_then_sockets_is_a_fallback() -> None:
+    # The note quotes these lines with NCCL's "NCCL INFO" marker cut off; restored as NCCL prints it.
+    r = analyze_lines(["NCCL INFO " + x for x in GLIBC_PLUGIN_FAILURE.splitlines()])
+    assert (r.verdict, r.fallback) == ("socket", True)
+    assert "GLIBC_2.38" in r.failures[0].text and r.failures[0].line == 1
+    assert any("could not be loaded" in c for c in r.causes)
+
+
+def test_cxx_signature_warns_keep_their_host_and_stop_without_fallback() -> None:
+    r = analyze_lines(OFI_1_21_CXX_WARNS.splitlines())
+    assert (r.verdict, r.fallback, r.plugin, r.plugin_version) == ("unknown", False, "aws-ofi-nccl", "1.21.1")
+    assert len(r.errors) == 4 and [e.line for e in r.errors] == [5, 6, 7, 8]
+    host = next(x for x in r.ranks if x.pid == 3333526)
+    assert (host.node, host.errors) == ("x3002c0s31b0n0", 4)
+
+
+def test_efa_plugin_present_but_sockets_used_is_a_fallback() -> None:
+    ok = (DATA / "singlenode_nccl2297_failed_init_ib_socket_one_rank.log").read_text().splitlines()
+    with_ofi = ["lab:1425048:1425048 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.19.0"] + ok
+    assert analyze_lines(ok).fallback is False
+    r = analyze_lines(with_ofi)
+    assert (r.verdict, r.fallback, r.fallback_from) == ("single-node", True, "efa")
+    pinned = ["lab:1425048:1425048 [0] NCCL INFO NCCL_NET set by environment to Socket"] + with_ofi
+    assert analyze_lines(pinned).fallback is False  # sockets on purpose

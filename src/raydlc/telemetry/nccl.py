@@ -37,7 +37,7 @@ MAX_ERRORS = 200
 # Candidate search over raw bytes: one literal-prefixed pattern per pass, so the regex
 # engine skips to each "NCCL" in C and Python only sees the lines worth parsing.
 _CAND_NCCL = re.compile(
-    rb"NCCL (?:WARN|ABORT|version|error|communicator|INFO (?:Channel|Ring|Bootstrap"
+    rb"NCCL (?:WARN|ABORT|version|error|communicator|INFO (?:\[Rank \d+\] )?(?:Channel|Ring|Bootstrap|Failed to initialize NET"
     rb"|Using (?:network|internal Net)|Initialized NET|Assigned NET|NET/(?:Plugin|IB|Socket|OFI (?:Selected|Using aws|Initializing aws))"
     rb"|P2P plugin|Plugin Path|comm 0x|ncclComm|rank \d+ nranks|NCCL version|NCCL_[A-Z0-9_]+ set |NVLS|Connected NVLS))"
     rb"|NCCL\.cpp:\d+\][^\n]*?(?:[Tt]imeout|[Ee]rror|[Ff]ail)"
@@ -54,7 +54,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY = re.compile(r"\((\w+) pid=(\d+)(?:, ip=([0-9A-Fa-f.:]+))?\)")
 _REPEATED = re.compile(r"\s*\[repeated (\d+)x across cluster\]")
 _PREFIX_HEAD = re.compile(r"[^\s:|\[\]()]+:\d+:\d+ \[\d+\] ")
-_PREFIX = re.compile(r"([^\s:|\[\]()]+):(\d+):(\d+) \[(\d+)\] (?:[\w./\-]+:\d+ )?NCCL (INFO|WARN|TRACE|ABORT) ?(.*)")
+# WARN lines put the source location between the prefix and "NCCL": `proxy.cc:1485`,
+# `nccl_net_ofi_init:155`, or a whole C++ signature in aws-ofi-nccl >= 1.14.
+_PREFIX = re.compile(r"([^\s:|\[\]()]+):(\d+):(\d+) \[(\d+)\] (?:.*? )?NCCL (INFO|WARN|TRACE|ABORT) ?(.*)")
 _BARE = re.compile(r"NCCL (INFO|WARN|TRACE|ABORT) ?(.*)")
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(\S*)")
 _OFI_VERSION = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl (\S+)")
@@ -323,6 +325,9 @@ class NcclParser:
             self._warn(proc, msg, text, line, source)
             return
         c = msg[:1]
+        if c == "[" and msg.startswith("[Rank "):
+            msg = msg[msg.find("] ") + 2 :]
+            c = msg[:1]
         if c == "C":
             if msg.startswith("Channel"):
                 k = msg.find(" via ")
@@ -361,6 +366,10 @@ class NcclParser:
             if msg.startswith("Initialized NET plugin"):
                 self._note("plugin", text, line, source)
             return
+        if c == "F":
+            if msg.startswith("Failed to initialize NET plugin"):
+                self._plugin_init_failed(msg[31:].strip(), text, line, source)
+            return
         if c == "N":
             if msg.startswith("NET/OFI"):
                 self._ofi(tgt, msg, text, line, source)
@@ -391,6 +400,21 @@ class NcclParser:
             m = _COMM.search(msg)
             if m:
                 self._comm(proc, m, text, line, source)
+
+    def _plugin_init_failed(self, name: str, text: str, line: int, source: str) -> None:
+        """NCCL >= 2.2x tries its network plugins in turn and says which could not start."""
+        self._note("plugin", text, line, source)
+        low = name.lower()
+        if low.startswith("ib"):
+            # Probing IB on an Ethernet host is normal; it is a failure only if IB was wanted.
+            if self.ib_nodev is None:
+                self.ib_nodev = Evidence("ib", source, self._ln(line), text.strip())
+        elif "libfabric" in low or low.startswith("ofi"):
+            self.ofi_failed = True
+            self._fail("ofi", text, line, source)
+        elif low and not low.startswith("socket"):
+            self.plugin_failed = True
+            self._fail("plugin", text, line, source)
 
     def _select(self, tgt: _Proc, name: str, text: str, line: int, source: str) -> None:
         if name and name not in tgt.selected:
@@ -647,16 +671,30 @@ class NcclParser:
         return report
 
     def _attempted(self) -> str | None:
-        """The faster transport that the log shows failing, if any."""
+        """The faster transport that the log shows failing (or present but unused), if any."""
         if self.ofi_failed or self.efa_failed:
             return "efa"
+        pinned = self.env.get("NCCL_NET", "").strip().lower()
+        if pinned.startswith("socket") or self.env.get("NCCL_IB_DISABLE", "").strip() == "1" and pinned.startswith("ib"):
+            return None
+        plugins = {p.plugin for p in list(self.procs.values()) + [self.glob] if p.plugin}
+        if "aws-ofi-nccl" in plugins or any(p.provider for p in list(self.procs.values()) + [self.glob]):
+            if self._landed_socket():
+                return "efa"
         if self.plugin_failed:
             texts = " ".join(e.text.lower() for e in self.failures)
             ofi = any(p.plugin == "aws-ofi-nccl" for p in self.procs.values()) or "ofi" in texts or "libfabric" in texts
             return "efa" if ofi else "net plugin"
         if self.ib_failed or (self.ib_nodev is not None and self.ib_expected):
             return "ib"
+        if any(p.startswith("HPC-X") for p in plugins) and self._landed_socket():
+            return "ib"
         return None
+
+    def _landed_socket(self) -> bool:
+        procs = list(self.procs.values()) + [self.glob]
+        return any(n.lower().startswith("socket") for p in procs for n in p.nets) or (
+            not any(p.nets for p in procs) and any(n.lower().startswith("socket") for p in procs for n in p.selected))
 
 
 def _last_segment(text: str) -> str:
