@@ -19,7 +19,6 @@ from raydlc.telemetry.nccl import VERDICTS, NcclReport, analyze_chunks, analyze_
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
-BY_PATH = {e["path"]: e for e in MANIFEST}
 
 
 def corpus_files() -> list[Path]:

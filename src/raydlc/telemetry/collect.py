@@ -19,8 +19,6 @@ from raydlc.errors import InputError
 from raydlc.telemetry.nccl import ChunkScanner, NcclParser, NcclReport
 
 CHUNK = 8 << 20
-# Ray writes each worker's stdout/stderr to these; NCCL_DEBUG output lands in them.
-RAY_WORKER_GLOBS = ("worker-*.out", "worker-*.err")
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt", ".gz", ".json", ".csv")
 
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Verdict = Literal["efa", "socket", "ib", "libfabric-other", "single-node", "mixed", "unknown"]
 VERDICTS: tuple[str, ...] = ("efa", "socket", "ib", "libfabric-other", "single-node", "mixed", "unknown")
 EXPECTABLE: tuple[str, ...] = ("efa", "socket", "ib", "single-node")
 
@@ -172,9 +171,9 @@ class _Proc:
 def net_class(name: str, provider: str | None) -> str:
     """Map NCCL's network name (and the OFI provider below it) to a verdict word."""
     low = name.strip().lower()
-    if low.startswith("socket"):
+    if low.startswith("socket") or low.startswith("fastsocket"):
         return "socket"
-    if low.startswith("ib") or low in ("nccl rdma plugin",) or low.startswith("rdma"):
+    if low.startswith("ib") or low.startswith("gib") or low.startswith("rdma") or low == "nccl rdma plugin":
         return "ib"
     if "libfabric" in low or low.startswith("ofi") or low == "aws ofi":
         if provider is None:
@@ -674,11 +673,11 @@ class NcclParser:
         """The faster transport that the log shows failing (or present but unused), if any."""
         if self.ofi_failed or self.efa_failed:
             return "efa"
-        pinned = self.env.get("NCCL_NET", "").strip().lower()
-        if pinned.startswith("socket") or self.env.get("NCCL_IB_DISABLE", "").strip() == "1" and pinned.startswith("ib"):
-            return None
+        if self.env.get("NCCL_NET", "").strip().lower().startswith("socket"):
+            return None  # sockets on purpose
         plugins = {p.plugin for p in list(self.procs.values()) + [self.glob] if p.plugin}
-        if "aws-ofi-nccl" in plugins or any(p.provider for p in list(self.procs.values()) + [self.glob]):
+        ofi = any(x == "aws-ofi-nccl" or "libfabric" in x.lower() for x in plugins)
+        if ofi or any(p.provider for p in list(self.procs.values()) + [self.glob]):
             if self._landed_socket():
                 return "efa"
         if self.plugin_failed:
@@ -708,6 +707,8 @@ def _last_segment(text: str) -> str:
 
 def _transport_word(via: str) -> str:
     via = via.strip()
+    if via.startswith("direct shared memory"):  # NCCL 2.4's name for SHM
+        return "SHM"
     for word in ("P2P/CUMEM", "P2P/IPC", "P2P/direct pointer", "P2P/direct", "SHM", "NVLS", "CollNet", "P2P"):
         if via.startswith(word):
             return word
