@@ -304,3 +304,16 @@ def test_efa_plugin_present_but_sockets_used_is_a_fallback() -> None:
     assert (r.verdict, r.fallback, r.fallback_from) == ("single-node", True, "efa")
     pinned = ["lab:1425048:1425048 [0] NCCL INFO NCCL_NET set by environment to Socket"] + with_ofi
     assert analyze_lines(pinned).fallback is False  # sockets on purpose
+
+
+def test_pipes_are_read_like_files(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "kubectl-logs"
+    os.mkfifo(fifo)
+    payload = gzip.compress((DATA / "socket_horovod3658_mpi_prefix.log").read_bytes())
+    writer = threading.Thread(target=lambda: fifo.write_bytes(payload))
+    writer.start()
+    r = analyze_paths([str(fifo)])
+    writer.join(timeout=10)
+    assert (r.verdict, r.nodes) == ("socket", 2)

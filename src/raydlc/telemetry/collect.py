@@ -67,9 +67,7 @@ def expand(paths: Iterable[str]) -> list[str]:
             if not found:
                 raise InputError(f"{raw}: no log files in this directory", hint="point at a Ray session dir (/tmp/ray/session_*/logs) or at log files")
             out.extend(str(f) for f in found)
-        elif p.exists():
-            if not p.is_file():
-                raise InputError(f"{raw}: not a regular file")
+        elif p.exists():  # files, but also pipes such as <(kubectl logs …)
             out.append(str(p))
         else:
             raise InputError(f"{raw}: no such file or directory", hint="give log files, a directory, or - for stdin")
@@ -78,23 +76,27 @@ def expand(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def _open(path: str) -> tuple[BinaryIO, bool]:
+def _open(path: str) -> tuple[BinaryIO, BinaryIO]:
+    """The byte stream of a path or stdin, gunzipped when it starts like gzip (peeked, so pipes work)."""
     if path == "-":
-        return sys.stdin.buffer, False
+        f: BinaryIO = sys.stdin.buffer
+    else:
+        try:
+            f = open(path, "rb")  # noqa: SIM115
+        except OSError as e:
+            raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115
+        head = f.peek(2)[:2] if hasattr(f, "peek") else b""  # type: ignore[attr-defined]
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-    head = f.read(2)
-    f.seek(0)
     if head == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb"), True  # type: ignore[return-value]
-    return f, False
+        return gzip.GzipFile(fileobj=f, mode="rb"), f  # type: ignore[return-value]
+    return f, f
 
 
 def scan_into(parser: NcclParser, path: str, chunk_size: int = CHUNK) -> None:
     """Stream one file (or stdin) through the parser."""
-    stream, gz = _open(path)
+    stream, raw = _open(path)
     scanner = ChunkScanner(parser, "<stdin>" if path == "-" else path)
     try:
         for c in read_chunks(stream, chunk_size):
@@ -106,6 +108,7 @@ def scan_into(parser: NcclParser, path: str, chunk_size: int = CHUNK) -> None:
     finally:
         if path != "-":
             stream.close()
+            raw.close()
     scanner.close()
 
 
