@@ -208,6 +208,7 @@ class NcclParser:
         self._last_text = ""
         self._heads: dict[str, object] = {}
         self._chan_seen: set[tuple[str, str]] = set()
+        self._chan_bytes_seen: set[bytes] = set()
         self.provider_sources: set[str] = set()
         self._line_of: Callable[[], int] | None = None
 
@@ -856,11 +857,24 @@ class ChunkScanner:
             return state[1] + 1
 
         parser._line_of = line_of
+        seen, find = parser._chan_bytes_seen, data.find
+        if len(seen) > 1_000_000:
+            seen.clear()
         try:
             # libfabric's warnings matter while the OFI provider is unknown: once the plugin has
             # named it in this stream, the (costly) extra pass is skipped.
             libfabric = source not in parser.provider_sources
             for b, e in candidate_lines(data, start, end, libfabric):
+                # Channel lines are most of NCCL's output and repeat per channel number: a line
+                # equal to one already parsed except for that number adds nothing.
+                i = find(b" NCCL INFO Channel ", b, e)
+                if i >= 0:
+                    j = find(b" : ", i, e)
+                    if j >= 0:
+                        key = data[b:i] + data[j:e]
+                        if key in seen:
+                            continue
+                        seen.add(key)
                 off = b
                 parser.feed_line(data[b:e].decode("utf-8", "replace"), -1, source)
         finally:
