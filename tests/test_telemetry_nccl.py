@@ -136,6 +136,7 @@ def test_ray_prefix_and_repeat_folding() -> None:
     assert keys == {"10.0.12.174:4112", "10.0.12.174:4113", "ray-driver-node:7410"}
     rank8 = next(x for x in r.ranks if x.rank == 8)
     assert (rank8.ip, rank8.pid, rank8.inter_node) == ("10.0.12.174", 4112, "efa")
+    assert r.folded_repeats == 7 and any("RAY_DEDUP_LOGS" in x for x in r.reasons)
 
 
 def test_per_rank_rows_carry_host_pid_and_transports() -> None:

@@ -139,6 +139,7 @@ class NcclReport:
     sources: list[str]
     lines: int
     candidates: int
+    folded_repeats: int = 0
 
     def as_dict(self) -> dict[str, object]:
         from dataclasses import asdict
@@ -644,6 +645,9 @@ class NcclParser:
         fallback = bool(attempted and landed and _SPEED[landed] < _SPEED[attempted])
         if fallback:
             reasons.append(f"fallback: {attempted} failed and NCCL went on with {landed}")
+        if self.repeated:
+            reasons.append(f"Ray folded {self.repeated} repeated lines ('[repeated Nx across cluster]'): those ranks are not all listed; "
+                           "set RAY_DEDUP_LOGS=0 or read the session logs for every rank")
         if self.net_missing:
             reasons.append(f"NCCL_NET asks for network {self.net_missing!r}, which NCCL could not find: the job stopped instead of falling back")
         if verdict == "mixed" and attempted and any(_SPEED.get(c, 9) < _SPEED[attempted] for c in classes):
@@ -665,7 +669,7 @@ class NcclParser:
             network=", ".join(selected) or None,
             nodes=nodes, ranks=rank_rows, errors=self.errors, evidence=sorted(self.evidence, key=lambda e: (e.source, e.line)),
             failures=self.failures, reasons=reasons, causes=[], env=dict(self.env), sources=list(self.sources),
-            lines=self.lines, candidates=self.candidates,
+            lines=self.lines, candidates=self.candidates, folded_repeats=self.repeated,
         )
         report.causes = likely_causes(report)
         return report
