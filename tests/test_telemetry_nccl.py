@@ -318,3 +318,11 @@ def test_pipes_are_read_like_files(tmp_path: Path) -> None:
     r = analyze_paths([str(fifo)])
     writer.join(timeout=10)
     assert (r.verdict, r.nodes) == ("socket", 2)
+
+
+def test_pytorch_error_brings_its_result_code_and_last_error() -> None:
+    f = DATA / "unknown_pytorch_distbackenderror_last_error.log"
+    for r in (analyze_paths([str(f)]), analyze_lines(f.read_text().splitlines())):
+        assert [e.line for e in r.errors] == [1, 2, 3, 4]
+        assert r.errors[1].text.startswith("ncclSystemError") and "No route to host" in r.errors[3].text
+        assert r.nccl_version == "2.18.6"

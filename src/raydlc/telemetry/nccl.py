@@ -30,6 +30,8 @@ EXPECTABLE: tuple[str, ...] = ("efa", "socket", "ib", "single-node")
 _SPEED = {"efa": 3, "ib": 3, "net plugin": 3, "libfabric-other": 2, "socket": 1}
 
 MAX_EVIDENCE_PER_KIND = 4
+# PyTorch prints the NCCL result code, "Last error:" and the cause on the lines after "NCCL error".
+ERROR_CONTEXT_LINES = 3
 MAX_ERRORS = 200
 
 # ---------------------------------------------------------------------------------------
@@ -210,6 +212,7 @@ class NcclParser:
         self._heads: dict[str, object] = {}
         self._chan_seen: set[tuple[str, str]] = set()
         self._chan_bytes_seen: set[bytes] = set()
+        self.context_wanted = 0
         self.provider_sources: set[str] = set()
         self._line_of: Callable[[], int] | None = None
 
@@ -319,8 +322,7 @@ class NcclParser:
             if v:
                 tgt.version = v.group(1) + v.group(2)
                 self._note("version", text, line, source)
-            else:
-                self._other(proc, msg, text, line, source)
+            self._other(proc, msg, text, line, source)  # PyTorch's "NCCL error …, NCCL version x" is both
             return
         if level == "WARN" or level == "ABORT":
             self._warn(proc, msg, text, line, source)
@@ -545,6 +547,14 @@ class NcclParser:
         if _APP_ERROR.search(text):
             self._error(proc, text, line, source)
             self._note("error", text, line, source)
+            self.context_wanted = ERROR_CONTEXT_LINES
+
+    def feed_context(self, text: str, line: int = -1, source: str = "-") -> None:
+        """A line after a PyTorch "NCCL error": `ncclSystemError: …`, `Last error:` and its cause."""
+        self.context_wanted -= 1
+        text = text.strip()
+        if text and not text.startswith(("File ", "Traceback", "^")):
+            self._error(None, text, line, source)
 
     # -- conclusion -------------------------------------------------------------------
     def report(self) -> NcclReport:
@@ -634,7 +644,7 @@ class NcclParser:
             reasons.append(f"{len(hosts)} hosts, but the log shows only intra-node channels (P2P/SHM): the inter-node connections are not in it")
         else:
             verdict = "unknown"
-            reasons.append("no channel lines and no multi-node communicator in the log: not enough evidence" if (selected or versions) else "no NCCL output found (is NCCL_DEBUG=INFO set?)")
+            reasons.append("no channel lines and no multi-node communicator in the log: not enough evidence" if (selected or versions or procs or self.errors) else "no NCCL output found (is NCCL_DEBUG=INFO set?)")
 
         attempted = self._attempted()
         landed = verdict if verdict in _SPEED else None
@@ -868,7 +878,10 @@ class ChunkScanner:
             # libfabric's warnings matter while the OFI provider is unknown: once the plugin has
             # named it in this stream, the (costly) extra pass is skipped.
             libfabric = source not in parser.provider_sources
+            consumed = start
             for b, e in candidate_lines(data, start, end, libfabric):
+                if b < consumed:
+                    continue  # already read as context of an error
                 # Channel lines are most of NCCL's output and repeat per channel number: a line
                 # equal to one already parsed except for that number adds nothing.
                 i = find(b" NCCL INFO Channel ", b, e)
@@ -881,6 +894,13 @@ class ChunkScanner:
                         seen.add(key)
                 off = b
                 parser.feed_line(data[b:e].decode("utf-8", "replace"), -1, source)
+                while parser.context_wanted > 0 and e < end:
+                    b, e = e + 1, find(b"\n", e + 1, end)
+                    if e < 0:
+                        e = end
+                    off = b
+                    parser.feed_context(data[b:e].decode("utf-8", "replace"), -1, source)
+                    consumed = e + 1
         finally:
             parser._line_of = None
         total = newlines(start, end)
@@ -916,6 +936,9 @@ def analyze_lines(lines: Iterable[str | bytes], source: str = "-") -> NcclReport
     n = 0
     for n, raw in enumerate(lines, 1):
         b = raw if isinstance(raw, bytes) else raw.encode("utf-8", "replace")
+        if p.context_wanted > 0:
+            p.feed_context(b.decode("utf-8", "replace"), n, source)
+            continue
         for s, e in candidate_lines(b):
             p.feed_line(b[s:e].decode("utf-8", "replace"), n, source)
     p.lines = n
