@@ -326,3 +326,21 @@ def test_pytorch_error_brings_its_result_code_and_last_error() -> None:
         assert [e.line for e in r.errors] == [1, 2, 3, 4]
         assert r.errors[1].text.startswith("ncclSystemError") and "No route to host" in r.errors[3].text
         assert r.nccl_version == "2.18.6"
+
+
+def test_mutated_real_lines_never_crash_the_parser() -> None:
+    rnd = random.Random(11)
+    lines = [x for f in corpus_files() if f.suffix != ".json" for x in f.read_bytes().splitlines()]
+    inserts = [b" NCCL ", b"[", b"]", b":", b" via ", b"NET/", b" | ", b"\x1b[3", b"(", b"pid=", b"\n", b"\xff"]
+    for _ in range(1500):
+        chosen = [bytearray(rnd.choice(lines)) for _ in range(rnd.randrange(1, 8))]
+        for c in chosen:
+            for _ in range(rnd.randrange(4)):
+                if c:
+                    i = rnd.randrange(len(c))
+                    c[i:i + rnd.randrange(3)] = rnd.choice(inserts)
+        data = b"\n".join(bytes(c) for c in chosen)
+        size = rnd.randrange(1, 200)
+        r = analyze_chunks((data[i:i + size] for i in range(0, len(data), size)), source="fuzz")
+        assert r.verdict in VERDICTS and r.lines == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+        analyze_lines(data.split(b"\n"))
