@@ -132,7 +132,9 @@ def version(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
 @app.command("nccl")
 def nccl(
-    paths: Optional[list[str]] = typer.Argument(None, help="Log files, directories (Ray session dirs) or - for stdin."),
+    paths: Optional[list[str]] = typer.Argument(
+        None, metavar="[PATH|DIR|-]...", help="Log files (.gz too), directories (Ray session dirs) or - for stdin."
+    ),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
     expect: Optional[str] = typer.Option(
         None, "--expect", help="efa | socket | ib | single-node: exit 3 unless the log shows exactly this, with no fallback and no error."
