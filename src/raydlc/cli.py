@@ -133,7 +133,7 @@ def version(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 @app.command("nccl")
 def nccl(
     paths: Optional[list[str]] = typer.Argument(
-        None, metavar="[PATH|DIR|-]...", help="Log files (.gz too), directories (Ray session dirs) or - for stdin."
+        None, metavar="PATH|DIR|-", help="Log files (.gz too), directories (Ray session dirs) or - for stdin."
     ),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
     expect: Optional[str] = typer.Option(
