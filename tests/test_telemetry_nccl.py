@@ -344,3 +344,20 @@ def test_mutated_real_lines_never_crash_the_parser() -> None:
         r = analyze_chunks((data[i:i + size] for i in range(0, len(data), size)), source="fuzz")
         assert r.verdict in VERDICTS and r.lines == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
         analyze_lines(data.split(b"\n"))
+
+
+@pytest.mark.parametrize("plugin_line", [
+    "host:1:257 [0] NCCL INFO NET/Plugin: Could not find: ofi libnccl-net-ofi.so",
+    "host:1:257 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net-ofi.so) returned 2 : libnccl-net-ofi.so: cannot open shared object file: No such file or directory",
+])
+def test_requested_plugin_missing_then_sockets_is_a_fallback(plugin_line: str) -> None:
+    r = analyze_lines([plugin_line, "host:1:257 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"])
+    assert (r.verdict, r.fallback, r.fallback_from) == ("socket", True, "efa")
+
+
+def test_newer_channel_flags_still_count_as_network_traffic() -> None:
+    r = analyze_lines([
+        "host:1:257 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 16 nics)",
+        "host:1:257 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA/flush=None",
+    ])
+    assert (r.verdict, r.gdr) == ("efa", True)

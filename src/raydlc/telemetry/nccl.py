@@ -65,12 +65,14 @@ _PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is ([^\s,(]+)(?:, fabric i
 _LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded net plugin (.+?)\s*\((v\d+)\)")
 _P2P_PLUGIN = re.compile(r"^P2P plugin (?:v\d+ )?(\S+)")
 _SO_PROBLEM = re.compile(r"([\w.+\-/]+\.so[\w.]*): (cannot open shared object file|version `[^']*' not found|undefined symbol)")
+_REQUESTED_PLUGIN_MISSING = re.compile(r"Could not find: (\S+) (libnccl-net-\S+\.so)|Plugin load \((libnccl-net-\S+\.so)\) returned")
 _COMM = re.compile(r"\brank (\d+) n[Rr]anks (\d+)(?: nNodes (\d+))?")
 _CHANNEL = re.compile(
     r"(?:Channel|Ring) \d+(?:/\d+)? : (\d+)(?:\[[0-9a-fA-Fx]+\])? -> (\d+)(?:\[[0-9a-fA-Fx]+\])?"
     r"(?: \[(send|receive)\])? via (.+)"
 )
-_NET_TRANSPORT = re.compile(r"^NET/(.+?)/(\d+)(?:\(\d+\))?((?:/[A-Za-z]+)*)\s*$")
+# NET/<name>/<dev>[(proxy rank)][/GDRDMA][/Shared][/flush=…]
+_NET_TRANSPORT = re.compile(r"^NET/(.+?)/(\d+)(?:\(\d+\))?((?:/[^/\s]+)*)\s*$")
 _ENV = re.compile(r"^(NCCL_[A-Z0-9_]+) set (?:by environment )?to (.*?)\.?\s*$")
 _LIBFABRIC = re.compile(r"libfabric:\d+(?::\d+)?:+([\w-]*):(\w*):([^:]*):[^<]*<warn>\s*(.*)")
 # Subsystems where only an opened endpoint/domain of that provider logs.
@@ -496,9 +498,17 @@ class NcclParser:
         if msg.startswith("Plugin Path"):
             self._note("plugin", text, line, source)
             return
+        m = _REQUESTED_PLUGIN_MISSING.search(msg)
+        if m:  # NCCL_NET_PLUGIN named a plugin that is not there
+            self.plugin_failed = True
+            if "ofi" in (m.group(2) or m.group(3) or "").lower():
+                self.ofi_failed = True
+            self._fail("plugin", text, line, source)
+            self._note("plugin-failure", text, line, source)
+            return
         so = _SO_PROBLEM.search(msg)
         if so:
-            missing_plugin = so.group(2).startswith("cannot open") and so.group(1).rsplit("/", 1)[-1].startswith("libnccl-net")
+            missing_plugin = so.group(2).startswith("cannot open") and so.group(1).rsplit("/", 1)[-1] == "libnccl-net.so"
             if missing_plugin:
                 tgt.plugin = tgt.plugin or "internal"
                 self._note("plugin", text, line, source)
