@@ -665,6 +665,8 @@ class NcclParser:
         fallback = bool(attempted and landed and _SPEED[landed] < _SPEED[attempted])
         if fallback:
             reasons.append(f"fallback: {attempted} failed and NCCL went on with {landed}")
+        elif attempted and not landed:
+            reasons.append(f"{attempted} failed (see failures) and the log does not show what NCCL used instead")
         if self.repeated:
             reasons.append(f"Ray folded {self.repeated} repeated lines ('[repeated Nx across cluster]'): those ranks are not all listed; "
                            "set RAY_DEDUP_LOGS=0 or read the session logs for every rank")
