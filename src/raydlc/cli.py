@@ -216,6 +216,41 @@ def _catalog_gpus(ctx: typer.Context, instance_type: str | None) -> int | None:
     return None if current.source("GPUS_PER_NODE") != "default" else known.gpus
 
 
+@app.command("nccl")
+def nccl(
+    paths: Optional[list[str]] = typer.Argument(
+        None, metavar="PATH|DIR|-", help="Log files (.gz too), directories (Ray session dirs) or - for stdin."
+    ),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    expect: Optional[str] = typer.Option(
+        None, "--expect", help="efa | socket | ib | single-node: exit 3 unless the log shows exactly this, with no fallback and no error."
+    ),
+) -> None:
+    """Which transport NCCL really used, per rank and node, read from NCCL_DEBUG=INFO output."""
+    from raydlc.telemetry.collect import analyze_paths
+    from raydlc.telemetry.nccl import EXPECTABLE
+
+    if expect is not None and expect not in EXPECTABLE:
+        raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECTABLE)}")
+    if not paths:
+        if sys.stdin.isatty():
+            raise InputError("no input given", hint="raydlc nccl PATH|DIR|- (for example: kubectl logs POD | raydlc nccl -)")
+        paths = ["-"]
+    report = analyze_paths(paths)
+    ok = expect is None or (report.verdict == expect and not report.fallback and not report.errors)
+    if json_:
+        doc = report.as_dict()
+        if expect is not None:
+            doc["expect"], doc["expect_ok"] = expect, ok
+        emit_json(doc)
+    else:
+        from raydlc.telemetry.view import render
+
+        render(report, console, expect)
+    if not ok:
+        raise typer.Exit(3)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
     try:  # typer >= 0.20 vendors click

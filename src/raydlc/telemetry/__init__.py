@@ -1,0 +1,1 @@
+"""Network telemetry: what NCCL says about the transport that carried a job."""

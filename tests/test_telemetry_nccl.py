@@ -1,0 +1,363 @@
+"""NCCL log telemetry against real public log excerpts (tests/data/nccl/MANIFEST.json)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydlc.cli import main
+from raydlc.errors import InputError
+from raydlc.telemetry.collect import analyze_paths, expand, log_files
+from raydlc.telemetry.nccl import VERDICTS, NcclReport, analyze_chunks, analyze_lines
+
+DATA = Path(__file__).resolve().parent / "data" / "nccl"
+MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
+
+
+def corpus_files() -> list[Path]:
+    out: list[Path] = []
+    for e in MANIFEST:
+        p = DATA / e["path"]
+        out.extend(sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+    return out
+
+
+@pytest.mark.parametrize("entry", MANIFEST, ids=[e["path"] for e in MANIFEST])
+def test_corpus_verdict(entry: dict) -> None:
+    r = analyze_paths([str(DATA / entry["path"])])
+    assert (r.verdict, r.fallback) == (entry["verdict"], entry["fallback"]), r.reasons
+    if "gdr" in entry:
+        assert r.gdr is entry["gdr"]
+    if "errors" in entry:
+        assert bool(r.errors) is entry["errors"]
+    if "nodes" in entry:
+        assert r.nodes == entry["nodes"]
+    assert r.reasons, "every verdict says why"
+
+
+def test_manifest_covers_every_verdict_and_format() -> None:
+    assert len(MANIFEST) >= 30
+    assert {e["verdict"] for e in MANIFEST} == set(VERDICTS)
+    assert {True, False} <= {e["fallback"] for e in MANIFEST}
+    formats = " ".join(e["format"] for e in MANIFEST).lower()
+    for word in ("cloudwatch", "doubled", "ray driver", "repeated", "ray session", "mpi", "pdsh", "without", "ansi", "glued"):
+        assert word in formats, word
+    for e in MANIFEST:
+        assert e["source"].startswith("https://github.com/"), e
+        assert (DATA / e["path"]).exists(), e
+    assert all(f.stat().st_size < 20_000 for f in corpus_files())
+
+
+def test_evidence_line_numbers_point_at_the_quoted_line() -> None:
+    checked = 0
+    for f in corpus_files():
+        lines = f.read_text(errors="replace").split("\n")
+        r = analyze_paths([str(f)])
+        for e in r.evidence + r.errors + r.failures:
+            assert e.source == str(f)
+            raw = lines[e.line - 1].replace("\x1b", "")
+            assert e.text.split(" | ")[-1][:40].replace("\x1b", "") in raw or e.text[:30] in raw, (f, e)
+            checked += 1
+    assert checked > 200
+
+
+@pytest.mark.parametrize("name", ["efa_ofi715_cloudwatch_gdr_shared.log", "socket_ray_driver_wrapped_horovod3658.log",
+                                  "ib_deepep106_glued_lines_ibext_gdrdma.log", "singlenode_ofi889_cloudwatch_doubled_fallback.log"])
+@pytest.mark.parametrize("size", [1, 7, 333, 1 << 20])
+def test_chunk_size_does_not_change_the_answer(name: str, size: int) -> None:
+    data = (DATA / name).read_bytes()
+    whole = analyze_chunks([data], source="x")
+    parts = analyze_chunks((data[i:i + size] for i in range(0, len(data), size)), source="x")
+    assert parts.as_dict() == whole.as_dict()
+    by_lines = analyze_lines(data.decode().splitlines(), source="x")
+    assert (by_lines.verdict, by_lines.fallback, [e.line for e in by_lines.evidence]) == (
+        whole.verdict, whole.fallback, [e.line for e in whole.evidence])
+
+
+# --- the rules, on real lines ---------------------------------------------------------
+NO_PROVIDER = (DATA / "unknown_nccl527_multinode_gdr_no_provider.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize(("provider_line", "verdict"), [
+    (None, "unknown"),
+    ("NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 4 nics)", "efa"),
+    ("NCCL INFO NET/OFI Selected Provider is efa (found 16 nics)", "efa"),
+    ("NCCL INFO NET/OFI Selected provider is tcp, fabric is 172.31.64.0/20 (found 1 nics)", "libfabric-other"),
+    ("NCCL INFO NET/OFI Selected Provider is cxi (found 8 nics)", "libfabric-other"),
+    ("NCCL INFO NET/OFI Selected Provider is tcp;ofi_rxm", "libfabric-other"),
+])
+def test_libfabric_is_efa_only_with_the_efa_provider(provider_line: str | None, verdict: str) -> None:
+    lines = ([provider_line] if provider_line else []) + NO_PROVIDER
+    r = analyze_lines(lines)
+    assert r.verdict == verdict, r.reasons
+    assert r.gdr is True
+
+
+def test_ranks_that_disagree_are_mixed_not_the_majority() -> None:
+    efa = (DATA / "efa_ofi715_cloudwatch_gdr_shared.log").read_text().splitlines()
+    one_socket = (DATA / "socket_horovod3658_mpi_prefix.log").read_text().splitlines()[1:2]
+    r = analyze_lines(efa + one_socket)
+    assert r.verdict == "mixed"
+    by_class = {x.inter_node for x in r.ranks if x.inter_node}
+    assert by_class == {"efa", "socket"}
+    assert sum(x.inter_node == "efa" for x in r.ranks) > sum(x.inter_node == "socket" for x in r.ranks)
+
+
+def test_selected_network_without_traffic_is_not_traffic() -> None:
+    r = analyze_paths([str(DATA / "unknown_ofi161_provider_efa_nothing_crossed.log")])
+    assert (r.verdict, r.provider, r.network) == ("unknown", "efa", "AWS Libfabric")
+    assert r.plugin == "aws-ofi-nccl" and r.plugin_version == "1.3.0aws" and r.nccl_version == "2.10.3+cuda11.3"
+
+
+def test_ofi_failure_then_socket_channels_is_a_fallback() -> None:
+    failed = (DATA / "singlenode_ofi889_cloudwatch_doubled_fallback.log").read_text().splitlines()[7:10]
+    sockets = (DATA / "socket_horovod3658_mpi_prefix.log").read_text().splitlines()
+    r = analyze_lines(failed + sockets)
+    assert (r.verdict, r.fallback) == ("socket", True)
+    assert any("NCCL_NET" in c for c in r.causes) and any("/dev/infiniband" in c for c in r.causes)
+    assert len(r.errors) == 3 and all("NET/OFI" in e.text for e in r.failures)
+
+
+def test_socket_without_any_failure_is_no_fallback() -> None:
+    r = analyze_paths([str(DATA / "socket_nccltests188_internal_plugin.log")])
+    assert (r.verdict, r.fallback, r.failures, r.plugin) == ("socket", False, [], "internal")
+
+
+def test_ray_prefix_and_repeat_folding() -> None:
+    r = analyze_paths([str(DATA / "efa_ray_driver_wrapped_nccl527.log")])
+    keys = {x.key for x in r.ranks}
+    assert keys == {"10.0.12.174:4112", "10.0.12.174:4113", "ray-driver-node:7410"}
+    rank8 = next(x for x in r.ranks if x.rank == 8)
+    assert (rank8.ip, rank8.pid, rank8.inter_node) == ("10.0.12.174", 4112, "efa")
+    assert r.folded_repeats == 7 and any("RAY_DEDUP_LOGS" in x for x in r.reasons)
+
+
+def test_per_rank_rows_carry_host_pid_and_transports() -> None:
+    r = analyze_paths([str(DATA / "ib_nccl1412_direct_pointer_nnodes2.log")])
+    rows = {x.rank: x for x in r.ranks if x.rank is not None}
+    assert rows[6].node == "swat1-04" and rows[6].pid == 2017630 and rows[6].nranks == 16
+    five = next(x for x in r.ranks if x.key == "swat1-04:2017630:5")
+    assert five.transports == ["NET/IB"] and five.inter_node == "ib" and five.gdr is False
+
+
+# --- bad input -------------------------------------------------------------------------
+def test_binary_garbage_and_empty_input_give_unknown(tmp_path: Path) -> None:
+    rnd = random.Random(4)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(bytes(rnd.getrandbits(8) for _ in range(300_000)) + b"NCCL INFO \xff\xfe via NET/\x00\n" * 3)
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    for p in (junk, empty):
+        r = analyze_paths([str(p)])
+        assert isinstance(r, NcclReport) and r.verdict == "unknown" and not r.fallback
+
+
+def test_truncated_last_line_and_invalid_utf8_are_still_read(tmp_path: Path) -> None:
+    text = (DATA / "socket_horovod3658_mpi_prefix.log").read_bytes().rstrip(b"\n")
+    f = tmp_path / "cut.log"
+    f.write_bytes(text.replace(b"ip-172-31-0-63:2121", b"ip-172-31-0-\xe9\xff:2121")[:-9])
+    r = analyze_paths([str(f)])
+    assert r.verdict == "socket" and r.lines == text.count(b"\n") + 1
+
+
+def test_gzip_is_read_and_a_truncated_gzip_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = (DATA / "ib_nccl687_gdrdma_two_hosts.log").read_bytes()
+    gz = tmp_path / "worker.log.gz"
+    gz.write_bytes(gzip.compress(src))
+    assert analyze_paths([str(gz)]).verdict == "ib"
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(gzip.compress(src)[:-30])
+    with pytest.raises(InputError):
+        analyze_paths([str(cut)])
+    assert main(["nccl", str(cut)]) == 2
+    assert "truncated" in capsys.readouterr().err
+
+
+def test_missing_paths_and_empty_dirs_are_exit_2(tmp_path: Path) -> None:
+    assert main(["nccl", str(tmp_path / "nope.log")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["nccl", str(tmp_path / "empty")]) == 2
+    assert main(["nccl", str(DATA / "ib_nccl687_gdrdma_two_hosts.log"), "--expect", "roce"]) == 2
+
+
+def test_session_dir_reads_worker_files_once(tmp_path: Path) -> None:
+    root = tmp_path / "ray"
+    src = DATA / "ray_session_ib_nccl687"
+    for f in src.rglob("*"):
+        if f.is_file():
+            dst = root / f.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(f.read_bytes())
+    session = next(root.glob("session_*"))
+    os.symlink(session, root / "session_latest")
+    files = log_files(root)
+    assert [f.name.split("-")[0] for f in files] == ["worker", "worker"]
+    assert len(expand([str(root)])) == 2
+    r = analyze_paths([str(root)])
+    assert (r.verdict, r.nodes, len(r.sources)) == ("ib", 2, 2)
+
+
+# --- CLI -----------------------------------------------------------------------------------
+def test_cli_json_shape_and_expect_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    efa = str(DATA / "efa_nccl527_noprefix_gdr.log")
+    assert main(["nccl", efa, "--json", "--expect", "efa"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("verdict", "fallback", "gdr", "nccl_version", "plugin", "provider", "nodes", "ranks", "errors", "evidence"):
+        assert key in doc
+    assert (doc["verdict"], doc["gdr"], doc["expect_ok"]) == ("efa", True, True)
+    assert {"rank", "node", "pid", "transports", "inter_node"} <= set(doc["ranks"][0])
+    assert all({"line", "text", "source"} <= set(e) for e in doc["evidence"])
+    assert main(["nccl", efa, "--expect", "socket"]) == 3
+    fallback = str(DATA / "singlenode_ofi889_cloudwatch_doubled_fallback.log")
+    assert main(["nccl", fallback, "--expect", "single-node"]) == 3  # right verdict, but a fallback
+    assert main(["nccl", fallback]) == 0  # no --expect: report only
+    out = capsys.readouterr().out
+    assert "verdict: single-node + FALLBACK" in out
+    assert f"{fallback}:8" in out and "likely causes" in out and "NCCL_NET" in out
+
+
+def test_cli_reads_stdin_and_imports_nothing_heavy(tmp_path: Path) -> None:
+    code = (
+        "import sys; from raydlc.cli import main; rc = main(['nccl', '-', '--json', '--expect', 'socket']); "
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'ray', 'transformers', 'kubernetes', 'boto3') if m in sys.modules)); "
+        "sys.exit(rc)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-c", code], input=(DATA / "socket_nccl278_nccl25_ring.log").read_bytes(),
+                       capture_output=True, env=env, cwd=tmp_path, timeout=120)
+    out = r.stdout.decode().splitlines()
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(out[0])["verdict"] == "socket" and out[-1] == "HEAVY="
+
+
+def test_numpy_and_plain_newline_counts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydlc.telemetry import nccl
+
+    data = b"".join((DATA / n).read_bytes() * 3 for n in ("socket_nccl952_ibext_no_device_fallback.log", "efa_ofi715_cloudwatch_gdr_shared.log"))
+    plain = analyze_chunks([data], source="x")
+    monkeypatch.setattr(nccl, "NUMPY_MIN", 0)
+    vectorised = analyze_chunks((data[i:i + 4096] for i in range(0, len(data), 4096)), source="x")
+    assert [(e.line, e.text) for e in vectorised.evidence + vectorised.errors] == [(e.line, e.text) for e in plain.evidence + plain.errors]
+    assert vectorised.lines == plain.lines == data.count(b"\n")
+
+
+def test_pinned_network_missing_is_an_error_not_a_fallback(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = ["ip-10-0-1-17:2210:2291 [0] init.cc:236 NCCL WARN Error: network AWS Libfabric not found."]
+    r = analyze_lines(lines)
+    assert (r.verdict, r.fallback, len(r.errors)) == ("unknown", False, 1)
+    assert any("NCCL_NET" in c for c in r.causes) and any("AWS Libfabric" in x for x in r.reasons)
+
+
+def test_ib_fallback_gets_ib_advice_not_efa_advice() -> None:
+    r = analyze_paths([str(DATA / "socket_nccl952_ibext_no_device_fallback.log")])
+    assert r.fallback_from == "ib"
+    assert any("InfiniBand" in c for c in r.causes) and not any("vpc.amazonaws.com/efa" in c for c in r.causes)
+
+
+# Real lines quoted in public troubleshooting notes (found with the code search; their files
+# name no stable URL, so they live here as rule tests rather than in the manifest).
+GLIBC_PLUGIN_FAILURE = """\
+NET/Plugin: libnccl-net.so: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.38' not found
+NET/IB : No device found.
+Failed to initialize NET plugin IB
+Initialized NET plugin Socket
+Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"""
+
+OFI_1_21_CXX_WARNS = """\
+NCCL INFO NCCL version 2.28.3+cuda12.9
+NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v11)
+NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.21.1
+NCCL INFO NET/OFI No eligible providers were found
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] int nccl_net_ofi_create_plugin(nccl_net_ofi_plugin_t**):334 NCCL WARN NET/OFI Unable to find a protocol that worked.  Failing initialization.
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] int nccl_net_ofi_create_plugin(nccl_net_ofi_plugin_t**):418 NCCL WARN NET/OFI aws-ofi-nccl initialization failed
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] ncclResult_t nccl_net_ofi_init(ncclDebugLogger_t):79 NCCL WARN NET/OFI Initializing plugin failed
+[2026-09-17 04:02:30] x3002c0s31b0n0:3333526:3333526 [0] plugin/net.cc:306 NCCL WARN Failed to initialize any NET plugin"""
+
+
+def test_plugin_that_cannot_load_then_sockets_is_a_fallback() -> None:
+    # The note quotes these lines with NCCL's "NCCL INFO" marker cut off; restored as NCCL prints it.
+    r = analyze_lines(["NCCL INFO " + x for x in GLIBC_PLUGIN_FAILURE.splitlines()])
+    assert (r.verdict, r.fallback) == ("socket", True)
+    assert "GLIBC_2.38" in r.failures[0].text and r.failures[0].line == 1
+    assert any("could not be loaded" in c for c in r.causes)
+
+
+def test_cxx_signature_warns_keep_their_host_and_stop_without_fallback() -> None:
+    r = analyze_lines(OFI_1_21_CXX_WARNS.splitlines())
+    assert (r.verdict, r.fallback, r.plugin, r.plugin_version) == ("unknown", False, "aws-ofi-nccl", "1.21.1")
+    assert len(r.errors) == 4 and [e.line for e in r.errors] == [5, 6, 7, 8]
+    host = next(x for x in r.ranks if x.pid == 3333526)
+    assert (host.node, host.errors) == ("x3002c0s31b0n0", 4)
+
+
+def test_efa_plugin_present_but_sockets_used_is_a_fallback() -> None:
+    ok = (DATA / "singlenode_nccl2297_failed_init_ib_socket_one_rank.log").read_text().splitlines()
+    with_ofi = ["lab:1425048:1425048 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.19.0"] + ok
+    assert analyze_lines(ok).fallback is False
+    r = analyze_lines(with_ofi)
+    assert (r.verdict, r.fallback, r.fallback_from) == ("single-node", True, "efa")
+    pinned = ["lab:1425048:1425048 [0] NCCL INFO NCCL_NET set by environment to Socket"] + with_ofi
+    assert analyze_lines(pinned).fallback is False  # sockets on purpose
+
+
+def test_pipes_are_read_like_files(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "kubectl-logs"
+    os.mkfifo(fifo)
+    payload = gzip.compress((DATA / "socket_horovod3658_mpi_prefix.log").read_bytes())
+    writer = threading.Thread(target=lambda: fifo.write_bytes(payload))
+    writer.start()
+    r = analyze_paths([str(fifo)])
+    writer.join(timeout=10)
+    assert (r.verdict, r.nodes) == ("socket", 2)
+
+
+def test_pytorch_error_brings_its_result_code_and_last_error() -> None:
+    f = DATA / "unknown_pytorch_distbackenderror_last_error.log"
+    for r in (analyze_paths([str(f)]), analyze_lines(f.read_text().splitlines())):
+        assert [e.line for e in r.errors] == [1, 2, 3, 4]
+        assert r.errors[1].text.startswith("ncclSystemError") and "No route to host" in r.errors[3].text
+        assert r.nccl_version == "2.18.6"
+
+
+def test_mutated_real_lines_never_crash_the_parser() -> None:
+    rnd = random.Random(11)
+    lines = [x for f in corpus_files() if f.suffix != ".json" for x in f.read_bytes().splitlines()]
+    inserts = [b" NCCL ", b"[", b"]", b":", b" via ", b"NET/", b" | ", b"\x1b[3", b"(", b"pid=", b"\n", b"\xff"]
+    for _ in range(1500):
+        chosen = [bytearray(rnd.choice(lines)) for _ in range(rnd.randrange(1, 8))]
+        for c in chosen:
+            for _ in range(rnd.randrange(4)):
+                if c:
+                    i = rnd.randrange(len(c))
+                    c[i:i + rnd.randrange(3)] = rnd.choice(inserts)
+        data = b"\n".join(bytes(c) for c in chosen)
+        size = rnd.randrange(1, 200)
+        r = analyze_chunks((data[i:i + size] for i in range(0, len(data), size)), source="fuzz")
+        assert r.verdict in VERDICTS and r.lines == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+        analyze_lines(data.split(b"\n"))
+
+
+@pytest.mark.parametrize("plugin_line", [
+    "host:1:257 [0] NCCL INFO NET/Plugin: Could not find: ofi libnccl-net-ofi.so",
+    "host:1:257 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net-ofi.so) returned 2 : libnccl-net-ofi.so: cannot open shared object file: No such file or directory",
+])
+def test_requested_plugin_missing_then_sockets_is_a_fallback(plugin_line: str) -> None:
+    r = analyze_lines([plugin_line, "host:1:257 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"])
+    assert (r.verdict, r.fallback, r.fallback_from) == ("socket", True, "efa")
+
+
+def test_newer_channel_flags_still_count_as_network_traffic() -> None:
+    r = analyze_lines([
+        "host:1:257 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 16 nics)",
+        "host:1:257 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA/flush=None",
+    ])
+    assert (r.verdict, r.gdr) == ("efa", True)
