@@ -130,6 +130,40 @@ def version(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
         err_console.print(f"[yellow]warning:[/] local {k} {local[k]} differs from the image's {image[k]}")
 
 
+@app.command("plan")
+def plan_cmd(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (what-if; default GPUS_PER_NODE)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
+    network_gbps: Optional[float] = typer.Option(None, "--network-gbps", help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
+    policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute) or pure-bf16."),
+    strategy: str = typer.Option("fsdp", "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed)."),
+    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each block in backward."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Per-GPU memory, per-step traffic and step time for FSDP and HSDP, and the recommended choice."""
+    from raydlc import plan as planner
+    from raydlc.train.model import get_spec
+
+    cfg = load(ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch)
+    layout = planner.layout_for(
+        cfg.gpu_nodes.count, cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node,
+        gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps,
+    )
+    result = planner.plan(
+        get_spec(cfg.train.model_id), layout, seq_len=cfg.train.seq_len, micro_batch=cfg.train.batch_size,
+        policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
+    )
+    if json_:
+        emit_json(result.to_dict())
+        return
+    planner.print_plan(result, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
     try:  # typer >= 0.20 vendors click
