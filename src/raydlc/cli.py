@@ -164,6 +164,40 @@ def plan_cmd(
     planner.print_plan(result, console)
 
 
+@app.command("preflight")
+def preflight_cmd(
+    ctx: typer.Context,
+    local: bool = typer.Option(False, "--local", help="Run on a local Ray over gloo: figures only, no network verdict."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Workers (one per GPU); default NUM_WORKERS, or 2 with --local."),
+    sizes_mib: Optional[list[float]] = typer.Option(None, "--size-mib", help="Message size in MiB (repeatable); default 0.25/4/32 locally, 1..512 on GPUs."),
+    iters: int = typer.Option(5, "--iters", help="Timed calls per collective and size."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """All-reduce/all-gather bus bandwidth on the job's workers, and whether EFA is really in use."""
+    from raydlc import preflight
+
+    cfg = load(ctx, NUM_WORKERS=workers)
+    if iters < 1 or any(s <= 0 for s in sizes_mib or []):
+        raise InputError("--iters and --size-mib must be positive", hint="e.g. --size-mib 4 --size-mib 64 --iters 5")
+    n = workers if workers is not None else ((cfg.train.num_workers or 2) if local else cfg.num_workers)
+    if n < 1:
+        raise InputError(f"--workers must be at least 1, got {n}", hint="pass --workers 2 for a local run")
+    expectation = None if local else preflight.expectation_for(cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node)
+    report = preflight.run_preflight(
+        num_workers=n, use_gpu=not local, expectation=expectation, iters=iters,
+        sizes=[int(s * 2**20) for s in sizes_mib] if sizes_mib else None,
+    )
+    if json_:
+        emit_json(report.to_dict())
+    else:
+        preflight.print_report(report, console)
+    if not report.ok:
+        for f in report.findings:
+            if f.level == "fail":
+                err_console.print(f"[bold red]preflight failed:[/] {f.message}", highlight=False)
+        raise typer.Exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
     try:  # typer >= 0.20 vendors click
