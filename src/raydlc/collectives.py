@@ -183,6 +183,12 @@ def measure(
             ray.init(num_cpus=max(2, num_workers + 1), include_dashboard=False)
         started = True
     try:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if use_gpu and gpus < num_workers:
+            raise TrainError(
+                f"the Ray cluster has {gpus:g} GPUs and the preflight needs {num_workers} (one per worker)",
+                hint="run it where Ray reaches the GPU cluster (RAY_ADDRESS, or `raydlc train --preflight`), or pass --local",
+            )
         collector = ray.remote(num_cpus=0)(_Collector).remote()
         config = {
             "collector": collector,
