@@ -115,6 +115,33 @@ def test_largest_micro_batch_is_the_edge_of_fitting_and_monotone() -> None:
     assert mb(gpu="h100") > mb(gpu="l4")
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_saved_activations_match_what_autograd_keeps(checkpointing: bool) -> None:
+    """Bytes of the distinct non-parameter storages autograd saves in a bf16 forward on CPU (SDPA)."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for spec in (SPECS["tiny"], ModelSpec("small", 512, 8, 8, 2, 1376, 32003, False)):
+        model = build_model(spec, dtype=torch.bfloat16)
+        if checkpointing:
+            for i, layer in enumerate(model.model.layers):
+                model.model.layers[i] = checkpoint_wrapper(layer)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                saved[st.data_ptr()] = st.nbytes()
+            return t
+
+        ids = torch.randint(0, spec.vocab_size, (2, 128))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids)
+        want = planner.activation_parts(spec, 128, 2, checkpointing)["saved"]
+        assert sum(saved.values()) == pytest.approx(want, rel=0.02), spec.name
+
+
 def test_activation_checkpointing_keeps_only_block_inputs() -> None:
     spec = get_spec("qwen2.5-1.5b")
     a = planner.plan(spec, G6, seq_len=1024, micro_batch=2).activations_bytes

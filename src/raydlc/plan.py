@@ -124,22 +124,33 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
-def activation_bytes(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> int:
-    """Saved-for-backward bytes of one micro-batch (SDPA attention: no s x s matrix is kept).
+def activation_parts(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> dict[str, int]:
+    """Activation bytes of one micro-batch at its peak (the start of backward), in three parts.
 
-    Per token and block, in bf16: the block input and normed input (2h), q/k/v after RoPE
-    (h + 2kv), the attention output and o_proj input (2h), the MLP's normed input (h),
-    gate, up, silu(gate) and their product (4i); HF's RMSNorm also keeps fp32 copies (4h x 4 B).
-    The loss keeps bf16 logits, their fp32 upcast and the fp32 softmax gradient (10 B per vocab entry).
-    With checkpointing per block only each block's input stays, plus one block being recomputed.
+    `saved` is what autograd keeps after forward (measured on CPU with saved_tensors_hooks:
+    tests/test_plan.py). Per token and Qwen2 block with SDPA (no s x s matrix): each of the two
+    RMSNorms keeps its fp32 input (4h), its bf16 output and the weighted copy fed to the linear
+    (2h + 2h); attention keeps q (2h), k and v (2kv each) and its output (2h); the MLP keeps
+    gate, up, silu(gate) and their product (4 x 2i): 20h + 4kv + 8i bytes. The final norm
+    keeps 8h, and the loss the fp32 log-softmax of the logits (4 B per vocab entry).
+    With per-block checkpointing only each block's bf16 input (2h) is kept, and one block is
+    rebuilt during backward (`recompute`). `loss_backward` is the transient fp32 and bf16
+    gradient of the logits (6 B per vocab entry) while everything saved is still held.
     """
     h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     kv = spec.num_kv_heads * spec.head_dim
-    block = 2 * (6 * h + 2 * kv + 4 * i) + 4 * 4 * h
-    logits = v * (2 + 4 + 4)
-    edges = 2 * 2 * h  # embedding output, final norm output
-    per_token = (spec.num_layers * 2 * h + block if checkpointing else spec.num_layers * block) + logits + edges
-    return per_token * seq_len * micro_batch
+    block = 20 * h + 4 * kv + 8 * i
+    tokens = seq_len * micro_batch
+    per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h + 4 * v
+    return {
+        "saved": per_token * tokens,
+        "recompute": block * tokens if checkpointing else 0,
+        "loss_backward": 6 * v * tokens,
+    }
+
+
+def activation_bytes(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> int:
+    return sum(activation_parts(spec, seq_len, micro_batch, checkpointing).values())
 
 
 def memory_bytes(
@@ -399,7 +410,7 @@ def plan(
         activations_bytes={
             "without_checkpointing": activation_bytes(spec, seq_len, micro_batch, False),
             "with_checkpointing": activation_bytes(spec, seq_len, micro_batch, True),
-        },
+        } | activation_parts(spec, seq_len, micro_batch, activation_checkpointing),
         traffic_bytes_per_step=sel.traffic_bytes_per_step,
         step_time_s=sel.step_time_s,
         max_micro_batch=sel.max_micro_batch,
