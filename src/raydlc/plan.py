@@ -3,9 +3,9 @@
 The hand arithmetic everyone does (bytes per parameter over the number of GPUs) misses
 what actually decides whether a job fits and how fast it runs: FSDP2 keeps the sharded
 parameters in their original dtype (fp32 under a bf16 MixedPrecisionPolicy, so that shard
-*is* the master copy and there is no second one), all-gathers whole units in bf16, never
-reshards the root unit (the embeddings) between forward and backward, and moves every
-parameter across the node boundary three times per step. Everything here is arithmetic on
+*is* the master copy and there is no second one), all-gathers whole units in bf16 (the root
+unit, with the embeddings, stays gathered through all of forward and again all of backward),
+and moves every parameter across the node boundary three times per step. Everything here is arithmetic on
 a `ModelSpec`; the assumptions that are not arithmetic are fields of `Assumptions`.
 """
 
@@ -172,7 +172,8 @@ def memory_bytes(
         "grads": local * pb.grad,
         "optimizer": local * pb.optimizer,
         "fp32_master": local * pb.master,
-        # The root unit stays unsharded from forward to backward; one block is in use and the next prefetched.
+        # The root unit (embeddings) is unsharded around all of forward and again all of backward;
+        # one block is in use and the next prefetched.
         "unsharded_params": (root + 2 * block) * pb.compute,
         # A unit's full gradient before reduce-scatter, plus its reduce_dtype copy when that differs.
         "unsharded_grads": max(root, block) * (pb.compute + (pb.reduce if pb.reduce != pb.compute else 0)),
@@ -214,16 +215,16 @@ def max_micro_batch(
 def traffic_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -> dict[str, Any]:
     """Bytes each GPU receives per step (ring collectives), and what crosses each node's NIC.
 
-    FSDP: every unit is all-gathered in forward and again in backward (except the root and
-    the last block, which apply_fsdp does not reshard), and every gradient is
-    reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
+    FSDP: every unit is all-gathered in forward and again in backward, the root included
+    (measured: FSDP2 reshards it after forward), except the last block, which apply_fsdp
+    keeps unsharded; every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
     much as each intra-node link, so a node's NIC moves one GPU's full share.
     HSDP: the same three collectives inside the node, then an all-reduce of each GPU's
     gradient shard with its peers on the other nodes; G such all-reduces share the node's NIC.
     """
     pb = PRECISION[policy]
     p = spec.param_count()
-    resharded = p - root_unit_params(spec) - spec.layer_params()
+    resharded = p - spec.layer_params()
     shard, replicate = _layout_groups(strategy, layout)
     f = _ring(shard)
     ag = f * (p + resharded) * pb.compute
