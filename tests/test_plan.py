@@ -153,6 +153,7 @@ def test_recommendation_and_recommend_sharding() -> None:
     spec = get_spec("qwen2.5-1.5b")
     assert planner.recommend_sharding(spec, 2, 4, "l4", 128, 1) == "hsdp"
     assert planner.recommend_sharding(spec, 1, 4, "l4", 128, 1) == "fsdp"  # one node
+    assert planner.recommend_sharding(spec, 2, 4, None, 128, 1, instance_type="g6.12xlarge", policy="pure-bf16") == "hsdp"
     # 8 nodes x 1 L4: HSDP would keep 16 B/param of 1.5B on each 22.4 GiB GPU.
     assert planner.recommend_sharding(spec, 8, 1, "l4", 128, 1) == "fsdp"
     rec = planner.plan(spec, planner.layout_for(8, 1, gpu="l4", network_gbps=40)).recommendation
@@ -178,9 +179,9 @@ def test_bad_input_exits_2_with_a_message(args: list[str], needle: str, clean_en
     assert needle in err and "hint:" in err and "Traceback" not in err
 
 
-def test_plan_imports_nothing_heavy() -> None:
+def test_plan_and_preflight_import_nothing_heavy() -> None:
     code = (
-        "import sys; from raydlc.cli import main; main(['plan', '--json']); "
+        "import sys; import raydlc.preflight; from raydlc.cli import main; main(['plan', '--json']); "
         "print('HEAVY=' + ','.join(m for m in ('torch', 'ray', 'transformers', 'kubernetes', 'boto3') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

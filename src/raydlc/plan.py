@@ -12,7 +12,7 @@ a `ModelSpec`; the assumptions that are not arithmetic are fields of `Assumption
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from raydlc import catalog
@@ -423,11 +423,17 @@ def plan(
 
 
 def recommend_sharding(
-    spec: ModelSpec, nodes: int, gpus_per_node: int, gpu: str, seq_len: int, micro_batch: int,
-    *, policy: str = "bf16-mixed", network_gbps: float = 40.0, efa: bool = True,
+    spec: ModelSpec, nodes: int, gpus_per_node: int, gpu: str | None, seq_len: int, micro_batch: int,
+    *, policy: str = "bf16-mixed", instance_type: str | None = None, network_gbps: float | None = None,
 ) -> str:
-    """For `--sharding auto`: the planner's choice, "fsdp" or "hsdp"."""
-    layout = replace(layout_for(nodes, gpus_per_node, gpu=gpu, network_gbps=network_gbps), efa=efa)
+    """For `--sharding auto`: the planner's choice, "fsdp" or "hsdp".
+
+    The network comes from `instance_type` when given (g6.12xlarge: 40 Gb/s, EFA), else
+    `network_gbps`, else 40 Gb/s over EFA; `gpu=None` takes the instance type's GPU.
+    """
+    if instance_type is None and network_gbps is None:
+        network_gbps = 40.0
+    layout = layout_for(nodes, gpus_per_node, gpu=gpu, instance_type=instance_type, network_gbps=network_gbps)
     return plan(spec, layout, seq_len=seq_len, micro_batch=micro_batch, policy=policy).recommendation["strategy"]
 
 
