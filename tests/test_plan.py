@@ -199,3 +199,10 @@ def test_tcp_only_layout_uses_tcp_rate() -> None:
     lay = replace(G6, efa=False)
     st = planner.plan(get_spec("qwen2.5-1.5b"), lay).step_time_s
     assert st["transport"] == "tcp" and st["estimate"] == st["tcp"]["estimate"]
+
+
+def test_compute_bound_layouts_keep_fsdp_for_its_memory() -> None:
+    p = planner.plan(get_spec("qwen2.5-1.5b"), planner.layout_for(2, 8, instance_type="p5.48xlarge"), seq_len=4096, micro_batch=4)
+    assert p.step_time_s["bound"] == "compute"
+    assert p.recommendation["strategy"] == "fsdp" and "compute-bound either way" in p.recommendation["reason"]
+    assert p.strategies["fsdp"].per_gpu_bytes["total"] < p.strategies["hsdp"].per_gpu_bytes["total"]
