@@ -211,8 +211,9 @@ def print_report(report: PreflightReport, console: Any) -> None:
     t = Table(title=f"collective bandwidth ({report.backend}, {report.world_size} ranks)")
     for col in ("op", "scope", "ranks", "size", "time", "algbw GB/s", "busbw GB/s"):
         t.add_column(col, justify="right" if col not in ("op", "scope") else "left")
-    for m in report.measurements:
-        t.add_row(m.op, m.scope, str(m.group_size), f"{m.size_bytes / 2**20:g} MiB", f"{m.time_s * 1e3:.2f} ms",
+    for m in sorted(report.measurements, key=lambda m: (m.op, m.scope, m.nodes, m.size_bytes)):
+        scope = f"intra {m.nodes[0]}" if m.scope == "intra" and m.nodes else m.scope
+        t.add_row(m.op, scope, str(m.group_size), f"{m.size_bytes / 2**20:g} MiB", f"{m.time_s * 1e3:.2f} ms",
                   f"{m.algbw_gbytes_s:.3f}", f"{m.busbw_gbytes_s:.3f}")
     console.print(t)
     nt = Table(title="nodes")
