@@ -75,6 +75,12 @@ def test_per_node_checks_fail_even_when_bandwidth_is_fine() -> None:
     assert [(f.node, f.figure) for f in r.findings if f.level == "fail"] == [("10.0.1.6", "gpus_visible")]
 
 
+def test_workers_without_their_gpus_fail() -> None:
+    nodes = [NODES[0], node("10.0.1.6", (4, 5, 6, 7), gpus_visible=2)]
+    r = judge([cross(4.0)], nodes, Expectation(network_gbps=40))  # partial runs pass no GPUs per node
+    assert [f.message for f in r.findings if f.level == "fail"] == ["node 10.0.1.6 runs 4 workers but they see 2 GPUs"]
+
+
 def test_without_expectation_there_is_no_verdict() -> None:
     r = judge([cross(0.01)], NODES, None, backend="gloo")
     assert r.verdict == "no-verdict" and r.ok and r.expected_gbytes_s is None

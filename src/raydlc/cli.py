@@ -182,7 +182,8 @@ def preflight_cmd(
     n = workers if workers is not None else ((cfg.train.num_workers or 2) if local else cfg.num_workers)
     if n < 1:
         raise InputError(f"--workers must be at least 1, got {n}", hint="pass --workers 2 for a local run")
-    expectation = None if local else preflight.expectation_for(cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node)
+    every_gpu = cfg.gpu_nodes.gpus_per_node if n == cfg.total_gpus else None
+    expectation = None if local else preflight.expectation_for(cfg.gpu_nodes.instance_type, every_gpu)
     report = preflight.run_preflight(
         num_workers=n, use_gpu=not local, expectation=expectation, iters=iters,
         sizes=[int(s * 2**20) for s in sizes_mib] if sizes_mib else None,

@@ -117,7 +117,10 @@ class PreflightReport:
 
 def _node_problems(n: NodeFacts, exp: Expectation) -> list[Finding]:
     out: list[Finding] = []
-    if exp.gpus_per_node is not None and n.gpus_visible != exp.gpus_per_node:
+    if n.gpus_visible < len(n.ranks):
+        out.append(Finding("fail", n.node, "gpus_visible",
+                           f"node {n.node} runs {len(n.ranks)} workers but they see {n.gpus_visible} GPUs"))
+    elif exp.gpus_per_node is not None and n.gpus_visible != exp.gpus_per_node:
         out.append(Finding("fail", n.node, "gpus_visible",
                            f"node {n.node} sees {n.gpus_visible} GPUs, expected {exp.gpus_per_node}"))
     if exp.efa:
@@ -180,7 +183,10 @@ def judge(
 
 
 def expectation_for(instance_type: str | None, gpus_per_node: int | None) -> Expectation | None:
-    """From the catalog; None for unknown instance types (then only figures are reported)."""
+    """From the catalog; None for unknown instance types (then only figures are reported).
+
+    Pass `gpus_per_node` only when the run uses every GPU of every node.
+    """
     from raydlc import catalog
 
     it = catalog.instance_type(instance_type) if instance_type else None
