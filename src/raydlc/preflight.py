@@ -214,9 +214,9 @@ def from_dict(doc: dict[str, Any]) -> tuple[list[Measurement], list[NodeFacts]]:
 def print_report(report: PreflightReport, console: Any) -> None:
     from rich.table import Table
 
-    t = Table(title=f"collective bandwidth ({report.backend}, {report.world_size} ranks)")
-    for col in ("op", "scope", "ranks", "size", "time", "algbw GB/s", "busbw GB/s"):
-        t.add_column(col, justify="right" if col not in ("op", "scope") else "left")
+    t = Table(title=f"collective bandwidth, GB/s ({report.backend}, {report.world_size} ranks)")
+    for col in ("op", "scope", "ranks", "size", "time", "algbw", "busbw"):
+        t.add_column(col, justify="right" if col not in ("op", "scope") else "left", no_wrap=True)
     for m in sorted(report.measurements, key=lambda m: (m.op, m.scope, m.nodes, m.size_bytes)):
         scope = f"intra {m.nodes[0]}" if m.scope == "intra" and m.nodes else m.scope
         t.add_row(m.op, scope, str(m.group_size), f"{m.size_bytes / 2**20:g} MiB", f"{m.time_s * 1e3:.2f} ms",
