@@ -363,9 +363,11 @@ def layout_for(
         raise InputError(f"nodes and GPUs per node must be at least 1, got {nodes} x {gpus_per_node}",
                          hint="pass --nodes N --gpus-per-node G with N, G >= 1")
     gbps = network_gbps if network_gbps is not None else (it.network_gbps if it else None)
-    if gbps is None or gbps <= 0:
+    if gbps is None:
         raise InputError("no network bandwidth known for this layout",
                          hint="pass --network-gbps or a known instance type (GPU_NODE_TYPE)")
+    if gbps <= 0:
+        raise InputError(f"network bandwidth must be positive, got {gbps:g} Gb/s", hint="pass --network-gbps 40 for 40 Gb/s")
     return Layout(
         nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu_key, network_gbps=float(gbps),
         efa=bool(it.efa_interfaces) if it else True, nvlink=bool(it and it.family.startswith("p")),
