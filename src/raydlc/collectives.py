@@ -20,7 +20,14 @@ from raydlc.errors import TrainError
 
 LOCAL_SIZES = [1 << 18, 1 << 22, 1 << 25]  # 256 KiB, 4 MiB, 32 MiB
 GPU_SIZES = [1 << 20, 1 << 25, 1 << 28, 1 << 29]  # 1 MiB .. 512 MiB
-PLUGIN_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib64", "/opt/aws-ofi-nccl/lib", "/usr/local/lib", "/usr/lib")
+PLUGIN_DIRS = (
+    "/opt/amazon/ofi-nccl/lib",
+    "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu",
+    "/opt/amazon/ofi-nccl/lib64",
+    "/opt/aws-ofi-nccl/lib",
+    "/usr/local/lib",
+    "/usr/lib/x86_64-linux-gnu",
+)
 
 
 def _plugin_files() -> list[str]:
@@ -76,13 +83,16 @@ def worker_loop(config: dict[str, Any]) -> None:
     """
     import ray
     import ray.train
+    import ray.train.torch
     import torch
     import torch.distributed as dist
 
     ctx = ray.train.get_context()
     rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
     use_cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu")
+    device = ray.train.torch.get_device() if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
     rpn = config.get("ranks_per_node")
     ip = ray.util.get_node_ip_address()
     node = f"node-{rank // rpn}" if rpn else ip
