@@ -161,3 +161,25 @@ def test_cli_local_preflight_json(ray_local: Any, clean_env: Any, capsys: pytest
     }
     ms, _ = preflight.from_dict(doc)
     _sane(ms)
+
+
+def test_net_plugin_found_on_disk_and_seen_once_loaded(tmp_path: Any) -> None:
+    """A real shared library renamed like aws-ofi-nccl's, found via LD_LIBRARY_PATH, then mapped by dlopen."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import _ctypes  # an extension module: a shared library with no constructors to run twice
+
+    src = _ctypes.__file__
+    plugin = tmp_path / "libnccl-net-ofi.so"
+    shutil.copy(src, plugin)
+    code = (
+        "import ctypes, json; from raydlc import collectives as c; before = c._plugin_loaded(); "
+        f"ctypes.CDLL({str(plugin)!r}); print(json.dumps([c._plugin_files(), before, c._plugin_loaded()]))"
+    )
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    files, before, after = json.loads(r.stdout)
+    assert str(plugin) in files and before is None and after == str(plugin)
