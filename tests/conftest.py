@@ -27,3 +27,19 @@ def shared_dir() -> Path:
     if not (SHARED / "schemas").is_dir():
         pytest.fail(f"schema folder {SHARED / 'schemas'} is missing: CI must have ../shared beside the clone")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One in-process local Ray for every test that runs Ray Train; reused when already up."""
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

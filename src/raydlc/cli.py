@@ -250,6 +250,74 @@ def nccl(
     if not ok:
         raise typer.Exit(3)
 
+@app.command("plan")
+def plan_cmd(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (what-if; default GPUS_PER_NODE)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
+    network_gbps: Optional[float] = typer.Option(None, "--network-gbps", help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
+    policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute) or pure-bf16."),
+    strategy: str = typer.Option("fsdp", "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed)."),
+    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each block in backward."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Per-GPU memory, per-step traffic and step time for FSDP and HSDP, and the recommended choice."""
+    from raydlc import plan as planner
+    from raydlc.train.model import get_spec
+
+    cfg = load(ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch)
+    layout = planner.layout_for(
+        cfg.gpu_nodes.count, cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node,
+        gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps,
+    )
+    result = planner.plan(
+        get_spec(cfg.train.model_id), layout, seq_len=cfg.train.seq_len, micro_batch=cfg.train.batch_size,
+        policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
+    )
+    if json_:
+        emit_json(result.to_dict())
+        return
+    planner.print_plan(result, console)
+
+
+@app.command("preflight")
+def preflight_cmd(
+    ctx: typer.Context,
+    local: bool = typer.Option(False, "--local", help="Run on a local Ray over gloo: figures only, no network verdict."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Workers (one per GPU); default NUM_WORKERS, or 2 with --local."),
+    sizes_mib: Optional[list[float]] = typer.Option(None, "--size-mib", help="Message size in MiB (repeatable); default 0.25/4/32 locally, 1..512 on GPUs."),
+    iters: int = typer.Option(5, "--iters", help="Timed calls per collective and size."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """All-reduce/all-gather bus bandwidth on the job's workers, and whether EFA is really in use."""
+    from raydlc import preflight
+
+    cfg = load(ctx, NUM_WORKERS=workers)
+    if iters < 1 or any(s <= 0 for s in sizes_mib or []):
+        raise InputError("--iters and --size-mib must be positive", hint="e.g. --size-mib 4 --size-mib 64 --iters 5")
+    n = workers if workers is not None else ((cfg.train.num_workers or 2) if local else cfg.num_workers)
+    if n < 1:
+        raise InputError(f"--workers must be at least 1, got {n}", hint="pass --workers 2 for a local run")
+    every_gpu = cfg.gpu_nodes.gpus_per_node if n == cfg.total_gpus else None
+    expectation = None if local else preflight.expectation_for(cfg.gpu_nodes.instance_type, every_gpu)
+    report = preflight.run_preflight(
+        num_workers=n, use_gpu=not local, expectation=expectation, iters=iters,
+        sizes=[int(s * 2**20) for s in sizes_mib] if sizes_mib else None,
+    )
+    if json_:
+        emit_json(report.to_dict())
+    else:
+        preflight.print_report(report, console)
+    if not report.ok:
+        for f in report.findings:
+            if f.level == "fail":
+                err_console.print(f"[bold red]preflight failed:[/] {f.message}", highlight=False)
+        raise typer.Exit(1)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
