@@ -102,3 +102,11 @@ def test_readme_documents_every_field_and_ci_runs_its_test_command() -> None:
     assert [f.env_var for f in FIELDS.values() if f"`{f.env_var}`" not in readme] == []
     ci = (repo / ".ci" / "run").read_text()
     assert "Run the tests:" in readme and "test_cmd" in ci
+
+
+def test_human_output_keeps_host_pid_tid_prefixes_verbatim(tmp_path: Path) -> None:
+    """rich turns ':1234:' into an emoji unless told not to; evidence must quote the log as it is."""
+    log = tmp_path / "w.log"
+    log.write_text("ip-10-0-1-5:1234:1234 [0] NCCL INFO NCCL version 2.29.7+cuda13.0\n")
+    r = run_cli(["nccl", str(log)])
+    assert "ip-10-0-1-5:1234:1234 [0] NCCL INFO NCCL version" in r.stdout, r.stdout

@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = Console(emoji=False)  # log lines hold host:pid:tid, and ":1234:" is an emoji code
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def _default(o: Any) -> Any:
