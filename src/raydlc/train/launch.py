@@ -9,6 +9,7 @@ in `prepare`, before Ray starts a worker.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -33,8 +34,8 @@ class TrainSpec:
     warmup_steps: int = 20
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    num_workers: int = 2
-    use_gpu: bool = False
+    num_workers: int = 2  # 0: one per GPU of the Ray cluster
+    use_gpu: bool | None = None  # None: when the Ray cluster has GPUs
     gpus_per_node: int = 1
     sharding: Sharding = "auto"
     hsdp_replicas: int | None = None
@@ -51,6 +52,7 @@ class TrainSpec:
     seed: int = 0
     eval_fraction: float = 0.05
     address: str | None = None
+    log_to_driver: bool = True
     crash: dict[str, int] | None = None  # {"rank": r, "step": s}: fault-injection for tests and drills
     env: dict[str, str] = field(default_factory=dict)
 
@@ -87,6 +89,47 @@ def storage_uri(path: str) -> str:
     return path if "://" in path else str(Path(path).expanduser().resolve())
 
 
+# Where `raydlc train` on a laptop differs from the cluster job: a model and a run size that
+# show the loss falling within minutes on 2 CPU cores. Applied only to values whose source
+# is `default`; env, file and flags win.
+LOCAL_DEFAULTS: dict[str, Any] = {
+    "MODEL_ID": "tiny",
+    "STEPS": 300,
+    "SEQ_LEN": 128,
+    "BATCH_SIZE": 8,
+    "LEARNING_RATE": 2e-3,
+    "NUM_WORKERS": 2,
+    "CHECKPOINT_EVERY": 100,
+}
+DEFAULT_OUT = "raydlc-out"
+
+
+def spec_from_config(cfg: Any, *, local: bool, **settings: Any) -> TrainSpec:
+    """A TrainSpec from a Config; `settings` are TrainSpec fields the caller sets directly."""
+
+    def pick(name: str) -> Any:
+        if local and cfg.source(name) == "default" and name in LOCAL_DEFAULTS:
+            return LOCAL_DEFAULTS[name]
+        return cfg.value(name)
+
+    t = cfg.train
+    base = TrainSpec(
+        model=pick("MODEL_ID"),
+        data=t.data,
+        steps=pick("STEPS"),
+        seq_len=pick("SEQ_LEN"),
+        batch_size=pick("BATCH_SIZE"),
+        learning_rate=pick("LEARNING_RATE"),
+        num_workers=pick("NUM_WORKERS"),
+        checkpoint_every=pick("CHECKPOINT_EVERY"),
+        storage_path=t.storage_path or DEFAULT_OUT,
+        max_failures=t.max_failures,
+        sharding=t.sharding,
+        gpus_per_node=1 if local else cfg.gpu_nodes.gpus_per_node,
+    )
+    return replace(base, **{k: v for k, v in settings.items() if v is not None})
+
+
 # ---- driver-side preparation ------------------------------------------------------------------
 
 
@@ -102,7 +145,6 @@ class Prepared:
     resume_from: str | None
     n_train: int
     n_eval: int
-    bf16: bool
 
 
 def prepare(spec: TrainSpec) -> Prepared:
@@ -147,8 +189,7 @@ def prepare(spec: TrainSpec) -> Prepared:
         "eval_input_ids": s.eval.input_ids,
         "eval_labels": s.eval.labels,
     }
-    bf16 = spec.use_gpu if spec.bf16 is None else spec.bf16
-    return Prepared(spec, builtin, arrays, asdict(info), sharding, storage, spec.run_name or new_run_name(), resume_from, len(s.train), len(s.eval), bf16)
+    return Prepared(spec, builtin, arrays, asdict(info), sharding, storage, spec.run_name or new_run_name(), resume_from, len(s.train), len(s.eval))
 
 
 def _resume_checkpoint(spec: TrainSpec, storage: str) -> str | None:
@@ -197,8 +238,8 @@ def loop_config(p: Prepared, data: Any, progress_path: str | None) -> dict[str, 
         "eval_every": s.eval_every,
         "sharding": p.sharding,
         "hsdp_replicas": s.hsdp_replicas,
-        "bf16": p.bf16,
-        "use_gpu": s.use_gpu,
+        "bf16": bool(s.use_gpu) if s.bf16 is None else s.bf16,
+        "use_gpu": bool(s.use_gpu),
         "activation_checkpointing": s.activation_checkpointing,
         "data": data,
         "tokenizer": p.tokenizer,
@@ -215,26 +256,59 @@ def loop_config(p: Prepared, data: Any, progress_path: str | None) -> dict[str, 
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-def run(spec: TrainSpec, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
-    """Prepare, start (or join) Ray, train, and summarise. A Ray started here is shut down here."""
-    p = prepared or prepare(spec)
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+def resolve_resources(spec: TrainSpec, cluster_resources: dict[str, float]) -> TrainSpec:
+    """Fill `use_gpu` and `num_workers=0` (one per GPU) from what the Ray cluster has."""
+    gpus = int(cluster_resources.get("GPU", 0))
+    use_gpu = gpus > 0 if spec.use_gpu is None else spec.use_gpu
+    if use_gpu and gpus == 0:
+        raise InputError("GPUs were requested but the Ray cluster has none", hint="run without use_gpu, or join a cluster with GPU workers")
+    workers = spec.num_workers
+    if workers == 0:
+        if gpus == 0:
+            raise InputError("NUM_WORKERS=0 means one worker per GPU, and the Ray cluster has no GPUs", hint="pass --workers N")
+        workers = gpus
+    return replace(spec, use_gpu=use_gpu, num_workers=workers)
 
-    from raydlc.train.loop import train_func
+
+def run(spec: TrainSpec, *, on_progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Prepare, start (or join) Ray, train, and summarise. A Ray started here is shut down here.
+
+    With a known worker count the data is checked before Ray starts at all; with `0` (one
+    per GPU) it has to wait for the cluster's resources, still before any worker.
+    """
+    p = prepare(spec) if spec.num_workers > 0 else None
+    import ray
 
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "TOKENIZERS_PARALLELISM": "false", **spec.env}
     started = False
     if not ray.is_initialized():
         for k, v in env.items():
             os.environ.setdefault(k, v)
-        kw: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
+        kw: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": spec.log_to_driver}
+        if not spec.log_to_driver:
+            kw["logging_level"] = logging.WARNING
         if spec.address:
             ray.init(address=spec.address, **kw)
         else:
             ray.init(num_cpus=max(os.cpu_count() or 1, spec.num_workers), include_dashboard=False, **kw)
         started = True
+    try:
+        spec = resolve_resources(spec, ray.cluster_resources())
+        p = replace(p, spec=spec) if p is not None else prepare(spec)
+        return _fit(p, env, on_progress)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _fit(p: Prepared, env: dict[str, str], on_progress: ProgressFn | None) -> dict[str, Any]:
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raydlc.train.loop import train_func
+
+    spec = p.spec
     run_dir = f"{p.storage.rstrip('/')}/{p.run_name}"
     progress_path = None if "://" in run_dir else str(Path(run_dir) / "progress.jsonl")
     if progress_path:
@@ -242,33 +316,29 @@ def run(spec: TrainSpec, *, on_progress: ProgressFn | None = None, prepared: Pre
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(progress_path, on_progress, stop), daemon=True) if progress_path and on_progress else None
     t0 = time.perf_counter()
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config=loop_config(p, ray.put(p.arrays), progress_path),
+        scaling_config=ScalingConfig(num_workers=spec.num_workers, use_gpu=bool(spec.use_gpu)),
+        run_config=RunConfig(
+            name=p.run_name,
+            storage_path=p.storage,
+            failure_config=FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
+            worker_runtime_env={"env_vars": env},
+        ),
+    )
+    if watcher:
+        watcher.start()
     try:
-        trainer = TorchTrainer(
-            train_func,
-            train_loop_config=loop_config(p, ray.put(p.arrays), progress_path),
-            scaling_config=ScalingConfig(num_workers=spec.num_workers, use_gpu=spec.use_gpu),
-            run_config=RunConfig(
-                name=p.run_name,
-                storage_path=p.storage,
-                failure_config=FailureConfig(max_failures=spec.max_failures),
-                checkpoint_config=CheckpointConfig(num_to_keep=None),
-                worker_runtime_env={"env_vars": env},
-            ),
-        )
-        if watcher:
-            watcher.start()
-        try:
-            result = trainer.fit()
-        except Exception as e:  # Ray wraps worker errors in its own types
-            raise TrainError(f"training run {p.run_name} failed: {_root_cause(e)}", hint=f"logs: Ray's session dir; checkpoints under {run_dir}") from e
+        result = trainer.fit()
+    except Exception as e:  # Ray wraps worker errors in its own types
+        raise TrainError(f"training run {p.run_name} failed: {_root_cause(e)}", hint=f"worker logs are in Ray's session dir; checkpoints under {run_dir}") from e
     finally:
         stop.set()
         if watcher:
             watcher.join(timeout=2)
-        if started:
-            ray.shutdown()
-    wall = time.perf_counter() - t0
-    return _summary(p, run_dir, result, wall)
+    return _summary(p, run_dir, result, time.perf_counter() - t0)
 
 
 def _root_cause(e: BaseException) -> str:
@@ -283,8 +353,11 @@ def _watch(path: str, on_progress: ProgressFn, stop: threading.Event) -> None:
     """Follow rank 0's progress file; restarts rewrite earlier steps, which is fine to re-show."""
     pos = 0
     f = Path(path)
-    while not stop.wait(0.3):
+    while True:
+        last = stop.wait(0.3)
         if not f.exists():
+            if last:
+                return
             continue
         with f.open() as fh:
             fh.seek(pos)
@@ -296,6 +369,8 @@ def _watch(path: str, on_progress: ProgressFn, stop: threading.Event) -> None:
                 on_progress(json.loads(line))
             except (ValueError, TypeError):
                 continue
+        if last:
+            return
 
 
 def _summary(p: Prepared, run_dir: str, result: Any, wall: float) -> dict[str, Any]:
