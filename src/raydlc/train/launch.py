@@ -145,6 +145,7 @@ class Prepared:
     resume_from: str | None
     n_train: int
     n_eval: int
+    data_digest: str
 
 
 def prepare(spec: TrainSpec) -> Prepared:
@@ -181,15 +182,26 @@ def prepare(spec: TrainSpec) -> Prepared:
         raise InputError(f"--data gives fewer than {spec.seq_len} tokens: not one sequence", hint="add text or lower --seq-len")
     s = D.split(packed, eval_fraction=spec.eval_fraction, world_size=spec.num_workers, seed=spec.seed)
     D.check_size(s, global_batch=global_size, seq_len=spec.seq_len, world_size=spec.num_workers)
-    if resume_from is not None:
-        _check_compatible(resume_from, spec, builtin, global_size)
     arrays = {
         "train_input_ids": s.train.input_ids,
         "train_labels": s.train.labels,
         "eval_input_ids": s.eval.input_ids,
         "eval_labels": s.eval.labels,
     }
-    return Prepared(spec, builtin, arrays, asdict(info), sharding, storage, spec.run_name or new_run_name(), resume_from, len(s.train), len(s.eval))
+    digest = _digest(arrays)
+    if resume_from is not None:
+        _check_compatible(resume_from, spec, global_size, digest)
+    return Prepared(spec, builtin, arrays, asdict(info), sharding, storage, spec.run_name or new_run_name(), resume_from, len(s.train), len(s.eval), digest)
+
+
+def _digest(arrays: dict[str, Any]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(arrays[k].tobytes())
+    return h.hexdigest()[:16]
 
 
 def _resume_checkpoint(spec: TrainSpec, storage: str) -> str | None:
@@ -209,15 +221,15 @@ def _resume_checkpoint(spec: TrainSpec, storage: str) -> str | None:
     return str(found)
 
 
-def _check_compatible(path: str, spec: TrainSpec, builtin: str | None, global_size: int) -> None:
+def _check_compatible(path: str, spec: TrainSpec, global_size: int, data_digest: str) -> None:
     """The data order is a function of (data, seq_len, global batch, seed): all must match to continue it."""
     from raydlc.train import checkpoint as C
 
     meta = C.verify(path).meta
-    want = {"model": spec.model, "seq_len": spec.seq_len, "global_batch": global_size, "seed": spec.seed}
+    want = {"model": spec.model, "seq_len": spec.seq_len, "global_batch": global_size, "seed": spec.seed, "data": data_digest}
     diff = [f"{k}: checkpoint {meta.get(k)!r}, now {v!r}" for k, v in want.items() if k in meta and meta[k] != v]
     if diff:
-        raise CheckpointError(f"checkpoint {path} was written by a different run ({'; '.join(diff)})", hint="resume with the same model, seq len, batch x workers and seed")
+        raise CheckpointError(f"checkpoint {path} was written by a different run ({'; '.join(diff)})", hint="resume with the same model, data, seq len, batch x workers and seed")
 
 
 def loop_config(p: Prepared, data: Any, progress_path: str | None) -> dict[str, Any]:
@@ -247,6 +259,7 @@ def loop_config(p: Prepared, data: Any, progress_path: str | None) -> dict[str, 
         "progress_path": progress_path,
         "resume_from": p.resume_from,
         "crash": s.crash,
+        "data_digest": p.data_digest,
     }
 
 

@@ -124,7 +124,7 @@ def train_func(config: dict[str, Any]) -> None:
     crash = config.get("crash")
     progress = Path(config["progress_path"]) if config.get("progress_path") and rank == 0 else None
     run_dir = str(config["run_dir"])
-    meta = {"model": config["model"], "spec": config.get("spec"), "seq_len": seq_len, "global_batch": global_size, "seed": seed}
+    meta = {"model": config["model"], "spec": config.get("spec"), "seq_len": seq_len, "global_batch": global_size, "seed": seed, "data": config.get("data_digest")}
 
     def loss_parts(ids: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.as_tensor(ids, dtype=torch.long, device=device)

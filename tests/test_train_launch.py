@@ -1,0 +1,97 @@
+"""Launch decisions (sharding, mesh, resources, local defaults) and input checks before Ray starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydlc.config import load_config
+from raydlc.errors import CheckpointError, InputError
+from raydlc.train import launch as L
+
+
+def test_auto_sharding_is_fsdp_for_now_and_bad_names_fail() -> None:
+    assert L.resolve_sharding("auto", 2, 4) == "fsdp"
+    assert L.resolve_sharding("hsdp", 2, 4) == "hsdp"
+    with pytest.raises(InputError, match="zero"):
+        L.resolve_sharding("zero", 1, 1)
+
+
+def test_mesh_shape_replicates_across_nodes_and_shards_within() -> None:
+    assert L.mesh_shape("fsdp", 8, 4) == (8,)
+    assert L.mesh_shape("hsdp", 8, 4) == (2, 4)
+    assert L.mesh_shape("hsdp", 2, 2, hsdp_replicas=2) == (2, 1)
+    with pytest.raises(InputError):
+        L.mesh_shape("hsdp", 6, 6, hsdp_replicas=4)
+
+
+def test_resources_fill_gpus_and_workers() -> None:
+    s = L.resolve_resources(L.TrainSpec(num_workers=0), {"CPU": 96, "GPU": 8})
+    assert (s.use_gpu, s.num_workers) == (True, 8)
+    s = L.resolve_resources(L.TrainSpec(num_workers=2), {"CPU": 2})
+    assert (s.use_gpu, s.num_workers) == (False, 2)
+    with pytest.raises(InputError, match="no GPUs"):
+        L.resolve_resources(L.TrainSpec(num_workers=0), {"CPU": 2})
+
+
+def test_local_defaults_apply_only_where_the_source_is_default(clean_env: Path) -> None:
+    local = L.spec_from_config(load_config(), local=True)
+    assert (local.model, local.num_workers, local.steps) == ("tiny", 2, L.LOCAL_DEFAULTS["STEPS"])
+    cluster = L.spec_from_config(load_config(), local=False)
+    assert (cluster.model, cluster.num_workers, cluster.gpus_per_node) == ("Qwen/Qwen2.5-1.5B", 0, 4)
+    cfg = load_config(env={"RAYDLC_STEPS": "7", "RAYDLC_MODEL_ID": "qwen2.5-0.5b"}, overrides={"SEQ_LEN": 64})
+    s = L.spec_from_config(cfg, local=True, resume=True)
+    assert (s.steps, s.model, s.seq_len, s.batch_size, s.resume) == (7, "qwen2.5-0.5b", 64, L.LOCAL_DEFAULTS["BATCH_SIZE"], True)
+
+
+def test_prepare_checks_the_data_and_model_before_any_worker(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(InputError, match="empty"):
+        L.prepare(L.TrainSpec(data=str(empty), storage_path=str(tmp_path)))
+    with pytest.raises(InputError, match="not a built-in spec"):
+        L.prepare(L.TrainSpec(model="gpt5", storage_path=str(tmp_path)))
+    small = tmp_path / "small.txt"
+    small.write_text("only a few words here")
+    with pytest.raises(InputError, match="fewer than 128 tokens"):
+        L.prepare(L.TrainSpec(data=str(small), storage_path=str(tmp_path)))
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        L.prepare(L.TrainSpec(resume=True, storage_path=str(tmp_path / "fresh")))
+
+
+def test_prepare_packs_prompt_response_data_with_masks(tmp_path: Path) -> None:
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} plus {i}?", "response": f" It is {2 * i}."}) + "\n" for i in range(300)))
+    p = L.prepare(L.TrainSpec(data=str(qa), seq_len=32, batch_size=2, num_workers=2, storage_path=str(tmp_path)))
+    labels = p.arrays["train_labels"]
+    masked = (labels == -100).mean()
+    assert 0.3 < masked < 0.9  # prompts are masked, responses are not
+    assert p.n_eval % 2 == 0 and p.n_train >= 4
+    assert p.tokenizer["tokenizer_json"] and p.tokenizer["vocab_size"] <= 4096
+
+
+def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
+    return subprocess.run([sys.executable, "-m", "raydlc.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: (d / "empty.txt").write_text("") and None or d / "empty.txt", "empty"),
+        (lambda d: (d / "f.jsonl").write_text('{"instruction": "x"}\n') and None or d / "f.jsonl", "f.jsonl:1"),
+    ],
+)
+def test_cli_bad_data_exits_2_before_ray_starts(tmp_path: Path, make, needle: str) -> None:
+    path = make(tmp_path)
+    r = cli(["train", "--data", str(path), "--out", str(tmp_path / "out")], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert "Ray" not in r.stderr  # no local Ray instance was started
+    assert not (tmp_path / "out").exists()
