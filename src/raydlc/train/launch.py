@@ -283,13 +283,13 @@ def resolve_resources(spec: TrainSpec, cluster_resources: dict[str, float]) -> T
     return replace(spec, use_gpu=use_gpu, num_workers=workers)
 
 
-def run(spec: TrainSpec, *, on_progress: ProgressFn | None = None) -> dict[str, Any]:
+def run(spec: TrainSpec, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
     """Prepare, start (or join) Ray, train, and summarise. A Ray started here is shut down here.
 
     With a known worker count the data is checked before Ray starts at all; with `0` (one
     per GPU) it has to wait for the cluster's resources, still before any worker.
     """
-    p = prepare(spec) if spec.num_workers > 0 else None
+    p = prepared or (prepare(spec) if spec.num_workers > 0 else None)
     import ray
 
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "TOKENIZERS_PARALLELISM": "false", **spec.env}

@@ -44,9 +44,84 @@ def publish(local: Path, dest: str) -> None:
         shutil.copytree(local, dest, dirs_exist_ok=True)
 
 
+class RaySession:
+    """Ray Train's view of the worker: ranks, the restored checkpoint, and report (a barrier)."""
+
+    def __init__(self) -> None:
+        import ray.train
+
+        ctx = ray.train.get_context()
+        self.rank, self.world, self.local_world = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_world_size()
+
+    def device(self) -> Any:
+        import ray.train.torch
+
+        return ray.train.torch.get_device()
+
+    def fetch(self, data: Any) -> Any:
+        import ray
+
+        return ray.get(data) if isinstance(data, ray.ObjectRef) else data
+
+    def restored(self) -> Any:
+        """A context manager yielding the local dir of the checkpoint to restart from, or None."""
+        import contextlib
+
+        import ray.train
+
+        ck = ray.train.get_checkpoint()
+        return ck.as_directory() if ck is not None else contextlib.nullcontext(None)
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None) -> None:
+        import ray.train
+
+        if checkpoint_dir is None:
+            ray.train.report(metrics)
+        else:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir), checkpoint_dir_name=name)
+
+
+class TorchrunSession:
+    """The same loop under plain torchrun (the benchmark's baseline): env ranks, local storage."""
+
+    def __init__(self, run_dir: str) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        self.run_dir = run_dir
+        if not dist.is_initialized():
+            import torch
+
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+    def fetch(self, data: Any) -> Any:
+        return data
+
+    def restored(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext(None)
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None) -> None:
+        import torch.distributed as dist
+
+        if checkpoint_dir is not None and name is not None:
+            shutil.copytree(checkpoint_dir, Path(self.run_dir) / name, dirs_exist_ok=True)
+        dist.barrier()
+
+
 def train_func(config: dict[str, Any]) -> None:
-    import ray
-    import ray.train
+    """Ray Train's entry point."""
+    run_loop(config, RaySession())
+
+
+def run_loop(config: dict[str, Any], session: Any) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -59,13 +134,10 @@ def train_func(config: dict[str, Any]) -> None:
     from raydlc.train.model import apply_fsdp, build_model, get_spec, load_pretrained
     from raydlc.train.tokenizer import TokenizerInfo, to_hf
 
-    ctx = ray.train.get_context()
-    rank, world, local_world = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_world_size()
+    rank, world, local_world = session.rank, session.world, session.local_world
     use_gpu = torch.cuda.is_available() and config.get("use_gpu", False)
     if use_gpu:
-        import ray.train.torch
-
-        device = ray.train.torch.get_device()
+        device = session.device()
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -74,9 +146,7 @@ def train_func(config: dict[str, Any]) -> None:
     global_size = batch * world
     bf16 = bool(config["bf16"])
 
-    data = config["data"]
-    if isinstance(data, ray.ObjectRef):
-        data = ray.get(data)
+    data = session.fetch(config["data"])
     train_ids, train_labels = data["train_input_ids"], data["train_labels"]
     eval_ids, eval_labels = data["eval_input_ids"], data["eval_labels"]
 
@@ -101,13 +171,12 @@ def train_func(config: dict[str, Any]) -> None:
 
     history: list[dict[str, Any]] = []
     start_step = 0
-    restored = ray.train.get_checkpoint()
     source: str | None = None
-    if restored is not None:
-        with restored.as_directory() as d:
+    with session.restored() as d:
+        if d is not None:
             extra = ckpt.load(d, model, optimizer, rank=rank)
-            source = str(restored.path)
-    elif config.get("resume_from"):
+            source = str(d)
+    if source is None and config.get("resume_from"):
         extra = ckpt.load(config["resume_from"], model, optimizer, rank=rank)
         source = str(config["resume_from"])
     if source is not None:
@@ -149,7 +218,7 @@ def train_func(config: dict[str, Any]) -> None:
     def save_and_report(step: int, metrics: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix=f"raydlc-ckpt-r{rank}-") as tmp:
             ckpt.save(Path(tmp), model, optimizer, step=step, rank=rank, world_size=world, extra={"history": history}, meta=meta)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=ckpt.dir_name(step))
+            session.report(metrics, tmp, ckpt.dir_name(step))
 
     model.train()
     for step in range(start_step + 1, steps + 1):
@@ -182,6 +251,7 @@ def train_func(config: dict[str, Any]) -> None:
             "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
             "tokens": global_size * seq_len,
             "step_time_s": dt,
+            "time": time.time(),
             "tokens_per_s": global_size * seq_len / dt,
             "peak_mem_mb": mx.peak_memory_mb(),
             "data": batch_fingerprint(gidx),
@@ -208,7 +278,7 @@ def train_func(config: dict[str, Any]) -> None:
             if is_ckpt:
                 save_and_report(step, metrics)
             else:
-                ray.train.report(metrics)
+                session.report(metrics)
 
     # The export and the metrics files are the run's products; a restart after the last
     # checkpoint lands here directly (empty loop) and writes them again, identically.
