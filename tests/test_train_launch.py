@@ -81,17 +81,28 @@ def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    ("make", "needle"),
-    [
-        (lambda d: d / "missing.txt", "no such file"),
-        (lambda d: (d / "empty.txt").write_text("") and None or d / "empty.txt", "empty"),
-        (lambda d: (d / "f.jsonl").write_text('{"instruction": "x"}\n') and None or d / "f.jsonl", "f.jsonl:1"),
-    ],
+    ("name", "content", "needle"),
+    [("missing.txt", None, "no such file"), ("empty.txt", "", "empty"), ("f.jsonl", '{"instruction": "x"}\n', "f.jsonl:1")],
 )
-def test_cli_bad_data_exits_2_before_ray_starts(tmp_path: Path, make, needle: str) -> None:
-    path = make(tmp_path)
+def test_cli_bad_data_exits_2_before_ray_starts(tmp_path: Path, name: str, content: str | None, needle: str) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
     r = cli(["train", "--data", str(path), "--out", str(tmp_path / "out")], cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
     assert "Ray" not in r.stderr  # no local Ray instance was started
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["train", "--help"], ["train", "--data", "missing.txt"]])
+def test_train_help_and_bad_data_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
+    heavy = ("torch", "ray", "transformers", "kubernetes", "boto3")
+    code = (
+        "import sys; from raydlc.cli import main; rc = main(%r); "
+        "print('RC=%%d HEAVY=' %% rc + ','.join(sorted(m for m in %r if m in sys.modules)))" % (args, heavy)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    last = r.stdout.strip().splitlines()[-1]
+    assert last == f"RC={0 if '--help' in args else 2} HEAVY=", r.stdout[-500:] + r.stderr[-500:]
