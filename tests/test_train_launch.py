@@ -106,3 +106,9 @@ def test_train_help_and_bad_data_import_nothing_heavy(args: list[str], tmp_path:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     last = r.stdout.strip().splitlines()[-1]
     assert last == f"RC={0 if '--help' in args else 2} HEAVY=", r.stdout[-500:] + r.stderr[-500:]
+
+
+def test_cluster_entrypoint_rejects_bad_data_with_exit_2(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")} | {"RAYDLC_DATA": str(tmp_path / "nope.jsonl")}
+    r = subprocess.run([sys.executable, "-m", "raydlc.train", "--workers", "2"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 2 and "nope.jsonl" in r.stderr and "Traceback" not in r.stderr

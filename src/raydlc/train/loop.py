@@ -256,6 +256,7 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
             "peak_mem_mb": mx.peak_memory_mb(),
             "data": batch_fingerprint(gidx),
         }
+        first_new = len(history)
         history.append(rec)
         last = step == steps
         is_ckpt = last or (checkpoint_every > 0 and step % checkpoint_every == 0)
@@ -263,7 +264,7 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
             history.append({"step": step, "eval_loss": evaluate()})
         if progress is not None:
             with progress.open("a") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in history[history.index(rec) :]))
+                f.write("".join(json.dumps(r) + "\n" for r in history[first_new:]))
         if is_ckpt or step % report_every == 0:
             window = [r for r in history if "loss" in r][-report_every:]
             metrics = {
