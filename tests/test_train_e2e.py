@@ -146,3 +146,15 @@ def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start
     other.write_text(Path(corpus).read_text()[::-1])
     assert main(["train", "--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--workers", "2", "--data", str(other), "--resume-from", str(good)]) == 1
     assert "different run" in capsys.readouterr().err
+
+
+def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
+    s = run(replace(base, steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)))
+    assert s["steps"] == 3 and 7.0 < s["first_loss"] < 9.5 and s["final_loss"] < s["first_loss"]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(s["export"])
+    assert model.dtype == torch.bfloat16
+    names = set(dict(model.named_parameters()))
+    assert "model.layers.0.self_attn.q_proj.weight" in names and not any("_checkpoint_wrapped" in n for n in names)

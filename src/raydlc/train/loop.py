@@ -263,8 +263,12 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
         if last or (eval_every > 0 and step % eval_every == 0):
             history.append({"step": step, "eval_loss": evaluate()})
         if progress is not None:
-            with progress.open("a") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in history[first_new:]))
+            try:
+                progress.parent.mkdir(parents=True, exist_ok=True)
+                with progress.open("a") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in history[first_new:]))
+            except OSError:  # a display aid only; never a reason to fail a run
+                progress = None
         if is_ckpt or step % report_every == 0:
             window = [r for r in history if "loss" in r][-report_every:]
             metrics = {
