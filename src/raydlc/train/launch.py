@@ -293,9 +293,10 @@ def run(spec: TrainSpec, *, on_progress: ProgressFn | None = None, prepared: Pre
     import ray
 
     # The controller polls workers at this interval and a report waits for the poll: 2 s by
-    # default, which makes each report cost ~1.3 s. An interval set in the environment wins.
+    # default, which makes each report cost ~1.3 s; 0.25 s cost ~5 % of every step on 2 cores
+    # (benchmarks/ray_vs_torchrun.py). An interval set in the environment wins.
     env = {
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25"),
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1.0"),
         "TOKENIZERS_PARALLELISM": "false",
         **spec.env,
     }
