@@ -28,3 +28,16 @@ def test_jsonl_round_trip_and_plot_is_a_png(tmp_path: Path) -> None:
     M.plot(records(), tmp_path / "loss.png")
     data = (tmp_path / "loss.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_people_summary_names_the_figures_and_paths(capsys) -> None:
+    from raydlc.train.progress import print_summary
+
+    s = {
+        "steps": 300, "first_loss": 8.36, "final_loss": 5.05, "eval_loss": 5.17, "tokens_per_s": 1920.0, "step_time_s": 1.07,
+        "peak_mem_mb": 874.0, "loss_drop": 0.395, "model": "tiny", "workers": 2, "sharding": "fsdp", "resumed_from": None,
+        "checkpoint": "/o/r/checkpoint_000300", "export": "/o/r/export", "metrics": "/o/r/metrics.jsonl", "plot": "/o/r/loss.png", "wall_s": 340.0,
+    }
+    print_summary(s)
+    out = capsys.readouterr().out
+    assert "8.36 → 5.05" in out and "40% lower" in out and "/o/r/export" in out and "fsdp" in out
