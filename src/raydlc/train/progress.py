@@ -51,7 +51,7 @@ def print_summary(s: dict[str, Any]) -> None:
 
     table = Table(title=f"raydlc train: {s['model']} on {s['workers']} worker(s), {s['sharding']}", show_header=False)
     table.add_column("what")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     drop = s.get("loss_drop")
     rows = [
         ("steps", s["steps"]),
