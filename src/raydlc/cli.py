@@ -319,6 +319,61 @@ def preflight_cmd(
         raise typer.Exit(1)
 
 
+@app.command("train")
+def train(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [local default: tiny]."),
+    data: Optional[str] = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [default: bundled stdlib-docstring corpus]."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps [local default: 300]."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Ray Train workers [local default: 2]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [default: ./raydlc-out]."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence [local default: 128]."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per worker per step [local default: 8]."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="AdamW learning rate [local default: 2e-3]."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint under --out."),
+    resume_from: Optional[Path] = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory."),
+    sharding: Optional[str] = typer.Option(None, "--sharding", help="fsdp | hsdp | auto."),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--fp32", help="Parameter dtype [default: bf16 on GPUs, fp32 on CPUs]."),
+    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute decoder blocks in backward."),
+    address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
+    preflight: bool = typer.Option(False, "--preflight", help="Measure collective bandwidth on the same workers first; stop if it fails."),
+    json_: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (last line of stdout)."),
+) -> None:
+    """Fine-tune on a local Ray (or --address): FSDP2 under Ray Train, checkpoints, HF export, loss plot."""
+    from raydlc.train import progress
+    from raydlc.train.launch import run, spec_from_config
+
+    cfg = load(
+        ctx,
+        MODEL_ID=model,
+        DATA=data,
+        STEPS=steps,
+        NUM_WORKERS=workers,
+        STORAGE_PATH=str(out) if out is not None else None,
+        SEQ_LEN=seq_len,
+        BATCH_SIZE=batch_size,
+        LEARNING_RATE=lr,
+        CHECKPOINT_EVERY=checkpoint_every,
+        SHARDING=sharding,
+    )
+    spec = spec_from_config(
+        cfg,
+        local=True,
+        resume=resume or None,
+        resume_from=str(resume_from) if resume_from else None,
+        bf16=bf16,
+        activation_checkpointing=activation_checkpointing or None,
+        address=address,
+        preflight=preflight or None,
+    )
+    summary = progress.run_with_progress(run, spec, quiet=json_)
+    if json_:
+        emit_json(summary)
+    else:
+        progress.print_summary(summary)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
     try:  # typer >= 0.20 vendors click

@@ -1,0 +1,215 @@
+"""Sharded checkpoints (torch.distributed.checkpoint) with a manifest, and the HF export.
+
+Ray Train merges every rank's staged directory into one checkpoint directory in storage, but
+the merge is not atomic: a lost upload leaves a directory that looks plausible. So rank 0
+writes `raydlc_checkpoint.json` listing every file of every rank with its size and SHA-256,
+and `verify` checks all of it before a single tensor is read. A directory without the
+manifest, or with a file missing, short or altered, is refused with `CheckpointError`.
+
+A checkpoint holds model + optimizer (DCP shards), and per rank the step (the data
+position: the order is a pure function of it) plus RNG states and the metrics so far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raydlc.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+MANIFEST = "raydlc_checkpoint.json"
+FORMAT = 1
+_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def dir_name(step: int) -> str:
+    return f"checkpoint_{step:06d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_digests(directory: Path) -> dict[str, dict[str, Any]]:
+    return {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    files: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "step": self.step, "world_size": self.world_size, "files": self.files, "meta": self.meta}, indent=1)
+
+
+def verify(directory: str | Path) -> Manifest:
+    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`."""
+    d = Path(directory)
+    hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
+    if not d.is_dir():
+        raise CheckpointError(f"checkpoint {d} does not exist or is not a directory", hint=hint)
+    mpath = d / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"checkpoint {d} is partial: it has no {MANIFEST} (the save did not complete)", hint=hint)
+    try:
+        raw = json.loads(mpath.read_text())
+        m = Manifest(int(raw["step"]), int(raw["world_size"]), dict(raw["files"]), dict(raw.get("meta", {})))
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {d}: unreadable manifest ({e})", hint=hint) from e
+    if ".metadata" not in m.files:
+        raise CheckpointError(f"checkpoint {d}: the manifest lists no DCP .metadata", hint=hint)
+    for name, want in sorted(m.files.items()):
+        p = d / name
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint {d} is partial: {name} is missing", hint=hint)
+        size = p.stat().st_size
+        if size != want["size"]:
+            raise CheckpointError(f"checkpoint {d} is corrupt: {name} has {size} bytes, the manifest says {want['size']}", hint=hint)
+        if _sha256(p) != want["sha256"]:
+            raise CheckpointError(f"checkpoint {d} is corrupt: {name} does not match its SHA-256 in the manifest", hint=hint)
+    return m
+
+
+def latest(storage: str | Path) -> Path | None:
+    """The newest checkpoint directory of the newest run under `storage` that has one."""
+    root = Path(storage)
+    if not root.is_dir():
+        return None
+    for run in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
+        steps = sorted(
+            ((int(m.group(1)), p) for p in run.iterdir() if p.is_dir() and (m := _NAME.match(p.name))), reverse=True
+        )
+        if steps:
+            return steps[0][1]
+    return None
+
+
+# ---- inside the workers ------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save(directory: Path, model: "nn.Module", optimizer: "torch.optim.Optimizer", *, step: int, rank: int, world_size: int, extra: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Collective: every rank writes its shards into its own staging `directory`; rank 0 adds the manifest.
+
+    Staging directories may be different folders (or machines); the manifest lists the union
+    of what all ranks wrote, gathered over the process group.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    directory.mkdir(parents=True, exist_ok=True)
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, storage_writer=dcp.FileSystemWriter(str(directory), single_file_per_rank=True))
+    torch.save({"step": step, "rank": rank, "rng": rng_state(), **extra}, directory / f"extra_rank{rank}.pt")
+    mine = file_digests(directory)
+    gathered: list[dict[str, Any] | None] = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        files: dict[str, dict[str, Any]] = {}
+        for part in gathered:
+            files.update(part or {})
+        manifest = Manifest(step=step, world_size=world_size, files=files, meta={**meta, "saved_at": time.time()})
+        tmp = directory / (MANIFEST + ".tmp")
+        tmp.write_text(manifest.to_json())
+        os.replace(tmp, directory / MANIFEST)
+
+
+def load(directory: str | Path, model: "nn.Module", optimizer: "torch.optim.Optimizer", *, rank: int) -> dict[str, Any]:
+    """Verify, then load model + optimizer shards (resharding if the world size changed) and this rank's extras."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    d = Path(directory)
+    m = verify(d)
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(d))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra_path = d / f"extra_rank{rank}.pt"
+    if not extra_path.exists():  # a different world size: RNG of rank 0 is as good as any
+        extra_path = d / "extra_rank0.pt"
+    extra = torch.load(extra_path, weights_only=False)
+    if int(extra["step"]) != m.step:
+        raise CheckpointError(f"checkpoint {d}: {extra_path.name} is for step {extra['step']}, the manifest for {m.step}")
+    return extra
+
+
+def export_hf(model: "nn.Module", out_dir: Path, *, rank: int, tokenizer: Any, dtype: "torch.dtype | None" = None) -> None:
+    """Collective: gather the full weights to rank 0 and write safetensors + config + tokenizer."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank != 0:
+        return
+    config = model.config  # type: ignore[attr-defined]
+    config = config.__class__.from_dict(config.to_dict())
+    config.use_cache = True
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        config.eos_token_id = tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        config.bos_token_id = tokenizer.bos_token_id
+    target = dtype or next(iter(sd.values())).dtype
+    with torch.device("meta"):
+        full = AutoModelForCausalLM.from_config(config, dtype=target)
+    full.load_state_dict({k: v.to(target) for k, v in sd.items()}, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        full.tie_weights()
+    missing = [n for n, p in full.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"export: weights missing from the gathered state dict: {missing[:5]}")
+    if full.generation_config is not None:
+        full.generation_config.eos_token_id = config.eos_token_id
+        full.generation_config.pad_token_id = config.pad_token_id
+        full.generation_config.bos_token_id = config.bos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full.save_pretrained(str(out_dir), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))

@@ -1,0 +1,72 @@
+"""What a person sees while `raydlc train` runs: one rich progress bar and a summary table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from raydlc.output import console, err_console
+
+
+def run_with_progress(run: Callable[..., dict[str, Any]], spec: Any, *, quiet: bool) -> dict[str, Any]:
+    """Run with a live bar on stderr (stdout stays clean for --json); Ray's worker logs only with --debug."""
+    import os
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    debug = os.environ.get("RAYDLC_DEBUG") in ("1", "true")
+    spec = replace(spec, log_to_driver=debug)
+    if quiet and not err_console.is_terminal:
+        return run(spec)
+    bar = Progress(
+        TextColumn("[bold]train[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=quiet,
+    )
+    with bar:
+        task = bar.add_task("train", total=spec.steps, loss="-", eval="-", tps="-")
+
+        def on_progress(rec: dict[str, Any]) -> None:
+            if "eval_loss" in rec:
+                bar.update(task, eval=f"{rec['eval_loss']:.3f}")
+            elif "loss" in rec:
+                bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.3f}", tps=f"{rec['tokens_per_s']:,.0f}")
+
+        return run(spec, on_progress=on_progress)
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    table = Table(title=f"raydlc train: {s['model']} on {s['workers']} worker(s), {s['sharding']}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    drop = s.get("loss_drop")
+    rows = [
+        ("steps", s["steps"]),
+        ("loss first → final", f"{fmt(s['first_loss'])} → {fmt(s['final_loss'])}" + (f"  ({drop:.0%} lower)" if drop is not None else "")),
+        ("eval loss", s["eval_loss"]),
+        ("tokens/s", s["tokens_per_s"]),
+        ("step time (s)", s["step_time_s"]),
+        ("peak memory per worker (MiB)", s["peak_mem_mb"]),
+        ("resumed from", s["resumed_from"]),
+        ("checkpoint", s["checkpoint"]),
+        ("export (from_pretrained)", s["export"]),
+        ("metrics", s["metrics"]),
+        ("loss plot", s["plot"]),
+        ("wall time (s)", s["wall_s"]),
+    ]
+    for k, v in rows:
+        table.add_row(k, fmt(v))
+    console.print(table)

@@ -1,0 +1,122 @@
+"""Checkpoints: a real DCP save/load in a one-rank gloo group, and refusal of partial or corrupt dirs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from raydlc.errors import CheckpointError
+from raydlc.train import checkpoint as C
+from raydlc.train.model import ModelSpec, apply_fsdp, build_model
+
+SMALL = ModelSpec("t", 32, 2, 2, 1, 64, 128, True, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = apply_fsdp(build_model(SMALL, seed=seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, SMALL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(seed))
+    model(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return model, opt
+
+
+def full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def saved(group: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    model, opt = trained(seed=1)
+    d = tmp_path_factory.mktemp("ck") / C.dir_name(7)
+    C.save(d, model, opt, step=7, rank=0, world_size=1, extra={"history": [{"step": 7, "loss": 1.5}]}, meta={"model": "t"})
+    return d, full(model)
+
+
+def test_save_writes_shards_extras_and_a_manifest_of_all_files(saved: tuple[Path, dict]) -> None:
+    d, _ = saved
+    m = C.verify(d)
+    assert m.step == 7 and m.world_size == 1 and m.meta["model"] == "t"
+    assert set(m.files) == {p.name for p in d.iterdir()} - {C.MANIFEST}
+    assert {".metadata", "extra_rank0.pt"} <= set(m.files)
+
+
+def test_load_restores_model_optimizer_step_and_rng(saved: tuple[Path, dict]) -> None:
+    d, weights = saved
+    model, opt = trained(seed=2)
+    assert any(not torch.equal(weights[k], v) for k, v in full(model).items())
+    torch.manual_seed(1234)
+    extra = C.load(d, model, opt, rank=0)
+    assert extra["step"] == 7 and extra["history"] == [{"step": 7, "loss": 1.5}]
+    assert all(torch.equal(weights[k], v) for k, v in full(model).items())
+    assert opt.state and all(int(s["step"]) == 1 for s in opt.state.values())
+    C.set_rng_state(extra["rng"])  # the saved state, not the 1234 one
+
+
+def corrupt_copies(src: Path, root: Path) -> dict[str, Path]:
+    cases: dict[str, Path] = {}
+
+    def copy(name: str) -> Path:
+        d = root / name / src.name
+        shutil.copytree(src, d)
+        cases[name] = d
+        return d
+
+    (copy("no-manifest") / C.MANIFEST).unlink()
+    (copy("missing-shard") / "__0_0.distcp").unlink()
+    shard = copy("truncated") / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    shard = copy("flipped-byte") / "__0_0.distcp"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    (copy("bad-manifest") / C.MANIFEST).write_text("{not json")
+    m = copy("wrong-format") / C.MANIFEST
+    m.write_text(json.dumps({**json.loads(m.read_text()), "format": 99}))
+    return cases
+
+
+EXPECT = {
+    "no-manifest": "partial",
+    "missing-shard": "__0_0.distcp is missing",
+    "truncated": "corrupt",
+    "flipped-byte": "SHA-256",
+    "bad-manifest": "unreadable manifest",
+    "wrong-format": "format",
+}
+
+
+def test_partial_or_corrupt_checkpoints_are_refused_before_anything_loads(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    d, weights = saved
+    model, opt = trained(seed=3)
+    before = full(model)
+    for name, path in corrupt_copies(d, tmp_path).items():
+        with pytest.raises(CheckpointError, match=EXPECT[name]):
+            C.load(path, model, opt, rank=0)
+        assert all(torch.equal(before[k], v) for k, v in full(model).items()), f"{name}: weights changed"
+    with pytest.raises(CheckpointError, match="does not exist"):
+        C.verify(tmp_path / "nowhere")
+
+
+def test_latest_picks_the_newest_run_and_highest_step(tmp_path: Path) -> None:
+    assert C.latest(tmp_path) is None
+    for run, steps in (("run-20260101-000000-000001", [2, 4]), ("run-20260102-000000-000001", [3, 10, 1])):
+        for s in steps:
+            (tmp_path / run / C.dir_name(s)).mkdir(parents=True)
+    (tmp_path / "run-20260103-000000-000001").mkdir()  # a run that never checkpointed
+    assert C.latest(tmp_path) == tmp_path / "run-20260102-000000-000001" / C.dir_name(10)

@@ -1,0 +1,165 @@
+"""End-to-end runs under a real local Ray (one in-process instance for the whole module).
+
+The tiny model on the bundled corpus, a handful of steps of 32 tokens, so the comparisons are
+exact-arithmetic questions (same losses, same data order) rather than quality ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raydlc.cli import main
+from raydlc.train import data as D
+from raydlc.train import metrics as M
+from raydlc.train.launch import TrainSpec, run
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+BASE = TrainSpec(model="tiny", steps=STEPS, seq_len=32, batch_size=2, num_workers=2, learning_rate=2e-3, checkpoint_every=2, log_to_driver=False)
+
+
+@pytest.fixture(scope="module")
+def local_ray(ray_local: Any) -> Iterator[None]:
+    """The session's one in-process Ray (tests/conftest.py), shared with the plan/preflight tests."""
+    yield
+
+
+def losses(summary: dict[str, Any]) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in M.read_jsonl(Path(summary["metrics"])) if "loss" in r}
+
+
+def fingerprints(summary: dict[str, Any]) -> dict[int, str]:
+    return {r["step"]: r["data"] for r in M.read_jsonl(Path(summary["metrics"])) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A slice of the bundled corpus as a user .txt file: the same prose, a faster tokenizer fit."""
+    path = tmp_path_factory.mktemp("data") / "docstrings.txt"
+    path.write_text("\n\n".join(d.text for d in D.bundled_corpus(max_chars=150_000)))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def base(corpus: str) -> TrainSpec:
+    return replace(BASE, data=corpus)
+
+
+@pytest.fixture(scope="module")
+def two_workers(local_ray: None, base: TrainSpec, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run(replace(base, storage_path=str(tmp_path_factory.mktemp("two"))))
+
+
+def assert_close(a: dict[int, float], b: dict[int, float], tol: float = 1e-5) -> None:
+    assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
+    worst = max(abs(a[s] - b[s]) for s in a)
+    assert worst <= tol, f"max |Δloss| {worst:.3g} > {tol}: {a} vs {b}"
+
+
+def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: dict[str, Any]) -> None:
+    s = two_workers
+    assert s["steps"] == STEPS and s["eval_loss"] is not None and s["tokens_per_s"] > 0
+    assert s["final_loss"] < s["first_loss"]
+    assert Path(s["checkpoint"]).name == "checkpoint_000006"
+    run_dir = Path(s["run_dir"])
+    assert sorted(p.name for p in run_dir.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000006"]
+    assert Path(s["plot"]).read_bytes()[:4] == b"\x89PNG"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(s["export"])
+    tok = AutoTokenizer.from_pretrained(s["export"])
+    assert model.config.num_hidden_layers == 4 and model.config.vocab_size == 4096
+    prompt = tok("Return the", return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] > prompt["input_ids"].shape[1]
+    assert isinstance(tok.decode(out[0]), str) and tok.decode(out[0]).startswith("Return the")
+
+
+def test_one_worker_and_two_workers_take_the_same_steps(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
+    one = run(replace(base, num_workers=1, batch_size=4, storage_path=str(tmp_path)))
+    assert one["global_batch"] == two_workers["global_batch"] == 4
+    assert_close(losses(one), losses(two_workers))
+    assert fingerprints(one) == fingerprints(two_workers)
+
+
+def test_hsdp_two_replicas_matches_fsdp(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
+    hsdp = run(replace(base, sharding="hsdp", hsdp_replicas=2, storage_path=str(tmp_path)))
+    assert hsdp["sharding"] == "hsdp"
+    assert_close(losses(hsdp), losses(two_workers))
+
+
+def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
+    crashed = run(replace(base, storage_path=str(tmp_path), max_failures=1, crash={"rank": 1, "step": 5}))
+    progress = [r for r in M.read_jsonl(Path(crashed["run_dir"]) / "progress.jsonl") if "loss" in r]
+    assert len(progress) > STEPS  # steps after the restored checkpoint ran twice
+    assert crashed["final_loss"] == pytest.approx(two_workers["final_loss"], abs=1e-5)
+    assert_close(losses(crashed), losses(two_workers))
+
+
+def cli_train(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    common = ["train", "--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--workers", "2", "--lr", "2e-3", "--checkpoint-every", "2", "--json"]
+    assert main([*common, *args]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_resume_continues_from_the_last_checkpoint_with_the_same_data_order(
+    two_workers: dict[str, Any], corpus: str, tmp_path: Path, clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An earlier run that stopped after its step-4 checkpoint: the uninterrupted run's own files.
+    earlier = tmp_path / "out" / "run-20260101-000000-000000" / "checkpoint_000004"
+    shutil.copytree(Path(two_workers["run_dir"]) / "checkpoint_000004", earlier)
+    resumed = cli_train(["--data", corpus, "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--resume"], capsys)
+    assert resumed["resumed_from"] == str(earlier)
+    assert {"steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "checkpoint", "export", "plot"} <= set(resumed)
+    assert_close(losses(resumed), losses(two_workers))  # steps 1-4 came along in the checkpoint
+    assert fingerprints(resumed) == fingerprints(two_workers)
+    ran = [r["step"] for r in M.read_jsonl(Path(resumed["run_dir"]) / "progress.jsonl") if "loss" in r]
+    assert ran == [5, 6]  # only the remaining steps ran
+
+
+def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start(
+    two_workers: dict[str, Any], corpus: str, tmp_path: Path, clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "out" / "run-20260101-000000-000000" / "checkpoint_000004"
+    shutil.copytree(Path(two_workers["run_dir"]) / "checkpoint_000004", bad)
+    (bad / "__1_0.distcp").write_bytes(b"")
+    common = ["train", "--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--workers", "2", "--data", corpus]
+    assert main([*common, "--out", str(tmp_path / "out"), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "corrupt" in err and "__1_0.distcp" in err
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["run-20260101-000000-000000"]  # no new run
+    good = Path(two_workers["run_dir"]) / "checkpoint_000004"
+    other = tmp_path / "other.txt"
+    other.write_text(Path(corpus).read_text()[::-1])
+    assert main(["train", "--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--workers", "2", "--data", str(other), "--resume-from", str(good)]) == 1
+    assert "different run" in capsys.readouterr().err
+
+
+def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
+    s = run(replace(base, steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)))
+    assert s["steps"] == 3 and 7.0 < s["first_loss"] < 9.5 and s["final_loss"] < s["first_loss"]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(s["export"])
+    assert model.dtype == torch.bfloat16
+    names = set(dict(model.named_parameters()))
+    assert "model.layers.0.self_attn.q_proj.weight" in names and not any("_checkpoint_wrapped" in n for n in names)
+
+
+def test_preflight_runs_on_the_same_workers_before_training(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
+    s = run(replace(base, steps=2, checkpoint_every=0, preflight=True, storage_path=str(tmp_path)))
+    pf = s["preflight"]
+    assert pf["ok"] is True and pf["backend"] == "gloo"
+    assert s["steps"] == 2
+    figures = [m for m in pf["measurements"] if m["op"] == "all_reduce"]
+    assert figures and all(m["busbw_gbytes_s"] > 0 for m in figures)

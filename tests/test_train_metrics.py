@@ -1,0 +1,43 @@
+"""Metrics: the summary numbers and the PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raydlc.train import metrics as M
+
+
+def records() -> list[dict]:
+    out: list[dict] = []
+    for s in range(1, 5):
+        out.append({"step": s, "loss": 10.0 - s, "tokens": 100, "step_time_s": 1.0 if s > 1 else 9.0, "peak_mem_mb": 10.0 * s})
+    out.append({"step": 4, "eval_loss": 6.5})
+    return out
+
+
+def test_summary_uses_first_and_last_loss_and_skips_the_warm_up_step() -> None:
+    s = M.summarize(records())
+    assert (s["steps"], s["first_loss"], s["final_loss"], s["eval_loss"]) == (4, 9.0, 6.0, 6.5)
+    assert s["tokens_per_s"] == 100.0 and s["step_time_s"] == 1.0 and s["peak_mem_mb"] == 40.0
+    assert M.summarize([])["final_loss"] is None
+
+
+def test_jsonl_round_trip_and_plot_is_a_png(tmp_path: Path) -> None:
+    M.write_jsonl(records(), tmp_path / "m.jsonl")
+    assert M.read_jsonl(tmp_path / "m.jsonl") == records()
+    M.plot(records(), tmp_path / "loss.png")
+    data = (tmp_path / "loss.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_people_summary_names_the_figures_and_paths(capsys) -> None:
+    from raydlc.train.progress import print_summary
+
+    s = {
+        "steps": 300, "first_loss": 8.36, "final_loss": 5.05, "eval_loss": 5.17, "tokens_per_s": 1920.0, "step_time_s": 1.07,
+        "peak_mem_mb": 874.0, "loss_drop": 0.395, "model": "tiny", "workers": 2, "sharding": "fsdp", "resumed_from": None,
+        "checkpoint": "/o/r/checkpoint_000300", "export": "/o/r/export", "metrics": "/o/r/metrics.jsonl", "plot": "/o/r/loss.png", "wall_s": 340.0,
+    }
+    print_summary(s)
+    out = capsys.readouterr().out
+    assert "8.36 → 5.05" in out and "40% lower" in out and "/o/r/export" in out and "fsdp" in out
