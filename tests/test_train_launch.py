@@ -25,6 +25,7 @@ def test_auto_sharding_asks_the_planner_on_several_nodes_and_bad_names_fail() ->
     assert L.resolve_sharding("auto", 2, 4, model=big, seq_len=128, micro_batch=1, instance_type="g6.12xlarge") == planned
     assert L.resolve_sharding("auto", 1, 4, model=big, instance_type="g6.12xlarge") == "fsdp"  # one node: one replica
     assert L.resolve_sharding("auto", 2, 4) == "fsdp"  # no architecture to plan with
+    assert L.resolve_sharding("auto", 2, 1, model=SPECS["tiny"]) == "fsdp"  # local: no GPU type
     assert L.resolve_sharding("hsdp", 2, 4) == "hsdp"
     assert L.resolve_sharding("fsdp", 2, 4, model=big, instance_type="g6.12xlarge") == "fsdp"
     with pytest.raises(InputError, match="zero"):

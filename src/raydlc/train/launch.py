@@ -78,13 +78,14 @@ def resolve_sharding(
     """The concrete layout for `auto`: the planner's choice (raydlc.plan) on a multi-node cluster.
 
     On one node HSDP would have a single replica, which is FSDP; without a known architecture
-    (a hub id raydlc has no spec for) there is nothing to plan with, so FSDP it is.
+    (a hub id raydlc has no spec for) or GPU node type (a local run) there is nothing to plan
+    with, so FSDP it is.
     """
     if requested not in ("fsdp", "hsdp", "auto"):
         raise InputError(f"--sharding {requested!r} is not one of fsdp, hsdp, auto")
     if requested != "auto":
         return requested
-    if num_nodes <= 1 or model is None:
+    if num_nodes <= 1 or model is None or instance_type is None:
         return "fsdp"
     from raydlc.plan import recommend_sharding
 
