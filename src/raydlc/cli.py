@@ -250,6 +250,7 @@ def nccl(
     if not ok:
         raise typer.Exit(3)
 
+
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
