@@ -342,8 +342,10 @@ def train(
     json_: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (last line of stdout)."),
 ) -> None:
     """Fine-tune on a local Ray (or --address): FSDP2 under Ray Train, checkpoints, HF export, loss plot."""
+    from functools import partial
+
     from raydlc.train import progress
-    from raydlc.train.launch import run, spec_from_config
+    from raydlc.train.launch import prepare, run, spec_from_config
 
     cfg = load(
         ctx,
@@ -368,7 +370,11 @@ def train(
         address=address,
         preflight=preflight or None,
     )
-    summary = progress.run_with_progress(run, spec, quiet=json_)
+    prepared = None
+    if spec.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
+        with err_console.status("preparing data and tokenizer", spinner="dots"):
+            prepared = prepare(spec)  # bad input fails here, before a progress bar or a worker
+    summary = progress.run_with_progress(partial(run, prepared=prepared), spec, quiet=json_)
     if json_:
         emit_json(summary)
     else:
