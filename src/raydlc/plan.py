@@ -215,16 +215,16 @@ def max_micro_batch(
 def traffic_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -> dict[str, Any]:
     """Bytes each GPU receives per step (ring collectives), and what crosses each node's NIC.
 
-    FSDP: every unit is all-gathered in forward and again in backward, the root included
-    (measured: FSDP2 reshards it after forward), except the last block, which apply_fsdp
-    keeps unsharded; every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
+    FSDP: every unit is all-gathered in forward and again in backward, except the root unit
+    and the last block, which apply_fsdp keeps unsharded from forward into backward (measured:
+    one all-gather each per step); every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
     much as each intra-node link, so a node's NIC moves one GPU's full share.
     HSDP: the same three collectives inside the node, then an all-reduce of each GPU's
     gradient shard with its peers on the other nodes; G such all-reduces share the node's NIC.
     """
     pb = PRECISION[policy]
     p = spec.param_count()
-    resharded = p - spec.layer_params()
+    resharded = p - spec.layer_params() - root_unit_params(spec)
     shard, replicate = _layout_groups(strategy, layout)
     f = _ring(shard)
     ag = f * (p + resharded) * pb.compute

@@ -163,7 +163,9 @@ def apply_fsdp(
     for i, layer in enumerate(layers):
         # The last block is resharded by the root's backward anyway; keeping it saves one all-gather.
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(layers) - 1)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # The root unit (embeddings, final norm, tied head) is needed again as soon as backward
+    # starts; resharding it would only buy one more all-gather of the embeddings per step.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
 
 
