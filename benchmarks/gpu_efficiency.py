@@ -31,9 +31,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from raydlc.errors import InputError, RaydlcError, TrainError
 
@@ -117,7 +118,7 @@ def model_tflop_per_token(params: int) -> float:
     return 6 * params / 1e12
 
 
-def attention_tflop_per_token(spec: "ModelSpec", seq: int) -> float:
+def attention_tflop_per_token(spec: ModelSpec, seq: int) -> float:
     """Causal attention scores and values, forward and backward: 12·L·h·S halved for the mask."""
     return 6 * spec.num_layers * spec.hidden_size * seq / 1e12
 
@@ -170,7 +171,7 @@ def probe_shape(fits: Callable[[int, int], bool], *, max_seq: int, max_batch: in
     return Shape(batch, seq, "probe", trials)
 
 
-def row_figures(r: LoopResult, *, params: int, spec: "ModelSpec", peak_tflops: float, matmul_tflops: float) -> dict[str, Any]:
+def row_figures(r: LoopResult, *, params: int, spec: ModelSpec, peak_tflops: float, matmul_tflops: float) -> dict[str, Any]:
     step = median_step_s(r.step_times_s)
     tps = r.batch * r.seq / step
     q = max(1, len(r.losses) // 4)
@@ -285,9 +286,8 @@ def release(device: str) -> None:
 @contextlib.contextmanager
 def process_group(device: str) -> Iterator[None]:
     """A world-size-1 group so FSDP1 and FSDP2 run exactly as they would on a cluster."""
-    import torch.distributed as dist
-
     import torch
+    import torch.distributed as dist
 
     cuda = device == "cuda"
     dist.init_process_group(
@@ -374,7 +374,7 @@ def measure_matmul_tflops(device: str, n: int, iters: int = 20) -> float:
     return 2 * n**3 * iters / seconds / 1e12
 
 
-def fixed_batch(spec: "ModelSpec", batch: int, seq: int, device: str) -> "torch.Tensor":
+def fixed_batch(spec: ModelSpec, batch: int, seq: int, device: str) -> torch.Tensor:
     """Random token ids, drawn once and repeated, so a loop that trains must lower its loss."""
     import torch
 
@@ -388,7 +388,7 @@ def assert_finite(name: str, losses: list[float]) -> None:
         raise TrainError(f"{name}: non-finite loss during warm-up ({bad[0]})", hint="the loop is broken; nothing is timed")
 
 
-def reference_loop(spec: "ModelSpec", cfg: Settings) -> LoopResult:
+def reference_loop(spec: ModelSpec, cfg: Settings) -> LoopResult:
     """The reference's loop as published: HF model in bf16, FSDP1 wrapped by size, plain AdamW,
     batch 1 x 128, `loss.item()` every step. (Its per-step `ray.train.report`, ~1 s each, is left out.)"""
     import functools
@@ -430,7 +430,7 @@ def reference_loop(spec: "ModelSpec", cfg: Settings) -> LoopResult:
 
 
 def raydlc_loop(
-    spec: "ModelSpec", cfg: Settings, *, batch: int, seq: int, compile: bool, ac: bool, steps: int, warmup: int
+    spec: ModelSpec, cfg: Settings, *, batch: int, seq: int, compile: bool, ac: bool, steps: int, warmup: int
 ) -> LoopResult:
     """raydlc's loop: FSDP2 per decoder block with bf16 compute and fp32 gradient reduction,
     fp32 master weights (bf16 weights would round lr-2e-5 updates away), fused AdamW on CUDA,
@@ -480,7 +480,7 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def fits_on_device(spec: "ModelSpec", cfg: Settings, *, ac: bool) -> Callable[[int, int], bool]:
+def fits_on_device(spec: ModelSpec, cfg: Settings, *, ac: bool) -> Callable[[int, int], bool]:
     """Two real steps (the second holds optimizer state during backward): the peak is reached."""
     if cfg.device != "cuda":
         # CPU memory has no OOM to find (the machine swaps or kills): the caps are the answer.
@@ -490,7 +490,7 @@ def fits_on_device(spec: "ModelSpec", cfg: Settings, *, ac: bool) -> Callable[[i
         ok = True
         try:
             raydlc_loop(spec, cfg, batch=batch, seq=seq, compile=False, ac=ac, steps=2, warmup=0)
-        except Exception as e:  # noqa: BLE001 — only OOM is an answer; anything else propagates
+        except Exception as e:
             if not is_oom(e):
                 raise
             ok = False
@@ -501,7 +501,7 @@ def fits_on_device(spec: "ModelSpec", cfg: Settings, *, ac: bool) -> Callable[[i
     return fits
 
 
-def choose_shape(spec: "ModelSpec", cfg: Settings, *, ac: bool) -> Shape:
+def choose_shape(spec: ModelSpec, cfg: Settings, *, ac: bool) -> Shape:
     """Where the micro-batch and sequence come from; swap in the planner here once it exists."""
     if cfg.batch and cfg.seq:
         return Shape(cfg.batch, cfg.seq, "flags")
@@ -511,14 +511,14 @@ def choose_shape(spec: "ModelSpec", cfg: Settings, *, ac: bool) -> Shape:
     return Shape(shape.batch, shape.seq, how, shape.trials)
 
 
-def timed_raydlc(spec: "ModelSpec", cfg: Settings, shape: Shape, *, compile: bool, ac: bool) -> LoopResult:
+def timed_raydlc(spec: ModelSpec, cfg: Settings, shape: Shape, *, compile: bool, ac: bool) -> LoopResult:
     """The measured run; an OOM at the probed edge (fragmentation, compile) halves the batch."""
     batch, backed_off = shape.batch, 0
     while True:
         try:
             r = raydlc_loop(spec, cfg, batch=batch, seq=shape.seq, compile=compile, ac=ac, steps=cfg.steps, warmup=cfg.warmup)
             break
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if not is_oom(e) or batch == 1:
                 raise
         release(cfg.device)
@@ -571,7 +571,7 @@ def run(cfg: Settings) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def measure(spec: "ModelSpec", cfg: Settings) -> dict[str, Any]:
+def measure(spec: ModelSpec, cfg: Settings) -> dict[str, Any]:
     import torch
 
     from raydlc.train.model import spec_dict
@@ -604,7 +604,7 @@ def measure(spec: "ModelSpec", cfg: Settings) -> dict[str, Any]:
                 record(timed_raydlc(spec, cfg, shapes[ac], compile=compile, ac=ac))
         except RaydlcError:
             raise
-        except Exception as e:  # noqa: BLE001 — one broken variant (a compiler error, say) must not cost the others
+        except Exception as e:
             if variant == "plain":
                 raise
             failed.append({"variant": variant, "error": f"{type(e).__name__}: {e}"[:1000]})

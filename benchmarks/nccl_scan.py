@@ -178,7 +178,8 @@ def main() -> int:
         for _ in range(args.runs):
             g = min(g, best_of(grep_cmd, Path(d) / "grep.out", 1))
             r = min(r, best_of(raydlc_cmd, Path(d) / "raydlc.out", 1, env))
-        matched = sum(1 for _ in open(Path(d) / "grep.out", "rb"))
+        with open(Path(d) / "grep.out", "rb") as fh:
+            matched = sum(1 for _ in fh)
         doc = json.loads((Path(d) / "raydlc.out").read_text().strip().splitlines()[-1])
         print(f"grep -E -n:       {g:7.2f} s  {size / g / 1e6:8.1f} MB/s  ({matched:,} matching lines)")
         print(f"raydlc nccl:      {r:7.2f} s  {size / r / 1e6:8.1f} MB/s  (verdict {doc['verdict']}, "

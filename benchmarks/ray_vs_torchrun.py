@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
 import pickle
+import statistics
 import subprocess
 import sys
 import tempfile

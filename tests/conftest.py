@@ -1,4 +1,4 @@
-"""Shared fixtures. Local servers (moto, kmock) and schema loading live here."""
+"""Shared fixtures. Local servers (moto, kmock) live here; nothing outside the repo is read."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RAYDLC_SHARED", REPO.parent / "shared"))
 
 
 @pytest.fixture
@@ -19,14 +18,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
             monkeypatch.delenv(k)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-@pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """../shared with the schemas; a missing folder is a failure, never a skip."""
-    if not (SHARED / "schemas").is_dir():
-        pytest.fail(f"schema folder {SHARED / 'schemas'} is missing: CI must have ../shared beside the clone")
-    return SHARED
 
 
 @pytest.fixture(scope="session")

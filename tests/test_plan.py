@@ -9,7 +9,6 @@ import pytest
 
 from raydlc import plan as planner
 from raydlc.cli import main
-from raydlc.errors import InputError
 from raydlc.train.model import SPECS, ModelSpec, build_model, get_spec
 
 P15 = 1_543_714_304
@@ -99,7 +98,7 @@ def test_largest_micro_batch_is_the_edge_of_fitting_and_monotone() -> None:
     p = planner.plan(spec, G6, policy="bf16-mixed")
     s = p.strategies["fsdp"]
     cap = p.gpu_memory_bytes
-    total = lambda b: planner.memory_bytes(spec, 8, "bf16-mixed", 128, b, False)["total"]  # noqa: E731
+    total = lambda b: planner.memory_bytes(spec, 8, "bf16-mixed", 128, b, False)["total"]
     assert s.max_micro_batch >= 1 and total(s.max_micro_batch) <= cap < total(s.max_micro_batch + 1)
 
     def mb(**kw: object) -> int:
@@ -129,7 +128,7 @@ def test_saved_activations_match_what_autograd_keeps(checkpointing: bool) -> Non
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         saved: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, params: set[int] = params, saved: dict[int, int] = saved) -> torch.Tensor:
             st = t.untyped_storage()
             if st.data_ptr() not in params:
                 saved[st.data_ptr()] = st.nbytes()

@@ -165,12 +165,11 @@ def test_cli_local_preflight_json(ray_local: Any, clean_env: Any, capsys: pytest
 
 def test_net_plugin_found_on_disk_and_seen_once_loaded(tmp_path: Any) -> None:
     """A real shared library renamed like aws-ofi-nccl's, found via LD_LIBRARY_PATH, then mapped by dlopen."""
+    import _ctypes  # an extension module: a shared library with no constructors to run twice
     import os
     import shutil
     import subprocess
     import sys
-
-    import _ctypes  # an extension module: a shared library with no constructors to run twice
 
     src = _ctypes.__file__
     plugin = tmp_path / "libnccl-net-ofi.so"

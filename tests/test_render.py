@@ -1,7 +1,8 @@
 """raydlc.render against the real schemas of the tools that read its output, and its safety rules.
 
 RayCluster/RayJob are checked against the KubeRay v1.7.0 CRDs' openAPIV3Schema made strict
-(unknown fields rejected), the ClusterConfig against eksctl v0.230.0's JSON schema, and core
+(unknown fields rejected), the ClusterConfig against eksctl v0.230.0's JSON schema — both as the
+package carries them (derived by scripts/derive_schemas.py), so nothing beside the repo is read — and core
 kinds with kubernetes-validate --strict. Golden files: set RAYDLC_UPDATE_GOLDEN=1 to rewrite
 tests/golden/default/ from the current renderer, then review the diff.
 """
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from raydlc import catalog
+from raydlc import catalog, schemas
 from raydlc.config import Config, load_config
 from raydlc.errors import InputError
 from raydlc.render import FILES, render_all, to_yaml, write
@@ -30,7 +31,6 @@ from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY
 from raydlc.render.raycluster import STOP_RAY
 from raydlc.render.sizing import allocatable_for_pods, kube_reserved_cpu, worker_size
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 GOLDEN = Path(__file__).resolve().parent / "golden" / "default"
 ZONES = ["us-east-2a", "us-east-2b", "us-east-2c"]
 
@@ -68,33 +68,15 @@ def rendered(empty_dir: Path) -> dict[str, tuple[Config, dict[str, dict[str, Any
     return out
 
 
-def _strict(node: Any) -> Any:
-    """Reject unknown fields wherever the CRD lists properties and does not preserve unknown ones."""
-    if isinstance(node, dict):
-        node = {k: _strict(v) for k, v in node.items()}
-        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
-            node.setdefault("additionalProperties", False)
-        return node
-    if isinstance(node, list):
-        return [_strict(v) for v in node]
-    return node
+@pytest.fixture(scope="module")
+def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
+    """The packaged, strict KubeRay v1.7.0 schemas: the same ones `raydlc render` checks with."""
+    return {kind: schemas.validator(kind) for kind in ("RayCluster", "RayJob")}
 
 
 @pytest.fixture(scope="module")
-def crd_validators(shared_dir: Path) -> dict[str, jsonschema.Draft7Validator]:
-    folder = shared_dir / "schemas" / "kuberay-v1.7.0"
-    out = {}
-    for kind, filename in (("RayCluster", "ray.io_rayclusters.yaml"), ("RayJob", "ray.io_rayjobs.yaml")):
-        crd = yaml.load((folder / filename).read_text(), Loader=_LOADER)  # libyaml: the CRDs are 2 MB
-        (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-        out[kind] = jsonschema.Draft7Validator(_strict(v1["schema"]["openAPIV3Schema"]))
-    return out
-
-
-@pytest.fixture(scope="module")
-def eksctl_validator(shared_dir: Path) -> jsonschema.Draft7Validator:
-    schema = json.loads((shared_dir / "schemas" / "eksctl-v0.230.0" / "schema.json").read_text())
-    return jsonschema.Draft7Validator(schema)
+def eksctl_validator() -> jsonschema.Draft7Validator:
+    return schemas.validator("ClusterConfig")
 
 
 def k8s_schema_version(wanted: str) -> str:
@@ -165,7 +147,7 @@ def test_core_kinds_pass_kubernetes_validate_strict(name: str, rendered) -> None
     assert [p["kind"] for p in policies] == ["NetworkPolicy", "NetworkPolicy"]
     for policy in policies:
         kubernetes_validate.validate(policy, version, strict=True)
-    for where, template in pod_templates(docs):
+    for _where, template in pod_templates(docs):
         pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": template}
         kubernetes_validate.validate(pod_template, version, strict=True)
 
@@ -408,7 +390,7 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     reloaded = load_config(env=env, cwd=empty_dir)
     assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
     rc = render_all(cfg, ZONES, only="raycluster")[FILES["raycluster"]]["spec"]
-    strip = lambda s: json.loads(json.dumps(s).replace(cfg.ray.job_name, cfg.ray.cluster_name))  # noqa: E731
+    strip = lambda s: json.loads(json.dumps(s).replace(cfg.ray.job_name, cfg.ray.cluster_name))
     assert strip(job["rayClusterSpec"]) == rc
 
 

@@ -101,14 +101,44 @@ def test_render_command_imports_nothing_heavy(tmp_path: Path) -> None:
     assert "kind: RayJob" in r.stdout
 
 
-def test_schema_tests_fail_not_skip_without_the_schema_folder(tmp_path: Path) -> None:
-    test_file = Path(__file__).with_name("test_render.py")
-    env = {**os.environ, "RAYDLC_SHARED": str(tmp_path / "missing")}
+def test_render_refuses_a_document_its_schema_rejects_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A renderer bug (here: a misspelt field) is caught by the packaged CRD schema before any file is written."""
+    import raydlc.render.raycluster as rc
+
+    real = rc.render_raycluster
+
+    def misspelt(cfg):
+        doc = real(cfg)
+        doc["spec"]["headGroupSpec"]["rayStartParam"] = doc["spec"]["headGroupSpec"].pop("rayStartParams")
+        return doc
+
+    monkeypatch.setattr(rc, "render_raycluster", misspelt)
+    out = tmp_path / "out"
+    assert main(["render", "--zones", ZONES, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "raycluster.yaml" in err and "spec.headGroupSpec" in err and "rayStartParam" in err
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_schema_tests_need_nothing_beside_the_repo(tmp_path: Path) -> None:
+    """A copy of the package and the render tests, with no ../shared anywhere above it, passes the schema tests."""
+    import shutil
+
+    repo = Path(__file__).resolve().parents[1]
+    clone = tmp_path / "fresh"
+    shutil.copytree(repo / "src", clone / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (clone / "tests").mkdir()
+    for name in ("conftest.py", "test_render.py"):
+        shutil.copy(repo / "tests" / name, clone / "tests" / name)
+    assert not (clone.parent / "shared").exists()
+    env = {**os.environ, "PYTHONPATH": str(clone / "src")}
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs",
-         f"{test_file}::test_cluster_config_matches_the_eksctl_schema[default]"],
-        capture_output=True, text=True, env=env, timeout=300, cwd=test_file.parent.parent,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs", "tests/test_render.py",
+         "-k", "matches_the_eksctl_schema or match_the_kuberay_crds or rejects_an_unknown_field"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=clone,
     )
-    assert r.returncode == 1, r.stdout[-1500:]
-    assert "1 error" in r.stdout or "1 failed" in r.stdout
-    assert "skipped" not in r.stdout and "schema folder" in r.stdout
+    assert r.returncode == 0, r.stdout[-1500:]
+    assert "passed" in r.stdout and "skipped" not in r.stdout and "error" not in r.stdout
+    import raydlc.schemas
+
+    assert "fresh" not in raydlc.schemas.__file__  # the subprocess, not this process, read the copy

@@ -102,7 +102,7 @@ EXPECT = {
 
 
 def test_partial_or_corrupt_checkpoints_are_refused_before_anything_loads(saved: tuple[Path, dict], tmp_path: Path) -> None:
-    d, weights = saved
+    d, _weights = saved
     model, opt = trained(seed=3)
     before = full(model)
     for name, path in corrupt_copies(d, tmp_path).items():

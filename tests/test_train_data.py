@@ -63,7 +63,7 @@ def test_directory_reads_txt_and_jsonl_in_sorted_order(tmp_path: Path) -> None:
     assert docs == [D.Document("A.", prompt="Q?"), D.Document("plain"), D.Document("second file"), D.Document("third")]
     (tmp_path / "nothing").mkdir()
     write(tmp_path / "nothing" / "readme.md", "no data here")
-    with pytest.raises(InputError, match="no .txt or .jsonl"):
+    with pytest.raises(InputError, match=r"no \.txt or \.jsonl"):
         D.read_local(str(tmp_path / "nothing"))
 
 

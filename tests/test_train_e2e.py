@@ -7,7 +7,6 @@ exact-arithmetic questions (same losses, same data order) rather than quality on
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import replace

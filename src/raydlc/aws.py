@@ -88,7 +88,7 @@ def _max_attempts() -> int:
     return max(1, value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data_loader() -> Any:
     """One botocore data loader per process: it caches the parsed service models and endpoint
     data, which every new session would otherwise parse again (~0.5 s per client)."""
@@ -97,7 +97,7 @@ def _data_loader() -> Any:
     return create_loader()
 
 
-def _boto3_session(region: str | None = None, profile: str | None = None) -> "boto3.Session":
+def _boto3_session(region: str | None = None, profile: str | None = None) -> boto3.Session:
     import boto3
     import botocore.session
 
@@ -109,7 +109,7 @@ def _boto3_session(region: str | None = None, profile: str | None = None) -> "bo
     return sess
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def known_regions(service: str = "ec2") -> frozenset[str]:
     """Regions botocore's endpoint data lists for a service, in every partition."""
     sess = _boto3_session()
@@ -119,7 +119,7 @@ def known_regions(service: str = "ec2") -> frozenset[str]:
     return frozenset(regions)
 
 
-def session(region: str, profile: str | None = None) -> "boto3.Session":
+def session(region: str, profile: str | None = None) -> boto3.Session:
     """A session with usable credentials, or a CredentialsError before anything is sent.
 
     `profile` defaults to `AWS_PROFILE` (boto3 reads it itself). The region must be one
@@ -155,7 +155,7 @@ def session(region: str, profile: str | None = None) -> "boto3.Session":
     return sess
 
 
-def client(sess: "boto3.Session", service: str) -> Any:
+def client(sess: boto3.Session, service: str) -> Any:
     """A client with standard-mode retries (throttling, 5xx) and bounded timeouts."""
     from botocore.config import Config
 

@@ -658,7 +658,7 @@ def probe(ec2: Any, *, region: str, zone: str, instance_type: str, count: int) -
 # ---------------------------------------------------------------------------- edge
 
 
-def discover(cfg: "Config", *, with_probe: bool = False) -> CapacityReport:
+def discover(cfg: Config, *, with_probe: bool = False) -> CapacityReport:
     """The whole check for a config: clients from raydlc.aws, signals, ranking, optional probe."""
     region = cfg.cluster.region
     sess = aws.session(region)

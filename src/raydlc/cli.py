@@ -10,12 +10,15 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from raydlc.errors import InputError, RaydlcError
 from raydlc.output import console, emit_json, err_console
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
 
 app = typer.Typer(
     name="raydlc",
@@ -30,7 +33,7 @@ app.add_typer(config_app, name="config")
 
 @dataclass
 class State:
-    config_path: Optional[Path] = None
+    config_path: Path | None = None
     assignments: list[str] = field(default_factory=list)
     debug: bool = False
 
@@ -42,7 +45,7 @@ def _state(ctx: typer.Context) -> State:
     return root.obj
 
 
-def load(ctx: typer.Context, **flags: Any) -> "Config":  # noqa: F821
+def load(ctx: typer.Context, **flags: Any) -> Config:
     """The effective Config for a command: global --config/--set, then the command's own flags."""
     from raydlc.config import load_config, parse_assignments
 
@@ -55,10 +58,10 @@ def load(ctx: typer.Context, **flags: Any) -> "Config":  # noqa: F821
 @app.callback()
 def root(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None, "--config", "-c", help="YAML config file (default: ./raydlc.yaml, or $RAYDLC_CONFIG)."
     ),
-    set_: Optional[list[str]] = typer.Option(
+    set_: list[str] | None = typer.Option(
         None, "--set", help="Override a setting by its env.sh name: --set GPU_NODE_COUNT=4 (repeatable)."
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
@@ -133,9 +136,9 @@ def version(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 @app.command("render")
 def render(
     ctx: typer.Context,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files under DIR instead of printing YAML."),
-    only: Optional[str] = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm or netpol."),
-    zones: Optional[str] = typer.Option(
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the files under DIR instead of printing YAML."),
+    only: str | None = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm or netpol."),
+    zones: str | None = typer.Option(
         None, "--zones", help="Availability Zones that offer the GPU type, best first (the capacity answer): us-east-2a,us-east-2b."
     ),
     json_: bool = typer.Option(False, "--json", help="Print JSON: the documents, or the files written."),
@@ -163,9 +166,9 @@ def render(
 @app.command("capacity")
 def capacity(
     ctx: typer.Context,
-    region: Optional[str] = typer.Option(None, "--region", help="AWS region (REGION)."),
-    instance_type: Optional[str] = typer.Option(None, "--instance-type", help="GPU instance type (GPU_NODE_TYPE)."),
-    count: Optional[int] = typer.Option(None, "--count", help="Number of GPU nodes (GPU_NODE_COUNT)."),
+    region: str | None = typer.Option(None, "--region", help="AWS region (REGION)."),
+    instance_type: str | None = typer.Option(None, "--instance-type", help="GPU instance type (GPU_NODE_TYPE)."),
+    count: int | None = typer.Option(None, "--count", help="Number of GPU nodes (GPU_NODE_COUNT)."),
     probe: bool = typer.Option(False, "--probe", help="Reserve the nodes in the best AZ for an instant, then cancel."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
     emit_env: bool = typer.Option(False, "--emit-env", help="Print only RAYDLC_GPU_AZ=<best zone>, for scripts."),
@@ -218,11 +221,11 @@ def _catalog_gpus(ctx: typer.Context, instance_type: str | None) -> int | None:
 
 @app.command("nccl")
 def nccl(
-    paths: Optional[list[str]] = typer.Argument(
+    paths: list[str] | None = typer.Argument(
         None, metavar="PATH|DIR|-", help="Log files (.gz too), directories (Ray session dirs) or - for stdin."
     ),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    expect: Optional[str] = typer.Option(
+    expect: str | None = typer.Option(
         None, "--expect", help="efa | socket | ib | single-node: exit 3 unless the log shows exactly this, with no fallback and no error."
     ),
 ) -> None:
@@ -254,13 +257,13 @@ def nccl(
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (what-if; default GPUS_PER_NODE)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
-    network_gbps: Optional[float] = typer.Option(None, "--network-gbps", help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
+    model: str | None = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
+    nodes: int | None = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node (what-if; default GPUS_PER_NODE)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
+    network_gbps: float | None = typer.Option(None, "--network-gbps", help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
     policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute) or pure-bf16."),
     strategy: str = typer.Option("fsdp", "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed)."),
     activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each block in backward."),
@@ -289,8 +292,8 @@ def plan_cmd(
 def preflight_cmd(
     ctx: typer.Context,
     local: bool = typer.Option(False, "--local", help="Run on a local Ray over gloo: figures only, no network verdict."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Workers (one per GPU); default NUM_WORKERS, or 2 with --local."),
-    sizes_mib: Optional[list[float]] = typer.Option(None, "--size-mib", help="Message size in MiB (repeatable); default 0.25/4/32 locally, 1..512 on GPUs."),
+    workers: int | None = typer.Option(None, "--workers", help="Workers (one per GPU); default NUM_WORKERS, or 2 with --local."),
+    sizes_mib: list[float] | None = typer.Option(None, "--size-mib", help="Message size in MiB (repeatable); default 0.25/4/32 locally, 1..512 on GPUs."),
     iters: int = typer.Option(5, "--iters", help="Timed calls per collective and size."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -323,21 +326,21 @@ def preflight_cmd(
 @app.command("train")
 def train(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [local default: tiny]."),
-    data: Optional[str] = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [default: bundled stdlib-docstring corpus]."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps [local default: 300]."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Ray Train workers [local default: 2]."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [default: ./raydlc-out]."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence [local default: 128]."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per worker per step [local default: 8]."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="AdamW learning rate [local default: 2e-3]."),
-    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end."),
+    model: str | None = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [local default: tiny]."),
+    data: str | None = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [default: bundled stdlib-docstring corpus]."),
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps [local default: 300]."),
+    workers: int | None = typer.Option(None, "--workers", help="Ray Train workers [local default: 2]."),
+    out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [default: ./raydlc-out]."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [local default: 128]."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [local default: 8]."),
+    lr: float | None = typer.Option(None, "--lr", help="AdamW learning rate [local default: 2e-3]."),
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint under --out."),
-    resume_from: Optional[Path] = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory."),
-    sharding: Optional[str] = typer.Option(None, "--sharding", help="fsdp | hsdp | auto."),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--fp32", help="Parameter dtype [default: bf16 on GPUs, fp32 on CPUs]."),
+    resume_from: Path | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory."),
+    sharding: str | None = typer.Option(None, "--sharding", help="fsdp | hsdp | auto."),
+    bf16: bool | None = typer.Option(None, "--bf16/--fp32", help="Parameter dtype [default: bf16 on GPUs, fp32 on CPUs]."),
     activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute decoder blocks in backward."),
-    address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
+    address: str | None = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
     preflight: bool = typer.Option(False, "--preflight", help="Measure collective bandwidth on the same workers first; stop if it fails."),
     json_: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (last line of stdout)."),
 ) -> None:

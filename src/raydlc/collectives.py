@@ -55,12 +55,12 @@ def _time_collective(dist: Any, torch: Any, op: str, size: int, group: Any, n: i
     numel = max(n, size // 4 // n * n)
     if op == "all_reduce":
         buf = torch.ones(numel, dtype=torch.float32, device=device)
-        call = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+        call = lambda: dist.all_reduce(buf, group=group)
     else:
         out = torch.empty(numel, dtype=torch.float32, device=device)
         inp = torch.ones(numel // n, dtype=torch.float32, device=device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        call = lambda: gather(out, inp, group=group)  # noqa: E731
+        call = lambda: gather(out, inp, group=group)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         call()

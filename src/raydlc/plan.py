@@ -315,7 +315,7 @@ def _pow2_floor(n: int) -> int:
 def recommend(plans: dict[str, StrategyPlan], layout: Layout, micro_batch: int) -> dict[str, Any]:
     """HSDP when it fits and is faster (it crosses the node boundary less); FSDP otherwise."""
     f, h = plans["fsdp"], plans["hsdp"]
-    gb = lambda n: f"{n / GB:.2f} GB"  # noqa: E731
+    gb = lambda n: f"{n / GB:.2f} GB"
     if layout.nodes == 1:
         choice, reason = "fsdp", "one node: HSDP's replicate group would have a single member, so it is FSDP"
     elif not h.fits:

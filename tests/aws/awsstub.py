@@ -49,7 +49,7 @@ class Answer:
             f"before-call.{self.service}.{self.operation}": self._answer,
         }
 
-    def on(self, client: Any) -> "Answer":
+    def on(self, client: Any) -> Answer:
         for event, handler in self.events().items():
             client.meta.events.register(event, handler)
         return self

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from awsstub import Quotas
 
 import raydlc.aws
-
-from awsstub import Quotas
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from awsstub import aws_error  # type: ignore[import-not-found]
 from botocore.awsrequest import AWSResponse
 
 from raydlc import aws
 from raydlc.errors import CredentialsError, InputError
-
-from awsstub import aws_error  # type: ignore[import-not-found]
 
 
 def test_session_without_credentials_fails_before_any_call(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> None:

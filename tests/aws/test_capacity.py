@@ -15,16 +15,16 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from awsstub import Answer, Quotas  # type: ignore[import-not-found]
 
 from raydlc import capacity as cap
 from raydlc.capacity import InstanceFacts, QuotaValue, Signal, Signals, SubnetFacts, Zone
 from raydlc.cli import main
-
-from awsstub import Answer, Quotas  # type: ignore[import-not-found]
 
 G = "L-DB2E81BA"
 G_SPOT = "L-3819A6DF"

@@ -1,7 +1,8 @@
 """Everything the cluster needs, rendered from the one Config as data; YAML only at the edge.
 
-`render_all` is pure: it returns {relative filename: document} and raises a RaydlcError before
-anything is written when the config cannot be rendered. `write` is the edge: it stages every
+`render_all` is pure: it returns {relative filename: document}, each checked against the schema
+the package carries for its kind, and raises a RaydlcError naming the field path before anything
+is written when the config cannot be rendered or a document would be rejected. `write` is the edge: it stages every
 file under a temporary name first and renames them only when all are written, so a failure
 never leaves half a manifest (or half a set) behind.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from raydlc import schemas
 from raydlc.config import Config
 from raydlc.errors import InputError
 
@@ -50,6 +52,8 @@ def render_all(
         out[FILES["rayjob"]] = render_rayjob(cfg)
     if only in (None, "netpol"):
         out[FILES["netpol"]] = render_netpol(cfg)
+    for name, doc in out.items():
+        schemas.check(name, doc)
     return out
 
 

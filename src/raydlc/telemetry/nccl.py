@@ -704,9 +704,8 @@ class NcclParser:
             return None  # sockets on purpose
         plugins = {p.plugin for p in list(self.procs.values()) + [self.glob] if p.plugin}
         ofi = any(x == "aws-ofi-nccl" or "libfabric" in x.lower() for x in plugins)
-        if ofi or any(p.provider for p in list(self.procs.values()) + [self.glob]):
-            if self._landed_socket():
-                return "efa"
+        if (ofi or any(p.provider for p in list(self.procs.values()) + [self.glob])) and self._landed_socket():
+            return "efa"
         if self.plugin_failed:
             texts = " ".join(e.text.lower() for e in self.failures)
             ofi = any(p.plugin == "aws-ofi-nccl" for p in self.procs.values()) or "ofi" in texts or "libfabric" in texts

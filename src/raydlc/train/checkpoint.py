@@ -131,7 +131,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(directory: Path, model: "nn.Module", optimizer: "torch.optim.Optimizer", *, step: int, rank: int, world_size: int, extra: dict[str, Any], meta: dict[str, Any]) -> None:
+def save(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, rank: int, world_size: int, extra: dict[str, Any], meta: dict[str, Any]) -> None:
     """Collective: every rank writes its shards into its own staging `directory`; rank 0 adds the manifest.
 
     Staging directories may be different folders (or machines); the manifest lists the union
@@ -159,7 +159,7 @@ def save(directory: Path, model: "nn.Module", optimizer: "torch.optim.Optimizer"
         os.replace(tmp, directory / MANIFEST)
 
 
-def load(directory: str | Path, model: "nn.Module", optimizer: "torch.optim.Optimizer", *, rank: int) -> dict[str, Any]:
+def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> dict[str, Any]:
     """Verify, then load model + optimizer shards (resharding if the world size changed) and this rank's extras."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -180,7 +180,7 @@ def load(directory: str | Path, model: "nn.Module", optimizer: "torch.optim.Opti
     return extra
 
 
-def export_hf(model: "nn.Module", out_dir: Path, *, rank: int, tokenizer: Any, dtype: "torch.dtype | None" = None) -> None:
+def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
     """Collective: gather the full weights to rank 0 and write safetensors + config + tokenizer."""
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -182,7 +182,7 @@ class Packed:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def take(self, idx: Sequence[int] | np.ndarray) -> "Packed":
+    def take(self, idx: Sequence[int] | np.ndarray) -> Packed:
         idx = np.asarray(idx, dtype=np.int64)
         return Packed(self.input_ids[idx], self.labels[idx])
 

@@ -70,7 +70,7 @@ def resolve_sharding(
     num_nodes: int,
     gpus_per_node: int,
     *,
-    model: "ModelSpec | None" = None,
+    model: ModelSpec | None = None,
     seq_len: int = 128,
     micro_batch: int = 1,
     instance_type: str | None = None,

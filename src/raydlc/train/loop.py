@@ -98,7 +98,7 @@ class TorchrunSession:
     def device(self) -> Any:
         import torch
 
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
     def fetch(self, data: Any) -> Any:
         return data
@@ -297,6 +297,6 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
             (out / "summary.json").write_text(json.dumps(mx.summarize(history), indent=1))
             publish(out, run_dir)
     # bf16 on gloo aborts at exit unless every rank drops its FSDP state before the group goes.
-    del model, optimizer
+    model = optimizer = None
     gc.collect()
     dist.barrier()

@@ -96,7 +96,7 @@ def qwen2_config(spec: ModelSpec, **overrides: Any) -> Any:
     return Qwen2Config(**kw)
 
 
-def build_model(spec: ModelSpec, *, device: str | "torch.device" = "cpu", dtype: "torch.dtype | None" = None, seed: int | None = 0) -> "nn.Module":
+def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, seed: int | None = 0) -> nn.Module:
     """A randomly initialised Qwen2 causal LM; `device="meta"` builds shapes only (no memory)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -108,7 +108,7 @@ def build_model(spec: ModelSpec, *, device: str | "torch.device" = "cpu", dtype:
     return model
 
 
-def load_pretrained(model_id: str, *, dtype: "torch.dtype | None" = None) -> "nn.Module":
+def load_pretrained(model_id: str, *, dtype: torch.dtype | None = None) -> nn.Module:
     """Real weights from a hub id or a local directory; offline hub ids fail at once."""
     import os
 
@@ -131,19 +131,19 @@ def load_pretrained(model_id: str, *, dtype: "torch.dtype | None" = None) -> "nn
         ) from e
 
 
-def decoder_layers(model: "nn.Module") -> list["nn.Module"]:
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(model.model.layers)  # type: ignore[attr-defined]
 
 
 def apply_fsdp(
-    model: "nn.Module",
+    model: nn.Module,
     *,
     mesh: Any = None,
-    param_dtype: "torch.dtype | None" = None,
-    reduce_dtype: "torch.dtype | None" = None,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
     reshard_after_forward: bool = True,
     activation_checkpointing: bool = False,
-) -> "nn.Module":
+) -> nn.Module:
     """FSDP2: one `fully_shard` per decoder block, then the root (torchtitan's layout).
 
     Per-block units let all-gathers of block i+1 overlap compute of block i; the root unit
