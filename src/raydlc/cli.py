@@ -197,7 +197,9 @@ def capacity(
             why = report.zones[0].reason if report.zones else "no Availability Zone could be read"
             err_console.print(f"no AZ can take the GPU nodes: {why}", highlight=False)
     else:
-        cap.print_report(report, console)
+        from raydlc.views.capacity import print_report
+
+        print_report(report, console)
     if report.best_zone is None or (report.probe is not None and report.probe.outcome != "available"):
         raise typer.Exit(3)
 
@@ -247,7 +249,7 @@ def nccl(
             doc["expect"], doc["expect_ok"] = expect, ok
         emit_json(doc)
     else:
-        from raydlc.telemetry.view import render
+        from raydlc.views.nccl import render
 
         render(report, console, expect)
     if not ok:
@@ -285,7 +287,9 @@ def plan_cmd(
     if json_:
         emit_json(result.to_dict())
         return
-    planner.print_plan(result, console)
+    from raydlc.views.plan import print_plan
+
+    print_plan(result, console)
 
 
 @app.command("preflight")
@@ -315,7 +319,9 @@ def preflight_cmd(
     if json_:
         emit_json(report.to_dict())
     else:
-        preflight.print_report(report, console)
+        from raydlc.views.preflight import print_report
+
+        print_report(report, console)
     if not report.ok:
         for f in report.findings:
             if f.level == "fail":
