@@ -507,7 +507,7 @@ def _read_file(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError([f"config file {path}: not valid YAML ({e})"]) from e
+        raise ConfigError([f"config file {path}: not valid YAML ({' '.join(str(e).split())})"]) from e
     if data is None:
         return {}
     if not isinstance(data, dict):

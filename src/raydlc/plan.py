@@ -366,8 +366,8 @@ def layout_for(
     if gbps is None:
         raise InputError("no network bandwidth known for this layout",
                          hint="pass --network-gbps or a known instance type (GPU_NODE_TYPE)")
-    if gbps <= 0:
-        raise InputError(f"network bandwidth must be positive, got {gbps:g} Gb/s", hint="pass --network-gbps 40 for 40 Gb/s")
+    if not (math.isfinite(gbps) and gbps > 0):
+        raise InputError(f"network bandwidth must be positive and finite, got {gbps:g} Gb/s", hint="pass --network-gbps 40 for 40 Gb/s")
     return Layout(
         nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu_key, network_gbps=float(gbps),
         efa=bool(it.efa_interfaces) if it else True, nvlink=bool(it and it.family.startswith("p")),
@@ -392,6 +392,9 @@ def plan(
     if seq_len < 1 or micro_batch < 1:
         raise InputError(f"sequence length and micro-batch must be at least 1, got {seq_len} and {micro_batch}",
                          hint="pass --seq-len L --micro-batch B with L, B >= 1")
+    if seq_len > spec.max_position_embeddings:
+        raise InputError(f"--seq-len {seq_len} exceeds {spec.name}'s {spec.max_position_embeddings} positions",
+                         hint=f"pass --seq-len {spec.max_position_embeddings} or less")
     capacity = int(catalog.GPUS[layout.gpu].memory_gib * (1 << 30))
     plans = {
         s: _strategy_plan(spec, s, layout, policy, seq_len, micro_batch, activation_checkpointing, capacity, assumptions)

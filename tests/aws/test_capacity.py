@@ -161,13 +161,13 @@ def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, q
 
 
 def test_unreachable_region_stops_instead_of_reporting_all_unknown(clients: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.aws import RegionError
+    from raydlc.aws import UnreachableError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    with pytest.raises(RegionError, match="cannot reach"):
+    with pytest.raises(UnreachableError, match="cannot reach"):
         gather(clients, "us-west-2")
 
 

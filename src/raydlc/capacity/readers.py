@@ -36,7 +36,7 @@ def _read(fn: Callable[[], T]) -> Signal[T]:
     """
     try:
         return Signal(value=fn())
-    except (CredentialsError, aws.RegionError):
+    except (CredentialsError, aws.RegionError, aws.UnreachableError):
         raise
     except RaydlcError as e:
         return Signal(unknown=e.message if not e.hint else f"{e.message}; hint: {e.hint}")
