@@ -6,7 +6,6 @@ Commands import the module that does their work inside the function body, so tha
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -424,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point, and the one rule for failures: one line `error: …` (and maybe `  hint: …`), no traceback.
 
     Exit 2 for what the user can fix (config, flags, paths, files), 1 for the world's or the
-    machine's faults, 130 when interrupted; `--debug` (or RAYDLC_DEBUG=1) re-raises instead.
+    machine's faults; typer itself turns Ctrl-C into 130 and a closed stdout into a quiet 1.
+    `--debug` (or RAYDLC_DEBUG=1) re-raises instead.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("RAYDLC_DEBUG") in ("1", "true")
@@ -437,11 +437,6 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err_console.print("aborted")
         return 130
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        err_console.print("interrupted")
-        return 130
     except typer.TyperException as e:  # usage errors from the command-line parser
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as typer shows it
             e.show()  # type: ignore[attr-defined]
@@ -450,10 +445,6 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(InputError(e.format_message(), hint=f"see '{ctx.command_path} --help'" if ctx else None), False)
     except RaydlcError as e:
         return _fail(e, debug)
-    except BrokenPipeError:  # stdout closed early (`raydlc nccl … | head`): nothing more to say
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except OSError as e:
         from raydlc.files import os_error
 

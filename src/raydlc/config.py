@@ -497,6 +497,12 @@ def _cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
     return problems
 
 
+def _label(key: Any) -> str:
+    """A name read from the file, as it can be shown on one line: quoted when it is not plain text."""
+    s = str(key)
+    return s if s and s.isprintable() and s.strip() == s else repr(s)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -552,7 +558,7 @@ def load_config(
         for section, values in data.items():
             if section not in SECTIONS:
                 problems.append(
-                    f"{section} (file {file_path}): unknown section; expected one of {', '.join(SECTIONS)}"
+                    f"{_label(section)} (file {file_path}): unknown section; expected one of {', '.join(SECTIONS)}"
                 )
                 continue
             if values is None:
@@ -567,7 +573,7 @@ def load_config(
                     continue
                 if info is None:
                     known = ", ".join(SECTIONS[section].model_fields)
-                    problems.append(f"{section}.{key} (file {file_path}): unknown field; {section} has {known}")
+                    problems.append(f"{section}.{_label(key)} (file {file_path}): unknown field; {section} has {known}")
                     continue
                 raw[section][key] = value
                 sources[info.env] = "file"

@@ -33,7 +33,8 @@ def _non_finite(obj: Any, path: str = "$") -> str | None:
         return f"{path} = {obj}"
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
     for k, v in items:
-        if found := _non_finite(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k}]"):
+        step = f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{json.dumps(k)}]"
+        if found := _non_finite(v, path + step):
             return found
     return None
 

@@ -28,9 +28,13 @@ class RecordError(ValueError):
 
 
 def _field(loc: tuple[Any, ...]) -> str:
+    """pydantic's error location as a path a person can find in the file: files[".metadata"].sha256."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, str) and part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part)}]"
     return out or "(the document)"
 
 
@@ -42,10 +46,10 @@ def parse(model: type[M], data: Any) -> M:
         err = e.errors()[0]
         where = _field(tuple(err["loc"]))
         if err["type"] == "missing":
-            raise RecordError(f"field {where!r} is missing") from None
+            raise RecordError(f"field '{where}' is missing") from None
         got = err.get("input")
         shown = type(got).__name__ if isinstance(got, (dict, list)) else repr(got)[:80]
-        raise RecordError(f"field {where!r}: {err['msg'][:1].lower()}{err['msg'][1:]}, got {shown}") from None
+        raise RecordError(f"field '{where}': {err['msg'][:1].lower()}{err['msg'][1:]}, got {shown}") from None
 
 
 def read_json(path: str | Path, model: type[M]) -> M:
