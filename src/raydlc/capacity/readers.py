@@ -31,8 +31,9 @@ T = TypeVar("T")
 def _read(fn: Callable[[], T]) -> Signal[T]:
     """A signal from one reader: AWS failures become 'unknown'.
 
-    Bad credentials and an unknown, disabled or unreachable region stop everything instead:
-    every other signal would fail the same way and the report would say nothing.
+    Bad credentials, an unknown or disabled region and an endpoint that cannot be reached stop
+    everything instead: every other signal would fail the same way, and a report of unknowns
+    would read as a verdict about capacity.
     """
     try:
         return Signal(value=fn())
