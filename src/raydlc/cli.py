@@ -442,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
             e.show()  # type: ignore[attr-defined]
             return 2
         ctx = getattr(e, "ctx", None)
-        return _fail(InputError(e.format_message(), hint=f"see '{ctx.command_path} --help'" if ctx else None), False)
+        usage = InputError(e.format_message(), hint=f"see '{ctx.command_path} --help'" if ctx else None)
+        usage.exit_code = e.exit_code  # 2 for usage errors, as the parser says
+        return _fail(usage, False)
     except RaydlcError as e:
         return _fail(e, debug)
     except OSError as e:
