@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raydlc.config import FIELDS, Config, load_config, parse_assignments, render_yaml_template
+from raydlc.config import FIELDS, RETIRED, Config, load_config, parse_assignments, render_yaml_template
 from raydlc.errors import ConfigError
 
 REFERENCE_ENV_SH = [
@@ -17,9 +17,30 @@ REFERENCE_ENV_SH = [
 ]
 
 
-def test_every_env_sh_variable_has_a_field() -> None:
-    missing = [n for n in REFERENCE_ENV_SH if n not in FIELDS]
+def test_every_env_sh_variable_has_a_field_or_is_refused_with_its_reason() -> None:
+    missing = [n for n in REFERENCE_ENV_SH if n not in FIELDS and n not in RETIRED]
     assert missing == []
+    assert set(RETIRED).isdisjoint(FIELDS)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["env", "file", "set"],
+)
+def test_efa_device_plugin_version_is_refused_because_eksctl_owns_the_plugin(clean_env: Path, where: str) -> None:
+    env, overrides = {}, {}
+    if where == "env":
+        env = {"RAYDLC_EFA_DEVICE_PLUGIN_VERSION": "v0.5.32"}
+    elif where == "file":
+        (clean_env / "raydlc.yaml").write_text("images:\n  efa_device_plugin_version: v0.5.32\n")
+    else:
+        overrides = parse_assignments(["EFA_DEVICE_PLUGIN_VERSION=v0.5.32"])
+    with pytest.raises(ConfigError) as ei:
+        load_config(env=env, overrides=overrides)
+    assert len(ei.value.problems) == 1
+    msg = ei.value.problems[0]
+    assert "efa_device_plugin_version" in msg.lower() and "eksctl owns the EFA device plugin" in msg and "efaEnabled" in msg
+    assert "efa_device_plugin_version" not in render_yaml_template()
 
 
 def test_defaults_are_the_reference_values(clean_env: Path) -> None:

@@ -9,12 +9,18 @@ must not pay for it.
 The standard AWS environment applies unchanged: `AWS_PROFILE`, the credential chain,
 `AWS_ENDPOINT_URL` (and per-service `AWS_ENDPOINT_URL_EC2`, …), `AWS_MAX_ATTEMPTS` and
 `AWS_RETRY_MODE`.
+
+A CLI must not wait minutes on a network that does not answer: each call has a budget
+(`CALL_BUDGET_S`, retries and their back-off counted in), and an attempt that could not finish
+within it is not started. An endpoint that cannot be reached is `UnreachableError` (exit 1),
+naming the endpoint — never mistaken for an answer about the account.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +30,10 @@ if TYPE_CHECKING:
     import boto3
 
 DEFAULT_MAX_ATTEMPTS = 5
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 30
+CONNECT_TIMEOUT_S = 3
+READ_TIMEOUT_S = 8
+# One call, every attempt and back-off included: a black-hole endpoint fails after two attempts.
+CALL_BUDGET_S = 20
 
 _IAM_PREFIX = {"service-quotas": "servicequotas", "ec2": "ec2", "eks": "eks", "pricing": "pricing", "sts": "sts"}
 _DENIED = {
@@ -70,9 +78,42 @@ class UnsupportedError(AwsCallError):
 
 
 class RegionError(AwsCallError):
-    """The region is unknown, not enabled for the account, or unreachable."""
+    """The region is unknown or not enabled for the account."""
 
     exit_code = 2
+
+
+class UnreachableError(AwsCallError):
+    """No answer from the endpoint: refused, timed out, or the call's time budget spent."""
+
+
+class _OutOfTime(Exception):
+    """Raised inside botocore before an attempt that could not finish within `CALL_BUDGET_S`."""
+
+    def __init__(self, endpoint: str, elapsed: float, attempts: int) -> None:
+        super().__init__(f"no answer from {endpoint} within {elapsed:.0f} s ({attempts} attempts)")
+        self.endpoint, self.elapsed, self.attempts = endpoint, elapsed, attempts
+
+
+def _budget(request: Any, **kw: Any) -> None:
+    """`request-created` hook: refuse an attempt that would end past the call's budget.
+
+    botocore keeps one context dict per call across its retries, so the first attempt's start
+    time is kept there; the check runs after the back-off sleep, so that is counted too.
+    """
+    ctx = request.context
+    now = time.monotonic()
+    start = ctx.setdefault("raydlc_started", now)
+    attempt = int((ctx.get("retries") or {}).get("attempt", 1))
+    if attempt > 1 and now - start + CONNECT_TIMEOUT_S + READ_TIMEOUT_S > CALL_BUDGET_S:
+        raise _OutOfTime(_endpoint(request.url), now - start, attempt - 1)
+
+
+def _endpoint(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else url
 
 
 def _max_attempts() -> int:
@@ -167,14 +208,18 @@ def client(sess: boto3.Session, service: str) -> Any:
         read_timeout=READ_TIMEOUT_S,
         user_agent_extra=f"raydlc/{__version__}",
     )
-    return sess.client(service, config=config)
+    cli = sess.client(service, config=config)
+    cli.meta.events.register("request-created", _budget)
+    return cli
 
 
 def _service(cli: Any) -> str:
     return str(cli.meta.service_model.service_name)
 
 
-def translate(exc: BaseException, *, service: str, operation: str, region: str | None = None) -> RaydlcError:
+def translate(
+    exc: BaseException, *, service: str, operation: str, region: str | None = None, endpoint: str | None = None,
+) -> RaydlcError:
     """The raydlc error for a failed call; the message names the call, the hint says what to do."""
     from botocore import exceptions as bx
     from botocore.parsers import ResponseParserError
@@ -184,6 +229,11 @@ def translate(exc: BaseException, *, service: str, operation: str, region: str |
     where = f" in {region}" if region else ""
     if isinstance(exc, RaydlcError):
         return exc
+    unreachable_hint = "check the network and any proxy; AWS_ENDPOINT_URL, if set, must point at a running endpoint"
+    if isinstance(exc, _OutOfTime):
+        return UnreachableError(
+            f"{what}: could not reach AWS{where}: {exc}", hint=unreachable_hint, service=service, operation=operation,
+        )
     if isinstance(exc, bx.ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code", ""))
@@ -236,17 +286,12 @@ def translate(exc: BaseException, *, service: str, operation: str, region: str |
         )
     if isinstance(exc, bx.NoRegionError):
         return RegionError(f"{what}: no region set", hint="set REGION (or pass --region)", service=service, operation=operation)
-    if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
-        return RegionError(
-            f"{what}: cannot reach the {service} endpoint{where} ({exc})",
-            hint="check REGION and the network; AWS_ENDPOINT_URL, if set, must point at a running endpoint",
-            service=service,
-            operation=operation,
-        )
-    if isinstance(exc, (bx.ReadTimeoutError, bx.ConnectionClosedError, bx.HTTPClientError)):
-        return AwsCallError(
-            f"{what}: the connection failed{where} ({exc})", hint="retry; check the network or proxy",
-            service=service, operation=operation,
+    if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
+                        bx.ConnectionClosedError, bx.HTTPClientError)):
+        at = f" at {endpoint}" if endpoint else ""
+        return UnreachableError(
+            f"{what}: cannot reach the {service} endpoint{at}{where} ({exc})",
+            hint=unreachable_hint, service=service, operation=operation,
         )
     if isinstance(exc, bx.BotoCoreError):
         return AwsCallError(f"{what} failed{where}: {exc}", service=service, operation=operation)
@@ -269,7 +314,7 @@ def _is_aws_error(exc: BaseException) -> bool:
     from botocore import exceptions as bx
     from botocore.parsers import ResponseParserError
 
-    return isinstance(exc, (bx.ClientError, bx.BotoCoreError, ResponseParserError))
+    return isinstance(exc, (bx.ClientError, bx.BotoCoreError, ResponseParserError, _OutOfTime))
 
 
 def _operation(cli: Any, method: str) -> str:
@@ -285,7 +330,8 @@ def call(cli: Any, method: str, **params: Any) -> dict[str, Any]:
     except Exception as e:
         if not _is_aws_error(e):
             raise
-        raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name) from e
+        raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name,
+                        endpoint=cli.meta.endpoint_url) from e
 
 
 def paginate(cli: Any, method: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
@@ -297,4 +343,5 @@ def paginate(cli: Any, method: str, key: str, **params: Any) -> Iterator[dict[st
     except Exception as e:
         if not _is_aws_error(e):
             raise
-        raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name) from e
+        raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name,
+                        endpoint=cli.meta.endpoint_url) from e

@@ -6,6 +6,7 @@ Commands import the module that does their work inside the function body, so tha
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ def _state(ctx: typer.Context) -> State:
     if root.obj is None:
         root.obj = State()
     return root.obj
+
+
+def _finite(value: Any) -> Any:
+    """Float flags (one or repeated): inf and nan parse as floats but mean nothing here."""
+    for v in value if isinstance(value, list) else [value]:
+        if v is not None and not math.isfinite(v):
+            raise typer.BadParameter(f"must be a finite number, got {v}")
+    return value
 
 
 def load(ctx: typer.Context, **flags: Any) -> Config:
@@ -98,11 +107,10 @@ def config_init(
 ) -> None:
     """Write a commented raydlc.yaml with every field at its default."""
     from raydlc.config import render_yaml_template
+    from raydlc.files import check_output_file, write_all
 
-    if path.exists() and not force:
-        raise InputError(f"{path} already exists", hint="pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_yaml_template())
+    check_output_file(path, "config init", force=force)
+    write_all({path: render_yaml_template()}, "config init")
     console.print(f"wrote {path}")
 
 
@@ -144,9 +152,12 @@ def render(
     json_: bool = typer.Option(False, "--json", help="Print JSON: the documents, or the files written."),
 ) -> None:
     """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy from the config."""
+    from raydlc.files import check_output_dir
     from raydlc.render import render_all, to_yaml_stream, write
 
     cfg = load(ctx)
+    if out is not None:
+        check_output_dir(out, "--out")
     zone_list = [z.strip() for z in zones.split(",") if z.strip()] if zones else None
     docs = render_all(cfg, zone_list, only=only)
     if out is not None:
@@ -197,7 +208,9 @@ def capacity(
             why = report.zones[0].reason if report.zones else "no Availability Zone could be read"
             err_console.print(f"no AZ can take the GPU nodes: {why}", highlight=False)
     else:
-        cap.print_report(report, console)
+        from raydlc.views.capacity import print_report
+
+        print_report(report, console)
     if report.best_zone is None or (report.probe is not None and report.probe.outcome != "available"):
         raise typer.Exit(3)
 
@@ -236,7 +249,7 @@ def nccl(
     if expect is not None and expect not in EXPECTABLE:
         raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECTABLE)}")
     if not paths:
-        if sys.stdin.isatty():
+        if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no input given", hint="raydlc nccl PATH|DIR|- (for example: kubectl logs POD | raydlc nccl -)")
         paths = ["-"]
     report = analyze_paths(paths)
@@ -247,7 +260,7 @@ def nccl(
             doc["expect"], doc["expect_ok"] = expect, ok
         emit_json(doc)
     else:
-        from raydlc.telemetry.view import render
+        from raydlc.views.nccl import render
 
         render(report, console, expect)
     if not ok:
@@ -259,9 +272,11 @@ def plan_cmd(
     ctx: typer.Context,
     model: str | None = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
     nodes: int | None = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node (what-if; default GPUS_PER_NODE)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", max=16, help="GPUs per node (what-if; default GPUS_PER_NODE)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
-    network_gbps: float | None = typer.Option(None, "--network-gbps", help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."),
+    network_gbps: float | None = typer.Option(
+        None, "--network-gbps", callback=_finite, help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."
+    ),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
     micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
     policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute) or pure-bf16."),
@@ -285,7 +300,13 @@ def plan_cmd(
     if json_:
         emit_json(result.to_dict())
         return
-    planner.print_plan(result, console)
+    from raydlc.views.plan import print_plan
+
+    print_plan(result, console)
+
+
+MAX_ITERS = 1000
+MAX_SIZE_MIB = 16384
 
 
 @app.command("preflight")
@@ -293,7 +314,9 @@ def preflight_cmd(
     ctx: typer.Context,
     local: bool = typer.Option(False, "--local", help="Run on a local Ray over gloo: figures only, no network verdict."),
     workers: int | None = typer.Option(None, "--workers", help="Workers (one per GPU); default NUM_WORKERS, or 2 with --local."),
-    sizes_mib: list[float] | None = typer.Option(None, "--size-mib", help="Message size in MiB (repeatable); default 0.25/4/32 locally, 1..512 on GPUs."),
+    sizes_mib: list[float] | None = typer.Option(
+        None, "--size-mib", callback=_finite, help="Message size in MiB (repeatable); default 0.25/4/32 locally, 1..512 on GPUs."
+    ),
     iters: int = typer.Option(5, "--iters", help="Timed calls per collective and size."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -303,6 +326,12 @@ def preflight_cmd(
     cfg = load(ctx, NUM_WORKERS=workers)
     if iters < 1 or any(s <= 0 for s in sizes_mib or []):
         raise InputError("--iters and --size-mib must be positive", hint="e.g. --size-mib 4 --size-mib 64 --iters 5")
+    if iters > MAX_ITERS or any(s > MAX_SIZE_MIB for s in sizes_mib or []):
+        raise InputError(
+            f"--iters must be at most {MAX_ITERS} and --size-mib at most {MAX_SIZE_MIB} (16 GiB): "
+            "bus bandwidth saturates far below that",
+            hint="e.g. --size-mib 512 --iters 20",
+        )
     n = workers if workers is not None else ((cfg.train.num_workers or 2) if local else cfg.num_workers)
     if n < 1:
         raise InputError(f"--workers must be at least 1, got {n}", hint="pass --workers 2 for a local run")
@@ -315,7 +344,9 @@ def preflight_cmd(
     if json_:
         emit_json(report.to_dict())
     else:
-        preflight.print_report(report, console)
+        from raydlc.views.preflight import print_report
+
+        print_report(report, console)
     if not report.ok:
         for f in report.findings:
             if f.level == "fail":
@@ -333,7 +364,7 @@ def train(
     out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [default: ./raydlc-out]."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [local default: 128]."),
     batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [local default: 8]."),
-    lr: float | None = typer.Option(None, "--lr", help="AdamW learning rate [local default: 2e-3]."),
+    lr: float | None = typer.Option(None, "--lr", callback=_finite, help="AdamW learning rate [local default: 2e-3]."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint under --out."),
     resume_from: Path | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory."),
@@ -373,6 +404,10 @@ def train(
         address=address,
         preflight=preflight or None,
     )
+    if "://" not in spec.storage_path:  # fail now, not after data preparation and Ray's start
+        from raydlc.files import check_output_dir
+
+        check_output_dir(spec.storage_path, "--out" if out is not None else "STORAGE_PATH")
     prepared = None
     if spec.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
         with err_console.status("preparing data and tokenizer", spinner="dots"):
@@ -385,35 +420,52 @@ def train(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: RaydlcError becomes a message and an exit code, not a traceback."""
-    try:  # typer >= 0.20 vendors click
-        from typer._click.exceptions import ClickException, UsageError
-    except ImportError:  # pragma: no cover
-        from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
+    """Entry point, and the one rule for failures: one line `error: …` (and maybe `  hint: …`), no traceback.
 
+    Exit 2 for what the user can fix (config, flags, paths, files), 1 for the world's or the
+    machine's faults; typer itself turns Ctrl-C into 130 and a closed stdout into a quiet 1.
+    `--debug` (or RAYDLC_DEBUG=1) re-raises instead.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("RAYDLC_DEBUG") in ("1", "true")
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=args, prog_name="raydlc", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
-    except RaydlcError as e:
-        if debug:
-            raise
-        from rich.markup import escape
-
-        err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
-        if e.hint:
-            err_console.print(f"  hint: {escape(e.hint)}", highlight=False)
-        return e.exit_code
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:
         err_console.print("aborted")
         return 130
-    except ClickException as e:
-        e.show()
-        return 2 if isinstance(e, UsageError) else e.exit_code
+    except typer.TyperException as e:  # usage errors from the command-line parser
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as typer shows it
+            e.show()  # type: ignore[attr-defined]
+            return 2
+        ctx = getattr(e, "ctx", None)
+        usage = InputError(e.format_message(), hint=f"see '{ctx.command_path} --help'" if ctx else None)
+        usage.exit_code = e.exit_code  # 2 for usage errors, as the parser says
+        return _fail(usage, False)
+    except RaydlcError as e:
+        return _fail(e, debug)
+    except OSError as e:
+        from raydlc.files import os_error
+
+        return _fail(os_error(e), debug, cause=e)
+    except UnicodeDecodeError as e:
+        return _fail(InputError(f"input is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"), debug, cause=e)
+
+
+def _fail(e: RaydlcError, debug: bool, cause: BaseException | None = None) -> int:
+    if debug:
+        if cause is not None:
+            raise e from cause
+        raise e
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
+    if e.hint:
+        err_console.print(f"  hint: {escape(e.hint)}", highlight=False)
+    return e.exit_code
 
 
 def run() -> None:

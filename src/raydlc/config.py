@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
 from raydlc import catalog
 from raydlc.errors import ConfigError
@@ -31,10 +31,41 @@ Source = Literal["default", "file", "env", "flag"]
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 _K8S = re.compile(r"^1\.\d{2}$")
+_AZ = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d[a-z]$")
+# family.size: g6.12xlarge, p5en.48xlarge, u-6tb1.metal, m7i-flex.large, c7i.metal-24xl
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*\.[a-z0-9]+(-[a-z0-9]+)*$")
+# [registry[:port]/]path[:tag][@digest], as container runtimes parse an image reference
+_IMAGE = re.compile(
+    r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::\d+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_SEMVER = re.compile(r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+_PY_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?[0-9A-Za-z]+)*$")
+_NCCL_NET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# A number with no bound of its own still gets one: a 26-digit node count is a typo, not a plan.
+INT_MAX = 2**31 - 1
+INT_MAX_WHY = "the largest 32-bit integer, the most Kubernetes and most tools accept"
+EKS_NODEGROUP_MAX = 450  # EKS's default quota "Nodes per managed node group"
+DAY_S = 24 * 3600
+
+# env.sh names raydlc refuses, with the reason: setting them would otherwise be silently ignored.
+RETIRED: dict[str, str] = {
+    "EFA_DEVICE_PLUGIN_VERSION": (
+        "eksctl owns the EFA device plugin (`efaEnabled: true` installs the version that eksctl release pins) "
+        "and raydlc installs no EFA chart; unset it (to change the plugin, change eksctl)"
+    ),
+}
 
 
-def _env(name: str, help: str, **kw: Any) -> Any:
-    return Field(description=help, json_schema_extra={"env": name}, **kw)
+def _env(name: str, help: str, *, le: float | None = None, why: str | None = None, **kw: Any) -> Any:
+    """A field with its env.sh name; `le`/`why`: its upper bound and the reason the error states."""
+    extra: dict[str, Any] = {"env": name}
+    if le is not None:
+        extra["le"], extra["le_why"] = le, why or ""
+    return Field(description=help, json_schema_extra=extra, **kw)
 
 
 def _dns1123(value: str, max_len: int = 63) -> str:
@@ -46,8 +77,40 @@ def _dns1123(value: str, max_len: int = 63) -> str:
     return value
 
 
+def _shape(pattern: re.Pattern[str], what: str, value: str) -> str:
+    if not pattern.match(value):
+        raise ValueError(f"must be {what}, got {value!r}")
+    return value
+
+
+def zone_problem(zone: str, region: str) -> str | None:
+    """Why `zone` is not an Availability Zone of `region`; None when it is. The one AZ check."""
+    if not _AZ.match(zone):
+        return f"must be an Availability Zone name such as '{region}a', got {zone!r}"
+    if not (zone.startswith(region) and len(zone) == len(region) + 1):
+        return f"{zone!r} is not in region {region!r} (REGION)"
+    return None
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=True)
+    """Rules every field gets for free: floats finite, numbers bounded, strings free of control characters."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _every_field(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, str) and _CONTROL.search(v):
+            raise ValueError(f"must not contain control characters (newlines, tabs, NUL), got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        extra = cls.model_fields[str(info.field_name)].json_schema_extra or {}
+        assert isinstance(extra, dict)
+        le = extra.get("le", INT_MAX if isinstance(v, int) else None)
+        if le is not None and v > le:  # type: ignore[operator]
+            why = extra.get("le_why", INT_MAX_WHY if "le" not in extra else "")
+            raise ValueError(f"must be at most {le:,}" + (f" ({why})" if why else "") + f", got {v}")
+        return v
 
 
 class ClusterConfig(_Section):
@@ -87,9 +150,19 @@ class ClusterConfig(_Section):
 
 class SystemNodesConfig(_Section):
     instance_type: str = _env("SYSTEM_NODE_TYPE", "instance type of the CPU system node group", default="m7i.xlarge")
-    count: int = _env("SYSTEM_NODE_COUNT", "number of system nodes (KubeRay operator, Ray head)", default=1)
+    count: int = _env(
+        "SYSTEM_NODE_COUNT", "number of system nodes (KubeRay operator, Ray head)", default=1,
+        le=EKS_NODEGROUP_MAX, why="EKS's default quota of nodes per managed node group",
+    )
     nodegroup_name: str = _env("SYSTEM_NODEGROUP_NAME", "name of the system node group", default="system")
-    volume_size_gb: int = _env("SYSTEM_VOLUME_SIZE", "root volume of each system node, GiB", default=80)
+    volume_size_gb: int = _env(
+        "SYSTEM_VOLUME_SIZE", "root volume of each system node, GiB", default=80, le=16384, why="16 TiB"
+    )
+
+    @field_validator("instance_type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        return _shape(_INSTANCE_TYPE, "an EC2 instance type (family.size, e.g. 'm7i.xlarge')", v)
 
     @field_validator("count")
     @classmethod
@@ -113,14 +186,22 @@ class SystemNodesConfig(_Section):
 
 class GpuNodesConfig(_Section):
     instance_type: str = _env("GPU_NODE_TYPE", "instance type of the EFA GPU node group", default="g6.12xlarge")
-    count: int = _env("GPU_NODE_COUNT", "number of GPU nodes", default=2)
-    gpus_per_node: int = _env("GPUS_PER_NODE", "GPUs on each GPU node; must match the instance type", default=4)
+    count: int = _env(
+        "GPU_NODE_COUNT", "number of GPU nodes", default=2,
+        le=EKS_NODEGROUP_MAX, why="EKS's default quota of nodes per managed node group",
+    )
+    gpus_per_node: int = _env(
+        "GPUS_PER_NODE", "GPUs on each GPU node; must match the instance type", default=4,
+        le=16, why="no EC2 instance type has more",
+    )
     nodegroup_name: str = _env("GPU_NODEGROUP_NAME", "name of the GPU node group", default="gpu-workers")
     az: str | None = _env(
         "GPU_AZ", "the one Availability Zone of the GPU nodes (EFA cannot cross AZs); empty = discover",
         default=None,
     )
-    volume_size_gb: int = _env("GPU_VOLUME_SIZE", "root volume of each GPU node, GiB (the DLC image is large)", default=200)
+    volume_size_gb: int = _env(
+        "GPU_VOLUME_SIZE", "root volume of each GPU node, GiB (the DLC image is large)", default=200, le=16384, why="16 TiB"
+    )
     taint: bool = _env("GPU_TAINT", "taint GPU nodes so only pods that tolerate it land there", default=True)
 
     @field_validator("count", "gpus_per_node")
@@ -140,6 +221,16 @@ class GpuNodesConfig(_Section):
     def _az(cls, v: Any) -> Any:
         return None if v in ("", None) else v
 
+    @field_validator("az")
+    @classmethod
+    def _az_shape(cls, v: str | None) -> str | None:
+        return None if v is None else _shape(_AZ, "an Availability Zone name such as 'us-east-2a'", v)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        return _shape(_INSTANCE_TYPE, "an EC2 instance type (family.size, e.g. 'g6.12xlarge')", v)
+
     @field_validator("volume_size_gb")
     @classmethod
     def _vol(cls, v: int) -> int:
@@ -158,9 +249,21 @@ class ImagesConfig(_Section):
     nvidia_device_plugin_version: str = _env(
         "NVIDIA_DEVICE_PLUGIN_VERSION", "NVIDIA device plugin chart version", default="0.20.0"
     )
-    efa_device_plugin_version: str = _env(
-        "EFA_DEVICE_PLUGIN_VERSION", "EFA device plugin chart version", default="v0.5.32"
-    )
+
+    @field_validator("dlc_image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        return _shape(_IMAGE, "an image reference ([registry/]repository[:tag][@digest])", v)
+
+    @field_validator("kuberay_version", "nvidia_device_plugin_version")
+    @classmethod
+    def _chart(cls, v: Any) -> str:
+        return _shape(_SEMVER, "a chart version such as '1.7.0'", str(v))
+
+    @field_validator("ray_version")
+    @classmethod
+    def _ray(cls, v: Any) -> str:
+        return _shape(_PY_VERSION, "a Ray version such as '2.58.0'", str(v))
 
 
 class RayConfig(_Section):
@@ -171,14 +274,17 @@ class RayConfig(_Section):
         default="Libfabric",
     )
     job_deadline_s: int = _env(
-        "JOB_DEADLINE_S", "RayJob activeDeadlineSeconds: a cost guardrail for one job", default=4 * 3600
+        "JOB_DEADLINE_S", "RayJob activeDeadlineSeconds: a cost guardrail for one job", default=4 * 3600,
+        le=30 * DAY_S, why="30 days",
     )
     job_name: str = _env("RAY_JOB_NAME", "name of the RayJob resource (its cluster is named after it)", default="ray-train-job")
     job_ttl_s: int = _env(
-        "JOB_TTL_S", "RayJob ttlSecondsAfterFinished: how long a finished job's cluster stays for logs", default=600
+        "JOB_TTL_S", "RayJob ttlSecondsAfterFinished: how long a finished job's cluster stays for logs", default=600,
+        le=30 * DAY_S, why="30 days",
     )
     job_backoff_limit: int = _env(
-        "JOB_BACKOFF_LIMIT", "RayJob backoffLimit: whole-job retries, each on a fresh cluster", default=0
+        "JOB_BACKOFF_LIMIT", "RayJob backoffLimit: whole-job retries, each on a fresh cluster", default=0,
+        le=100, why="each retry starts a fresh cluster",
     )
     submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = _env(
         "JOB_SUBMISSION_MODE", "how KubeRay submits a RayJob: a submitter pod, the operator over HTTP, or a head sidecar",
@@ -214,6 +320,11 @@ class RayConfig(_Section):
     @classmethod
     def _net(cls, v: Any) -> Any:
         return None if v in ("", None) else v
+
+    @field_validator("nccl_net")
+    @classmethod
+    def _net_shape(cls, v: str | None) -> str | None:
+        return None if v is None else _shape(_NCCL_NET, "an NCCL net name such as 'Libfabric'", v)
 
     @field_validator("job_deadline_s")
     @classmethod
@@ -362,12 +473,8 @@ def _cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
     """Rules that need more than one field; each names the field the user should change."""
     problems: list[tuple[str, str]] = []
     gpu = cfg.gpu_nodes
-    az = gpu.az
-    if az is not None:
-        if not re.fullmatch(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d[a-z]", az):
-            problems.append(("GPU_AZ", f"must be an Availability Zone name such as '{cfg.cluster.region}a', got {az!r}"))
-        elif not (az.startswith(cfg.cluster.region) and len(az) == len(cfg.cluster.region) + 1):
-            problems.append(("GPU_AZ", f"{az!r} is not in region {cfg.cluster.region!r} (REGION)"))
+    if gpu.az is not None and (why := zone_problem(gpu.az, cfg.cluster.region)):
+        problems.append(("GPU_AZ", why))
     it = cfg.gpu_instance
     if it is not None:
         if it.gpus == 0:
@@ -390,15 +497,23 @@ def _cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
     return problems
 
 
+def _label(key: Any) -> str:
+    """A name read from the file, as it can be shown on one line: quoted when it is not plain text."""
+    s = str(key)
+    return s if s and s.isprintable() and s.strip() == s else repr(s)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError([f"config file {path}: cannot read it ({e.strerror or e})"]) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"config file {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"]) from e
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError([f"config file {path}: not valid YAML ({e})"]) from e
+        raise ConfigError([f"config file {path}: not valid YAML ({' '.join(str(e).split())})"]) from e
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -443,7 +558,7 @@ def load_config(
         for section, values in data.items():
             if section not in SECTIONS:
                 problems.append(
-                    f"{section} (file {file_path}): unknown section; expected one of {', '.join(SECTIONS)}"
+                    f"{_label(section)} (file {file_path}): unknown section; expected one of {', '.join(SECTIONS)}"
                 )
                 continue
             if values is None:
@@ -453,14 +568,18 @@ def load_config(
                 continue
             for key, value in values.items():
                 info = _BY_PATH.get((section, key))
+                if info is None and str(key).upper() in RETIRED:
+                    problems.append(f"{section}.{key} (file {file_path}): not a setting: {RETIRED[str(key).upper()]}")
+                    continue
                 if info is None:
                     known = ", ".join(SECTIONS[section].model_fields)
-                    problems.append(f"{section}.{key} (file {file_path}): unknown field; {section} has {known}")
+                    problems.append(f"{section}.{_label(key)} (file {file_path}): unknown field; {section} has {known}")
                     continue
                 raw[section][key] = value
                 sources[info.env] = "file"
                 origins[info.env] = f"file {file_path}"
 
+    problems += [f"{name} (env {ENV_PREFIX}{name}): not a setting: {why}" for name, why in RETIRED.items() if ENV_PREFIX + name in env]
     for info in FIELDS.values():
         if info.env_var in env:
             raw[info.section][info.key] = env[info.env_var].strip()
@@ -471,6 +590,9 @@ def load_config(
         if value is None:
             continue
         info = FIELDS.get(name.upper())
+        if info is None and name.upper() in RETIRED:
+            problems.append(f"{name} (flag): not a setting: {RETIRED[name.upper()]}")
+            continue
         if info is None:
             problems.append(f"{name} (flag): unknown setting; see `raydlc config show` for the names")
             continue

@@ -38,6 +38,10 @@ class ConfigError(InputError):
         super().__init__(f"{head}{sep}{body}", hint=hint)
 
 
+class MachineError(RaydlcError):
+    """The machine failed us (disk full, I/O error, out of file handles), not the input."""
+
+
 class ToolMissingError(RaydlcError):
     """An external program (eksctl, helm, kubectl) is not on PATH."""
 

@@ -366,8 +366,8 @@ def layout_for(
     if gbps is None:
         raise InputError("no network bandwidth known for this layout",
                          hint="pass --network-gbps or a known instance type (GPU_NODE_TYPE)")
-    if gbps <= 0:
-        raise InputError(f"network bandwidth must be positive, got {gbps:g} Gb/s", hint="pass --network-gbps 40 for 40 Gb/s")
+    if not (math.isfinite(gbps) and gbps > 0):
+        raise InputError(f"network bandwidth must be positive and finite, got {gbps:g} Gb/s", hint="pass --network-gbps 40 for 40 Gb/s")
     return Layout(
         nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu_key, network_gbps=float(gbps),
         efa=bool(it.efa_interfaces) if it else True, nvlink=bool(it and it.family.startswith("p")),
@@ -392,6 +392,9 @@ def plan(
     if seq_len < 1 or micro_batch < 1:
         raise InputError(f"sequence length and micro-batch must be at least 1, got {seq_len} and {micro_batch}",
                          hint="pass --seq-len L --micro-batch B with L, B >= 1")
+    if seq_len > spec.max_position_embeddings:
+        raise InputError(f"--seq-len {seq_len} exceeds {spec.name}'s {spec.max_position_embeddings} positions",
+                         hint=f"pass --seq-len {spec.max_position_embeddings} or less")
     capacity = int(catalog.GPUS[layout.gpu].memory_gib * (1 << 30))
     plans = {
         s: _strategy_plan(spec, s, layout, policy, seq_len, micro_batch, activation_checkpointing, capacity, assumptions)
@@ -437,44 +440,3 @@ def recommend_sharding(
         network_gbps = 40.0
     layout = layout_for(nodes, gpus_per_node, gpu=gpu, instance_type=instance_type, network_gbps=network_gbps)
     return plan(spec, layout, seq_len=seq_len, micro_batch=micro_batch, policy=policy).recommendation["strategy"]
-
-
-def print_plan(p: Plan, console: Any) -> None:
-    """Tables for people: memory by component for both strategies, then time and the recommendation."""
-    from rich.table import Table
-
-    def gb(n: float) -> str:
-        return f"{n / GB:.2f} GB"
-
-    lay = p.layout
-    console.print(
-        f"[bold]{p.model}[/] ({p.params:,} parameters), {p.policy}, {lay['nodes']} x {lay['gpus_per_node']} "
-        f"{lay['gpu_name']} ({gb(p.gpu_memory_bytes)}), {lay['network_gbps']:g} Gb/s "
-        f"{'EFA' if lay['efa'] else 'TCP'}, seq {p.seq_len} x micro-batch {p.micro_batch}"
-        f"{', activation checkpointing' if p.activation_checkpointing else ''}"
-    )
-    mem = Table(title="per-GPU memory")
-    mem.add_column("component")
-    for s in p.strategies.values():
-        mem.add_column(f"{s.strategy} (shard {s.shard_size})", justify="right")
-    for key in p.per_gpu_bytes:
-        mem.add_row(key, *(gb(s.per_gpu_bytes[key]) for s in p.strategies.values()))
-    mem.add_row("fits", *("yes" if s.fits else "[red]no[/]" for s in p.strategies.values()))
-    mem.add_row("largest micro-batch", *(str(s.max_micro_batch) for s in p.strategies.values()))
-    console.print(mem)
-    step = Table(title="per step")
-    step.add_column("")
-    for s in p.strategies.values():
-        step.add_column(s.strategy, justify="right")
-    rows = [
-        ("received per GPU", lambda s: gb(s.traffic_bytes_per_step["per_gpu"])),
-        ("across the network per node", lambda s: gb(s.traffic_bytes_per_step["cross_node_per_node"])),
-        ("compute", lambda s: f"{s.step_time_s['compute']:.3f} s"),
-        ("step (EFA)", lambda s: f"{s.step_time_s['efa']['estimate']:.3f} s ({s.step_time_s['efa']['bound']})"),
-        ("step (TCP)", lambda s: f"{s.step_time_s['tcp']['estimate']:.3f} s ({s.step_time_s['tcp']['bound']})"),
-    ]
-    for label, fn in rows:
-        step.add_row(label, *(fn(s) for s in p.strategies.values()))
-    console.print(step)
-    r = p.recommendation
-    console.print(f"[bold]recommended:[/] {r['strategy']}, micro-batch {r['micro_batch']}: {r['reason']}; {r['micro_batch_reason']}")

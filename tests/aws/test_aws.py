@@ -122,15 +122,16 @@ def test_operation_moto_lacks_is_unsupported_not_a_crash(aws_env: str) -> None:
     assert aws_env in (e.value.hint or "")
 
 
-def test_unreachable_endpoint_is_a_region_error(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_endpoint_is_an_error_naming_it_exit_1(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:  # a port nobody listens on once closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     ec2 = aws.client(aws.session("us-west-2"), "ec2")
-    with pytest.raises(aws.RegionError, match="cannot reach the ec2 endpoint in us-west-2"):
+    with pytest.raises(aws.UnreachableError, match=f"cannot reach the ec2 endpoint at http://127.0.0.1:{port} in us-west-2") as e:
         aws.call(ec2, "describe_availability_zones")
+    assert e.value.exit_code == 1  # the network's fault, not the user's input
 
 
 class _Raw:

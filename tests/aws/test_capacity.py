@@ -161,13 +161,13 @@ def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, q
 
 
 def test_unreachable_region_stops_instead_of_reporting_all_unknown(clients: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.aws import RegionError
+    from raydlc.aws import UnreachableError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    with pytest.raises(RegionError, match="cannot reach"):
+    with pytest.raises(UnreachableError, match="cannot reach"):
         gather(clients, "us-west-2")
 
 
@@ -417,7 +417,7 @@ def test_cli_probe_reserves_in_the_best_zone_and_reports_cost(
 
 
 def _run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    src = str(Path(cap.__file__).resolve().parents[1])
+    src = str(Path(cap.__file__).resolve().parents[2])
     full = {**env, "PYTHONPATH": os.pathsep.join([src, env.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "raydlc.cli", *args], capture_output=True, text=True, env=full, timeout=120)
 
@@ -454,5 +454,5 @@ def test_no_credentials_fails_before_any_call(aws_env: str) -> None:
 def test_cli_start_does_not_import_boto3(tmp_path: Path) -> None:
     code = "import sys; from raydlc.cli import main; main(['capacity', '--help']); print('boto3' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(Path(cap.__file__).resolve().parents[1])})
+                       env={**os.environ, "PYTHONPATH": str(Path(cap.__file__).resolve().parents[2])})
     assert r.stdout.strip().endswith("False"), r.stdout[-300:]

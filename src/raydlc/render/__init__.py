@@ -10,7 +10,6 @@ never leaves half a manifest (or half a set) behind.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 from raydlc import schemas
 from raydlc.config import Config
 from raydlc.errors import InputError
+from raydlc.files import write_all
 
 FILES = {
     "eksctl": "eksctl-cluster.yaml",
@@ -82,23 +82,6 @@ def to_yaml_stream(docs: dict[str, dict[str, Any]]) -> str:
 
 
 def write(docs: dict[str, dict[str, Any]], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write each document under out_dir; returns the paths written."""
+    """Write each document under out_dir, every file or none (`raydlc.files.write_all`); returns the paths."""
     root = Path(out_dir)
-    if root.exists() and not root.is_dir():
-        raise InputError(f"--out {root}: exists and is not a directory", hint="pass a directory path")
-    texts = {root / name: to_yaml(doc) for name, doc in docs.items()}
-    staged: dict[Path, str] = {}
-    try:
-        for path, text in texts.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            staged[path] = tmp
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-    except BaseException:
-        for tmp in staged.values():
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    for path, tmp in staged.items():
-        os.replace(tmp, path)
-    return list(staged)
+    return write_all({root / name: to_yaml(doc) for name, doc in docs.items()}, "--out")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from raydlc.config import Config
+from raydlc.config import Config, zone_problem
 from raydlc.errors import InputError
 from raydlc.render import nodes
 
@@ -26,12 +26,9 @@ def availability_zones(cfg: Config, zones: Sequence[str] | None) -> tuple[list[s
     """(cluster AZs, the one GPU AZ) from GPU_AZ and the capacity answer (AZs offering the type, best first)."""
     offered = list(dict.fromkeys(zones or []))
     region = cfg.cluster.region
-    stray = [z for z in offered if not (z.startswith(region) and len(z) == len(region) + 1)]
-    if stray:
-        raise InputError(
-            f"zones {', '.join(stray)} are not Availability Zones of REGION {region!r}",
-            hint=f"pass zones such as {region}a,{region}b",
-        )
+    for z in offered:
+        if why := zone_problem(z, region):
+            raise InputError(f"--zones: {why}", hint=f"pass zones such as {region}a,{region}b")
     gpu_az = cfg.gpu_nodes.az or (offered[0] if offered else None)
     if gpu_az is None:
         raise InputError(

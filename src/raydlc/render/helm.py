@@ -6,8 +6,8 @@ One owner per device plugin, never two DaemonSets advertising one device:
   own EFA device-plugin DaemonSet (there is no switch to turn that off), so raydlc renders no
   EFA chart; installing `eks/aws-efa-k8s-device-plugin` as well, as the reference does, leaves
   two plugins fighting over one kubelet resource. raydlc's GPU taint is chosen so that
-  eksctl's DaemonSet tolerates it (see raydlc.render.nodes); EFA_DEVICE_PLUGIN_VERSION is not
-  used for installing.
+  eksctl's DaemonSet tolerates it (see raydlc.render.nodes); the config refuses
+  EFA_DEVICE_PLUGIN_VERSION (`raydlc.config.RETIRED`) rather than ignore it.
 - NVIDIA (`nvidia.com/gpu`): **raydlc**, through the `nvdp/nvidia-device-plugin` chart pinned
   to NVIDIA_DEVICE_PLUGIN_VERSION, on AmazonLinux2023 nodes. eksctl installs that plugin only for
   AmazonLinux2 node groups (and is also told `--install-nvidia-plugin=false`); the AL2023 NVIDIA

@@ -79,6 +79,8 @@ def expand(paths: Iterable[str]) -> list[str]:
 def _open(path: str) -> tuple[BinaryIO, BinaryIO]:
     """The byte stream of a path or stdin, gunzipped when it starts like gzip (peeked, so pipes work)."""
     if path == "-":
+        if sys.stdin is None:
+            raise InputError("-: standard input is closed", hint="pipe the log in (kubectl logs POD | raydlc nccl -) or pass a path")
         f: BinaryIO = sys.stdin.buffer
     else:
         try:

@@ -19,8 +19,11 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import Field
+
+from raydlc import records
 from raydlc.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -59,6 +62,19 @@ class Manifest:
         return json.dumps({"format": FORMAT, "step": self.step, "world_size": self.world_size, "files": self.files, "meta": self.meta}, indent=1)
 
 
+class _ManifestFile(records.Record):
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class _ManifestDoc(records.Record):
+    format: Literal[1]  # FORMAT
+    step: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    files: dict[str, _ManifestFile]
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
 def verify(directory: str | Path) -> Manifest:
     """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`."""
     d = Path(directory)
@@ -69,12 +85,10 @@ def verify(directory: str | Path) -> Manifest:
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {d} is partial: it has no {MANIFEST} (the save did not complete)", hint=hint)
     try:
-        raw = json.loads(mpath.read_text())
-        m = Manifest(int(raw["step"]), int(raw["world_size"]), dict(raw["files"]), dict(raw.get("meta", {})))
-        if raw.get("format") != FORMAT:
-            raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {d}: unreadable manifest ({e})", hint=hint) from e
+        doc = records.read_json(mpath, _ManifestDoc)
+    except records.RecordError as e:
+        raise CheckpointError(f"checkpoint {d}: unreadable manifest {MANIFEST}: {e}", hint=hint) from e
+    m = Manifest(doc.step, doc.world_size, {k: f.model_dump() for k, f in doc.files.items()}, dict(doc.meta))
     if ".metadata" not in m.files:
         raise CheckpointError(f"checkpoint {d}: the manifest lists no DCP .metadata", hint=hint)
     for name, want in sorted(m.files.items()):

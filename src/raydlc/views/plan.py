@@ -1,0 +1,48 @@
+"""The plan for a person: memory per component for FSDP and HSDP, per-step traffic and time, the choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raydlc.plan import GB, Plan
+
+
+def print_plan(p: Plan, console: Any) -> None:
+    """Tables for people: memory by component for both strategies, then time and the recommendation."""
+    from rich.table import Table
+
+    def gb(n: float) -> str:
+        return f"{n / GB:.2f} GB"
+
+    lay = p.layout
+    console.print(
+        f"[bold]{p.model}[/] ({p.params:,} parameters), {p.policy}, {lay['nodes']} x {lay['gpus_per_node']} "
+        f"{lay['gpu_name']} ({gb(p.gpu_memory_bytes)}), {lay['network_gbps']:g} Gb/s "
+        f"{'EFA' if lay['efa'] else 'TCP'}, seq {p.seq_len} x micro-batch {p.micro_batch}"
+        f"{', activation checkpointing' if p.activation_checkpointing else ''}"
+    )
+    mem = Table(title="per-GPU memory")
+    mem.add_column("component")
+    for s in p.strategies.values():
+        mem.add_column(f"{s.strategy} (shard {s.shard_size})", justify="right")
+    for key in p.per_gpu_bytes:
+        mem.add_row(key, *(gb(s.per_gpu_bytes[key]) for s in p.strategies.values()))
+    mem.add_row("fits", *("yes" if s.fits else "[red]no[/]" for s in p.strategies.values()))
+    mem.add_row("largest micro-batch", *(str(s.max_micro_batch) for s in p.strategies.values()))
+    console.print(mem)
+    step = Table(title="per step")
+    step.add_column("")
+    for s in p.strategies.values():
+        step.add_column(s.strategy, justify="right")
+    rows = [
+        ("received per GPU", lambda s: gb(s.traffic_bytes_per_step["per_gpu"])),
+        ("across the network per node", lambda s: gb(s.traffic_bytes_per_step["cross_node_per_node"])),
+        ("compute", lambda s: f"{s.step_time_s['compute']:.3f} s"),
+        ("step (EFA)", lambda s: f"{s.step_time_s['efa']['estimate']:.3f} s ({s.step_time_s['efa']['bound']})"),
+        ("step (TCP)", lambda s: f"{s.step_time_s['tcp']['estimate']:.3f} s ({s.step_time_s['tcp']['bound']})"),
+    ]
+    for label, fn in rows:
+        step.add_row(label, *(fn(s) for s in p.strategies.values()))
+    console.print(step)
+    r = p.recommendation
+    console.print(f"[bold]recommended:[/] {r['strategy']}, micro-batch {r['micro_batch']}: {r['reason']}; {r['micro_batch_reason']}")

@@ -1,0 +1,196 @@
+"""The catalogue of bad inputs: what a user might type, and the one line raydlc must answer with.
+
+One `Row` per case, grouped by command. To cover a new command, add its rows here: the suite
+fails while a registered command has none. Paths in `args` are relative to a fresh working
+directory holding `files`; `{black_hole}` and `{refused}` stand for the two local endpoints.
+Rows marked `sub=True` run the real CLI in a subprocess (the issue's examples, and at least one
+per command); the rest run `main([...])` in-process, which checks the same things faster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DIR = None  # in `files`: make a directory instead of a file
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    args: tuple[str, ...]
+    code: int  # the exit code: 2 for the user's input, 1 for the world's or the machine's fault
+    says: str  # must appear in the one `error:` line
+    files: Mapping[str, bytes | str | None] = field(default_factory=dict)
+    env: Mapping[str, str | None] = field(default_factory=dict)  # None: unset
+    stdin_closed: bool = False
+    sub: bool = False
+    reaches_aws: bool = False  # otherwise the row must fail before any connection to AWS
+
+
+def r(id: str, args: str | list[str], code: int, says: str, **kw: object) -> Row:
+    return Row(id, tuple(args.split() if isinstance(args, str) else args), code, says, **kw)  # type: ignore[arg-type]
+
+
+ZONES = "--zones us-east-2a,us-east-2b"
+DIGITS_26 = "1" * 26
+SHA = "0" * 64
+
+
+def _manifest(**over: object) -> str:
+    doc: dict[str, object] = {"format": 1, "step": 5, "world_size": 2, "files": {".metadata": {"size": 1, "sha256": SHA}}, "meta": {}}
+    doc.update(over)
+    return json.dumps({k: v for k, v in doc.items() if v is not ...})
+
+
+CONFIG = [
+    r("config-not-utf8", "--config latin.yaml config show", 2, "not UTF-8", files={"latin.yaml": b"cluster:\n  name: caf\xe9\n"}, sub=True),
+    r("config-nul-bytes", "--config nul.yaml config show", 2, "not valid YAML", files={"nul.yaml": b"\x00\x01"}),
+    r("config-is-a-directory", "--config conf.d config show", 2, "conf.d", files={"conf.d": DIR}),
+    r("config-missing", "--config nope.yaml config show", 2, "does not exist"),
+    r("config-env-missing", "config show", 2, "RAYDLC_CONFIG", env={"RAYDLC_CONFIG": "gone.yaml"}),
+    r("config-a-list", "--config l.yaml config show", 2, "must be a mapping", files={"l.yaml": "- a\n- b\n"}),
+    r("config-yaml-syntax", "--config s.yaml config show", 2, "not valid YAML", files={"s.yaml": "train: [unclosed\n"}),
+    r("config-unknown-section", "--config u.yaml config show", 2, "unknown section", files={"u.yaml": "clustr: {}\n"}),
+    r("config-unknown-field", "--config u.yaml config show", 2, "gpu_nodes.cuont", files={"u.yaml": "gpu_nodes:\n  cuont: 3\n"}),
+    r("config-section-not-mapping", "--config m.yaml config show", 2, "must be a mapping of fields", files={"m.yaml": "cluster: 5\n"}),
+    r("config-file-inf", "--config i.yaml config show", 2, "LEARNING_RATE", files={"i.yaml": "train:\n  learning_rate: .inf\n"}),
+    r("config-file-huge-count", "--config b.yaml config show", 2, "GPU_NODE_COUNT", files={"b.yaml": "gpu_nodes:\n  count: 1.0e+30\n"}),
+    r("config-file-retired", "--config e.yaml config show", 2, "eksctl owns", files={"e.yaml": "images:\n  efa_device_plugin_version: v0.5.32\n"}),
+    r("set-without-equals", "--set STEPS config show", 2, "NAME=VALUE"),
+    r("set-unknown-name", "--set NOT_A_SETTING=1 config show", 2, "NOT_A_SETTING"),
+    r("set-retired", "--set EFA_DEVICE_PLUGIN_VERSION=v1 config show", 2, "eksctl owns"),
+    r("env-lr-inf", "config show", 2, "LEARNING_RATE", env={"RAYDLC_LEARNING_RATE": "inf"}, sub=True),
+    r("env-lr-nan", "config show --json", 2, "LEARNING_RATE", env={"RAYDLC_LEARNING_RATE": "nan"}),
+    r("env-lr-minus-inf", "config show", 2, "LEARNING_RATE", env={"RAYDLC_LEARNING_RATE": "-inf"}),
+    r("env-count-26-digits", "config show", 2, "at most 450", env={"RAYDLC_GPU_NODE_COUNT": DIGITS_26}, sub=True),
+    r("env-steps-huge", "config show", 2, "at most 2,147,483,647", env={"RAYDLC_STEPS": "9" * 12}),
+    r("env-gpus-per-node-huge", "config show", 2, "GPUS_PER_NODE", env={"RAYDLC_GPUS_PER_NODE": "64"}),
+    r("env-deadline-huge", "config show", 2, "30 days", env={"RAYDLC_JOB_DEADLINE_S": "9" * 10}),
+    r("env-volume-huge", "config show", 2, "GPU_VOLUME_SIZE", env={"RAYDLC_GPU_VOLUME_SIZE": "99999999"}),
+    r("env-type-injection", "config show", 2, "GPU_NODE_TYPE", env={"RAYDLC_GPU_NODE_TYPE": "g6.12xlarge; rm -rf /"}),
+    r("env-system-type-bad", "config show", 2, "SYSTEM_NODE_TYPE", env={"RAYDLC_SYSTEM_NODE_TYPE": "M7I.XLARGE"}),
+    r("env-image-bad", "config show", 2, "DLC_IMAGE", env={"RAYDLC_DLC_IMAGE": "my image:latest"}),
+    r("env-az-bad-shape", "config show", 2, "GPU_AZ", env={"RAYDLC_GPU_AZ": "east"}),
+    r("env-az-other-region", "config show", 2, "not in region", env={"RAYDLC_GPU_AZ": "us-west-2a"}),
+    r("env-chart-version-bad", "config show", 2, "KUBERAY_VERSION", env={"RAYDLC_KUBERAY_VERSION": "latest"}),
+    r("env-nccl-net-bad", "config show", 2, "NCCL_NET", env={"RAYDLC_NCCL_NET": "$(reboot)"}),
+    r("env-control-characters", "config show", 2, "control characters", env={"RAYDLC_MODEL_ID": "tiny\nrm"}),
+    r("env-retired", "config show", 2, "eksctl owns", env={"RAYDLC_EFA_DEVICE_PLUGIN_VERSION": "v0.5.32"}, sub=True),
+    r("init-into-a-directory", "config init adir --force", 2, "is a directory", files={"adir": DIR}, sub=True),
+    r("init-under-a-file", "config init afile/raydlc.yaml", 2, "afile is a file", files={"afile": "keep"}, sub=True),
+    r("init-in-proc", "config init /proc/raydlc.yaml", 2, "cannot create files in /proc", sub=True),
+    r("init-read-only", "config init /sys/raydlc/raydlc.yaml", 2, "cannot create files in /sys"),
+    r("init-exists", "config init raydlc.yaml", 2, "already exists", files={"raydlc.yaml": "keep: me\n"}),
+    r("init-bad-flag", "config init --forse", 2, "--forse"),
+]
+
+VERSION = [
+    r("version-bad-flag", "version --jsn", 2, "--jsn", sub=True),
+    r("version-extra-argument", "version extra", 2, "extra"),
+]
+
+RENDER = [
+    r("render-target-is-a-directory", f"render {ZONES} --out out", 2, "raycluster.yaml exists and is a directory",
+      files={"out": DIR, "out/raycluster.yaml": DIR}, sub=True),
+    r("render-out-under-a-file", f"render {ZONES} --out afile/sub", 2, "afile is a file", files={"afile": "keep"}, sub=True),
+    r("render-out-is-a-file", f"render {ZONES} --out afile", 2, "not a directory", files={"afile": "keep"}),
+    r("render-out-in-proc", f"render {ZONES} --out /proc/raydlc-out", 2, "cannot create files in /proc", sub=True),
+    r("render-out-read-only", f"render {ZONES} --out /sys/raydlc-out", 2, "cannot create files in /sys"),
+    r("render-type-injection", f"render {ZONES} --out out", 2, "GPU_NODE_TYPE",
+      env={"RAYDLC_GPU_NODE_TYPE": "g6.12xlarge; rm -rf /"}, sub=True),
+    r("render-count-26-digits", ["--set", f"GPU_NODE_COUNT={DIGITS_26}", "render", *ZONES.split()], 2, "at most 450"),
+    r("render-only-unknown", "render --only everything", 2, "--only"),
+    r("render-zones-bad-shape", "render --zones us-east-2a,zone-b", 2, "--zones"),
+    r("render-zones-other-region", "render --zones us-west-2a,us-west-2b", 2, "not in region"),
+    r("render-no-zones", "render --out out", 2, "GPU_AZ"),
+    r("render-unknown-type", ["--set", "GPU_NODE_TYPE=g99.huge", "render", *ZONES.split()], 2, "GPU_NODE_TYPE"),
+]
+
+CAPACITY = [
+    r("capacity-empty-type", ["capacity", "--instance-type", ""], 2, "GPU_NODE_TYPE", sub=True),
+    r("capacity-type-injection", ["capacity", "--instance-type", "g6.12xlarge; rm -rf /"], 2, "GPU_NODE_TYPE"),
+    r("capacity-count-zero", "capacity --count 0", 2, "at least 1"),
+    r("capacity-count-26-digits", f"capacity --count {DIGITS_26}", 2, "at most 450"),
+    r("capacity-json-and-emit-env", "capacity --json --emit-env", 2, "--emit-env"),
+    r("capacity-region-bad-shape", "capacity --region Ohio", 2, "REGION"),
+    r("capacity-region-unknown", "capacity --region xx-north-9", 2, "unknown AWS region"),
+    r("capacity-no-credentials", "capacity --region us-west-2", 2, "no AWS credentials",
+      env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
+    r("capacity-black-hole", "capacity --region us-west-2 --json", 1, "{black_hole}", sub=True, reaches_aws=True),
+    r("capacity-refused", "capacity --region us-west-2", 1, "{refused}",
+      env={"AWS_ENDPOINT_URL": "{refused}", "AWS_MAX_ATTEMPTS": "2"}),
+]
+
+NCCL = [
+    r("nccl-stdin-closed", "nccl -", 2, "standard input is closed", stdin_closed=True, sub=True),
+    r("nccl-no-path-stdin-closed", "nccl", 2, "no input given", stdin_closed=True, sub=True),
+    r("nccl-missing-file", "nccl nope.log", 2, "nope.log"),
+    r("nccl-empty-directory", "nccl logs", 2, "no log files", files={"logs": DIR}),
+    r("nccl-corrupt-gzip", "nccl w.log.gz", 2, "corrupt gzip", files={"w.log.gz": b"\x1f\x8b\x08\x00garbage"}),
+    r("nccl-expect-unknown", "nccl w.log --expect carrier-pigeon", 2, "--expect", files={"w.log": "x\n"}),
+]
+
+PLAN = [
+    r("plan-network-nan", "plan --network-gbps nan --json", 2, "--network-gbps", sub=True),
+    r("plan-network-inf", "plan --network-gbps inf", 2, "finite"),
+    r("plan-network-negative", "plan --network-gbps -1", 2, "must be positive"),
+    r("plan-seq-len-beyond-positions", "plan --seq-len 1000000", 2, "positions", sub=True),
+    r("plan-tiny-seq-len-beyond-positions", "plan --model tiny --seq-len 4096", 2, "2048 positions"),
+    r("plan-gpu-unknown", "plan --gpu tpu", 2, "unknown GPU"),
+    r("plan-policy-unknown", "plan --policy fp8", 2, "precision policy"),
+    r("plan-strategy-unknown", "plan --strategy ddp", 2, "sharding strategy"),
+    r("plan-model-unknown", "plan --model gpt-9", 2, "gpt-9"),
+    r("plan-nodes-zero", "plan --nodes 0", 2, "GPU_NODE_COUNT"),
+    r("plan-nodes-huge", "plan --nodes 100000", 2, "at most 450"),
+    r("plan-gpus-per-node-huge", "plan --gpus-per-node 99", 2, "--gpus-per-node"),
+    r("plan-micro-batch-zero", "plan --micro-batch 0", 2, "BATCH_SIZE"),
+]
+
+PREFLIGHT = [
+    r("preflight-size-nan", "preflight --local --size-mib nan", 2, "--size-mib", sub=True),
+    r("preflight-size-inf", "preflight --local --size-mib inf", 2, "--size-mib", sub=True),
+    r("preflight-size-zero", "preflight --local --size-mib 0", 2, "must be positive"),
+    r("preflight-size-huge", "preflight --local --size-mib 1e9", 2, "at most 16384"),
+    r("preflight-iters-zero", "preflight --local --iters 0", 2, "must be positive"),
+    r("preflight-iters-huge", "preflight --local --iters 100000000", 2, "at most 1000"),
+    r("preflight-workers-zero", "preflight --local --workers 0", 2, "--workers"),
+    r("preflight-workers-huge", "preflight --local --workers 99999999999", 2, "NUM_WORKERS"),
+]
+
+TRAIN = [
+    r("train-out-is-a-file", "train --out afile", 2, "not a directory", files={"afile": "keep"}, sub=True),
+    r("train-out-under-a-file", "train --out afile/runs", 2, "afile is a file", files={"afile": "keep"}),
+    r("train-out-read-only", "train --out /sys/raydlc-runs", 2, "cannot create files in /sys", sub=True),
+    r("train-storage-path-in-proc", "train", 2, "STORAGE_PATH", env={"RAYDLC_STORAGE_PATH": "/proc/raydlc-runs"}),
+    r("train-lr-inf", "train --lr inf", 2, "--lr", sub=True),
+    r("train-lr-nan", "train --lr nan", 2, "--lr"),
+    r("train-env-lr-inf", "train", 2, "LEARNING_RATE", env={"RAYDLC_LEARNING_RATE": "inf"}),
+    r("train-steps-zero", "train --steps 0", 2, "STEPS"),
+    r("train-sharding-unknown", "train --sharding zero3", 2, "SHARDING"),
+    r("train-model-unknown", "train --model nosuch", 2, "nosuch"),
+    r("train-seq-len-beyond-positions", "train --seq-len 4096", 2, "positions"),
+    r("train-data-missing", "train --data nope.txt", 2, "nope.txt"),
+    r("train-data-not-utf8", "train --data latin.txt", 2, "not UTF-8", files={"latin.txt": b"caf\xe9 " * 100}, sub=True),
+    r("train-data-bad-jsonl", "train --data d.jsonl", 2, "d.jsonl:1", files={"d.jsonl": "{not json}\n"}),
+    r("train-manifest-wrong-shape", "train --resume-from ckpt", 1, "field 'files'",
+      files={"ckpt": DIR, "ckpt/raydlc_checkpoint.json": _manifest(files=[[".metadata", 1, SHA]])}, sub=True),
+    r("train-manifest-missing-step", "train --resume-from ckpt", 1, "field 'step' is missing",
+      files={"ckpt": DIR, "ckpt/raydlc_checkpoint.json": _manifest(step=...)}),
+    r("train-manifest-bad-digest", "train --resume-from ckpt", 1, 'files[".metadata"].sha256',
+      files={"ckpt": DIR, "ckpt/raydlc_checkpoint.json": _manifest(files={".metadata": {"size": 1, "sha256": "abc"}})}),
+    r("train-manifest-not-json", "train --resume-from ckpt", 1, "not valid JSON",
+      files={"ckpt": DIR, "ckpt/raydlc_checkpoint.json": "{\"format\": 1,"}),
+    r("train-no-manifest", "train --resume-from ckpt", 1, "partial", files={"ckpt": DIR}),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN]
+
+
+def command_of(args: tuple[str, ...]) -> str:
+    """The command a row runs ('config show', 'render'), skipping the global options."""
+    rest = list(args)
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] in ("--config", "-c", "--set") else rest[1:]
+    return " ".join(rest[:2]) if rest and rest[0] == "config" else (rest[0] if rest else "")
