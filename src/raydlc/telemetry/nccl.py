@@ -164,7 +164,7 @@ _CAND_NCCL = re.compile(
     rb"NCCL (?:WARN|ABORT|version|error|communicator|INFO (?:\[Rank \d+\] )?(?:Channel|Ring|Bootstrap|Failed to initialize NET"
     rb"|Using (?:network|internal Net)|Initialized NET|Assigned NET|NET/(?:Plugin|IB|Socket"
     rb"|OFI (?:Selected|Using aws|Initializing aws|Setting provider_filter|Forcing AWS))"
-    rb"|P2P plugin|Plugin Path|comm 0x|ncclComm|rank \d+ nranks|Init timings|NCCL version|NCCL_[A-Z0-9_]+ set |NVLS comm|Connected NVLS))"
+    rb"|P2P plugin|Plugin Path|comm 0x|ncclComm|rank \d+ nranks|Init timings|NCCL version|NCCL_[A-Z0-9_]+ set |NVLS comm|Connected (?:NVLS|all)))"
     rb"|NCCL\.cpp:\d+\][^\n]*?(?:[Tt]imeout|[Ee]rror|[Ff]ail)"
 )
 # Rarer anchors, located with bytes.find (faster than the regex engine's prefix scan for
@@ -172,9 +172,8 @@ _CAND_NCCL = re.compile(
 # (A lower-case "nccl" pass for bare `ncclSystemError:` lines cost as much as the main scan;
 # PyTorch prints those under an "NCCL error" line, which the main pass already catches.)
 _CAND_OTHER = ((b"libfabric:", re.compile(rb"libfabric:[^\n]*?<warn>")),)
-# Ray's driver folds repeats ("… [repeated 58x across cluster]"): every folded NCCL line is read,
-# evidence or not, so the count of lines Ray hid is right.
-_RAY_FOLD = b"x across cluster]"
+# (Ray's "[repeated Nx across cluster]" folds are counted on the lines read as evidence: a
+# separate pass for the marker costs a quarter of the whole scan.)
 
 # ---------------------------------------------------------------------------------------
 # Line-level patterns (str), applied only to candidate lines.
@@ -1407,11 +1406,6 @@ def candidate_lines(chunk: bytes, start: int = 0, end: int | None = None, libfab
             if rx.match(chunk, i, end):
                 others.append(i)
             i = find(literal, i + len(literal), end)
-    i = find(_RAY_FOLD, start, end)
-    while i >= 0:
-        if find(b"NCCL", rfind(b"\n", start, i) + 1 or start, i) >= 0:
-            others.append(i)
-        i = find(_RAY_FOLD, i + len(_RAY_FOLD), end)
     if others:
         starts: Iterable[int] = sorted([m.start() for m in _CAND_NCCL.finditer(chunk, start, end)] + others)
     else:
@@ -1500,7 +1494,8 @@ class ChunkScanner:
 
         parser._line_of = line_of
         parser.node_hint = self.node
-        seen, find = parser._chan_bytes_seen, data.find
+        seen, find, startswith = parser._chan_bytes_seen, data.find, data.startswith
+        node = (self.node or "").encode() + b"\x00" if self.node else b""
         if len(seen) > 1_000_000:
             seen.clear()
         try:
@@ -1511,16 +1506,16 @@ class ChunkScanner:
             for b, e in candidate_lines(data, start, end, libfabric):
                 if b < consumed:
                     continue  # already read as context of an error
-                # Channel lines are most of NCCL's output and repeat per channel number: a line
-                # equal to one already parsed except for that number adds nothing.
-                i = find(b" NCCL INFO Channel ", b, e)
-                if i >= 0:
-                    j = find(b" : ", i, e)
-                    if j >= 0:
-                        key = data[b:i] + data[j:e]
-                        if key in seen:
-                            continue
-                        seen.add(key)
+                # An INFO line already parsed (a restarted worker group prints its init again)
+                # adds nothing, and channel lines repeat per channel number: one equal to a parsed
+                # one except for that number adds nothing either. Ray's folds are always counted.
+                i = find(b" NCCL INFO ", b, e)
+                if i >= 0 and find(b"x across cluster]", i, e) < 0:
+                    j = find(b" : ", i, e) if startswith(b"Channel ", i + 11) else -1
+                    key = node + (data[b:i] + data[j:e] if j >= 0 else data[b:e])
+                    if key in seen:
+                        continue
+                    seen.add(key)
                 off = b
                 parser.feed_line(data[b:e].decode("utf-8", "replace"), -1, source)
                 while parser.context_wanted > 0 and e < end:
