@@ -86,9 +86,11 @@ RULES: dict[str, Rule] = {
         "(then after 'NET/IB : No device found.'), so only a listed device counts"),
     "socket-init": Rule(
         "NET/Socket : Using [0]<if>:<addr><port> ...; NET/Socket: Using N threads and M sockets per thread",
-        "the Socket transport initialised: reached only when neither a plugin nor IB did (or NCCL_NET=Socket); "
+        "the Socket transport initialised: reached only when neither a plugin nor IB did (or NCCL_NET=Socket), except "
+        "in NCCL 2.4.0-2.4.7, which initialised Socket first for its bootstrap (then it comes before 'NET/Plugin'); "
         "the addresses identify the machine",
-        "NCCL src/transport/net_socket.cc since 2.4 (ncclNetSocketInit; threads line on connection setup)"),
+        "NCCL src/transport/net_socket.cc since 2.4 (ncclNetSocketInit; threads line on connection setup); "
+        "src/init.cu initNet in 2.4.0-2.4.7, src/bootstrap.cc 'Bootstrap : Using' from 2.4.8"),
     "bootstrap": Rule(
         "Bootstrap : Using <if>:<addr><port> (Bootstrap: Using since 2.24)",
         "the out-of-band address of the process, printed once per process: tells machines that share a hostname apart",
