@@ -1209,8 +1209,8 @@ def _split_by_address(ps: list[_Proc]) -> list[tuple[set[str] | None, list[_Proc
 
     Processes that share an address are one machine. Groups stay apart only when they are
     provably different: both printed an address of the same kind (bootstrap, socket, ib,
-    ray, given) and those addresses differ. Processes without any address join the only
-    machine, or stand apart (address None) when the hostname has several.
+    ray, or one interface name) and those addresses differ. Processes without any address
+    join their pid's machine or the only machine, or stand apart (address None).
     """
     clusters: list[tuple[dict[str, set[str]], list[_Proc]]] = []
     bare: list[_Proc] = []
@@ -1251,7 +1251,7 @@ def _split_by_address(ps: list[_Proc]) -> list[tuple[set[str] | None, list[_Proc
         pids = [{p.pid for p in ms} for _, ms in out]
         rest = []
         for p in bare:
-            homes = [i for i, ps in enumerate(pids) if p.pid in ps]
+            homes = [i for i, pidset in enumerate(pids) if p.pid in pidset]
             if len(homes) == 1:
                 out[homes[0]][1].append(p)
             else:

@@ -37,6 +37,8 @@ def proof_line(r: NcclReport) -> str:
     """How the verdict is known, in words."""
     if r.proof == "carried":
         return "proof: carried — channel lines show the connections" + (" (all inside one host)" if r.verdict == "single-node" else "")
+    if r.proof == "selected" and r.verdict == "single-node":
+        return "proof: selected — NCCL's communicators report one node, but no channel line shows the traffic"
     if r.proof == "selected":
         return "proof: selected — NCCL reported its choice, but no channel line shows traffic over it"
     return "proof: none — neither channel lines nor a reported selection settle it"
