@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,8 @@ import pytest
 
 from raydlc.cli import main
 from raydlc.errors import InputError
-from raydlc.telemetry.collect import analyze_paths, expand, log_files
-from raydlc.telemetry.nccl import VERDICTS, NcclReport, analyze_chunks, analyze_lines
+from raydlc.telemetry.collect import analyze_node_paths, analyze_paths, expand, log_files
+from raydlc.telemetry.nccl import PROOFS, RULES, VERDICTS, NcclReport, analyze_chunks, analyze_lines, expect_ok
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
@@ -32,22 +33,32 @@ def corpus_files() -> list[Path]:
 @pytest.mark.parametrize("entry", MANIFEST, ids=[e["path"] for e in MANIFEST])
 def test_corpus_verdict(entry: dict) -> None:
     r = analyze_paths([str(DATA / entry["path"])])
-    assert (r.verdict, r.fallback) == (entry["verdict"], entry["fallback"]), r.reasons
+    assert (r.verdict, r.proof, r.fallback) == (entry["verdict"], entry["proof"], entry["fallback"]), r.reasons
     if "gdr" in entry:
         assert r.gdr is entry["gdr"]
     if "errors" in entry:
         assert bool(r.errors) is entry["errors"]
     if "nodes" in entry:
         assert r.nodes == entry["nodes"]
+    if "folded_repeats" in entry:
+        assert r.folded_repeats == entry["folded_repeats"]
     assert r.reasons, "every verdict says why"
 
 
-def test_manifest_covers_every_verdict_and_format() -> None:
-    assert len(MANIFEST) >= 30
+def test_manifest_covers_every_verdict_proof_and_format() -> None:
+    assert len(MANIFEST) >= 83
+    assert len({e["path"] for e in MANIFEST}) == len(MANIFEST)
     assert {e["verdict"] for e in MANIFEST} == set(VERDICTS)
     assert {True, False} <= {e["fallback"] for e in MANIFEST}
+    for e in MANIFEST:
+        assert e["proof"] in (*PROOFS, None), e
+        assert (e["proof"] is None) == (e["verdict"] == "unknown"), e
+    for verdict in ("efa", "socket", "ib", "single-node"):  # no public libfabric-other log with channel lines found
+        assert {e["proof"] for e in MANIFEST if e["verdict"] == verdict} == set(PROOFS), verdict
+    assert sum(e["fallback"] for e in MANIFEST) >= 6
     formats = " ".join(e["format"] for e in MANIFEST).lower()
-    for word in ("cloudwatch", "doubled", "ray driver", "repeated", "ray session", "mpi", "pdsh", "without", "ansi", "glued"):
+    for word in ("cloudwatch", "doubled", "ray driver", "repeated", "ray session", "mpi", "pdsh", "without", "ansi", "glued",
+                 "roce", "warn", "trace", "nccl 2.3", "nccl 2.4", "aws-ofi-nccl 1.1", "cut"):
         assert word in formats, word
     for e in MANIFEST:
         assert e["source"].startswith("https://github.com/"), e
@@ -104,16 +115,19 @@ def test_ranks_that_disagree_are_mixed_not_the_majority() -> None:
     efa = (DATA / "efa_ofi715_cloudwatch_gdr_shared.log").read_text().splitlines()
     one_socket = (DATA / "socket_horovod3658_mpi_prefix.log").read_text().splitlines()[1:2]
     r = analyze_lines(efa + one_socket)
-    assert r.verdict == "mixed"
-    by_class = {x.inter_node for x in r.ranks if x.inter_node}
-    assert by_class == {"efa", "socket"}
-    assert sum(x.inter_node == "efa" for x in r.ranks) > sum(x.inter_node == "socket" for x in r.ranks)
+    assert (r.verdict, r.proof) == ("mixed", "carried")
+    carried = [x for x in r.ranks if x.proof == "carried"]
+    assert {x.inter_node for x in carried} == {"efa", "socket"}
+    assert sum(x.inter_node == "efa" for x in carried) > sum(x.inter_node == "socket" for x in carried)
 
 
-def test_selected_network_without_traffic_is_not_traffic() -> None:
-    r = analyze_paths([str(DATA / "unknown_ofi161_provider_efa_nothing_crossed.log")])
-    assert (r.verdict, r.provider, r.network) == ("unknown", "efa", "AWS Libfabric")
+def test_selected_network_without_traffic_is_selected_not_carried() -> None:
+    r = analyze_paths([str(DATA / "efa_ofi161_provider_selected_nothing_crossed.log")])
+    assert (r.verdict, r.proof, r.provider, r.network) == ("efa", "selected", "efa", "AWS Libfabric")
     assert r.plugin == "aws-ofi-nccl" and r.plugin_version == "1.3.0aws" and r.nccl_version == "2.10.3+cuda11.3"
+    assert not expect_ok(r, "efa") and expect_ok(r, "efa", accept_selected=True)
+    assert "traffic is not proven" in r.reasons[0] and "NCCL_DEBUG_SUBSYS=INIT,NET" in r.reasons[0]
+    assert {x.inter_node for x in r.ranks if x.proof == "selected"} == {"efa*"}
 
 
 def test_ofi_failure_then_socket_channels_is_a_fallback() -> None:
@@ -209,17 +223,17 @@ def test_cli_json_shape_and_expect_codes(capsys: pytest.CaptureFixture[str]) -> 
     efa = str(DATA / "efa_nccl527_noprefix_gdr.log")
     assert main(["nccl", efa, "--json", "--expect", "efa"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("verdict", "fallback", "gdr", "nccl_version", "plugin", "provider", "nodes", "ranks", "errors", "evidence"):
+    for key in ("verdict", "proof", "fallback", "gdr", "nccl_version", "plugin", "provider", "nodes", "ranks", "hosts", "errors", "evidence"):
         assert key in doc
-    assert (doc["verdict"], doc["gdr"], doc["expect_ok"]) == ("efa", True, True)
-    assert {"rank", "node", "pid", "transports", "inter_node"} <= set(doc["ranks"][0])
+    assert (doc["verdict"], doc["proof"], doc["gdr"], doc["expect_ok"]) == ("efa", "carried", True, True)
+    assert {"rank", "node", "pid", "transports", "inter_node", "proof", "host"} <= set(doc["ranks"][0])
     assert all({"line", "text", "source"} <= set(e) for e in doc["evidence"])
     assert main(["nccl", efa, "--expect", "socket"]) == 3
     fallback = str(DATA / "singlenode_ofi889_cloudwatch_doubled_fallback.log")
     assert main(["nccl", fallback, "--expect", "single-node"]) == 3  # right verdict, but a fallback
     assert main(["nccl", fallback]) == 0  # no --expect: report only
     out = capsys.readouterr().out
-    assert "verdict: single-node + FALLBACK" in out
+    assert "verdict: single-node, carried + FALLBACK" in out
     assert f"{fallback}:8" in out and "likely causes" in out and "NCCL_NET" in out
 
 
@@ -361,3 +375,197 @@ def test_newer_channel_flags_still_count_as_network_traffic() -> None:
         "host:1:257 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA/flush=None",
     ])
     assert (r.verdict, r.gdr) == ("efa", True)
+
+
+# --- proof: carried vs selected -------------------------------------------------------------
+def _only_using_network_socket(tmp_path: Path) -> Path:
+    """Real 'Using network Socket' lines, nothing else (from three public logs)."""
+    lines = [x for name in ("socket_nccl447_slurm_gcp_selected_two_hosts.log", "socket_nccl857_libibverbs_missing_selected_one_host.log",
+                            "socket_nccl360_alibaba_selected_ring_listing.log")
+             for x in (DATA / name).read_text().splitlines() if x.endswith("NCCL INFO Using network Socket")]
+    assert len(lines) == 6
+    f = tmp_path / "using-network-socket.log"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+def test_only_using_network_socket_is_socket_selected_and_fails_expect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = _only_using_network_socket(tmp_path)
+    r = analyze_paths([str(f)])
+    assert (r.verdict, r.proof, r.fallback) == ("socket", "selected", False)
+    assert main(["nccl", str(f), "--expect", "socket"]) == 3
+    out = capsys.readouterr().out
+    assert "NCCL selected Socket; no channel lines, so traffic is not proven" in out
+    assert "NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET" in out and "only selected, not carried" in out
+    assert main(["nccl", str(f), "--expect", "socket", "--accept-selected"]) == 0
+    assert main(["nccl", str(f), "--expect", "socket", "--accept-selected", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (doc["proof"], doc["expect_ok"], doc["accept_selected"]) == ("selected", True, True)
+    assert main(["nccl", str(f), "--expect", "efa", "--accept-selected"]) == 3
+    assert main(["nccl", str(f), "--accept-selected"]) == 2  # a modifier of --expect, alone it is a mistake
+
+
+def test_carried_passes_expect_without_accept_selected() -> None:
+    r = analyze_paths([str(DATA / "socket_horovod3658_mpi_prefix.log")])
+    assert (r.verdict, r.proof) == ("socket", "carried")
+    assert expect_ok(r, "socket") and expect_ok(r, "socket", accept_selected=True) and not expect_ok(r, "efa", True)
+
+
+def test_selection_comes_from_nccl_or_the_plugin_and_the_strongest_word_wins() -> None:
+    head = "h1:10:10 [0] NCCL INFO "
+    cases = [
+        (["NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:10.1.0.5<0>"], ("ib", "selected")),
+        (["NET/IB : No device found.", "NET/Socket : Using [0]eth0:10.1.0.5<0>"], ("socket", "selected")),
+        (["NET/IB : Using [RO]; OOB eth0:10.1.0.5<0>"], ("unknown", None)),  # printed with no device: no choice
+        (["NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.1.0.5<0>", "Using network Socket"], ("socket", "selected")),
+        (["NET/OFI Selected provider is efa, fabric is efa-direct (found 16 nics)"], ("efa", "selected")),
+        (["NET/OFI Selected Provider is efa (found 4 nics)", "NET/IB : No device found.", "NET/Socket : Using [0]eth0:10.1.0.5<0>"],
+         ("socket", "selected")),  # the plugin came up, then NCCL still went on to Socket: the later word wins
+        (["Initialized NET plugin IB", "Assigned NET plugin IB to comm"], ("ib", "selected")),
+    ]
+    for lines, want in cases:
+        r = analyze_lines([head + x for x in lines])
+        assert (r.verdict, r.proof) == want, (lines, r.reasons)
+
+
+def test_a_pinned_nccl_net_overrides_transport_inits() -> None:
+    lines = ["h1:10:10 [0] NCCL INFO NCCL_NET set by environment to Socket",
+             "h1:10:10 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.1.0.5<0>"]
+    assert analyze_lines(lines).verdict == "unknown"  # IB initialised, but Socket was asked for
+    assert analyze_lines([*lines, "h1:10:10 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.5<0>"]).verdict == "socket"
+
+
+def test_nccl_24_bootstrap_socket_is_not_the_network() -> None:
+    # NCCL 2.4.0-2.4.7 initialised Socket for its bootstrap before the plugin and IB.
+    boot = ["g1:7:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.2.0.1<0>", "g1:7:7 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so)."]
+    assert analyze_lines(boot).verdict == "unknown"
+    assert analyze_lines([*boot, "g1:7:7 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.2.0.1<0>"]).verdict == "ib"
+    assert analyze_lines([*boot, "g1:7:7 [0] NCCL INFO NET/IB : No device found."]).verdict == "socket"
+    versioned = ["NCCL version 2.4.2+cuda10.0", boot[0]]
+    assert analyze_lines(versioned).verdict == "unknown"
+    assert analyze_lines(["NCCL version 2.4.8+cuda10.1", boot[0]]).verdict == "socket"
+
+
+def test_libfabric_alone_is_never_efa() -> None:
+    net = "h1:10:10 [0] NCCL INFO Using network Libfabric"
+    chan = "h1:10:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA"
+    filt = "h1:10:10 [0] NCCL INFO NET/OFI Setting provider_filter to efa"
+    for lines in ([net], [chan], [net, chan]):
+        r = analyze_lines(lines)
+        assert (r.verdict, r.proof) == ("unknown", None), lines
+        assert any("not proof of EFA" in x for x in r.reasons)
+    # The plugin's own EFA-only wording settles the provider of a network that is then used...
+    assert (analyze_lines([filt, net]).verdict, analyze_lines([filt, net]).proof) == ("efa", "selected")
+    assert (analyze_lines([filt, chan]).verdict, analyze_lines([filt, chan]).proof) == ("efa", "carried")
+    # ... but on its own it selects nothing (it is printed before the provider search).
+    assert analyze_lines([filt]).verdict == "unknown"
+    # An explicit non-EFA provider wins over the platform default.
+    tcp = "h1:10:10 [0] NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)"
+    assert analyze_lines([tcp, net]).verdict == "libfabric-other"
+    # A plugin that came up and then failed selected nothing.
+    efa = "h1:10:10 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)"
+    failed = "h1:10:10 [0] nccl_net_ofi_create_plugin:335 NCCL WARN NET/OFI aws-ofi-nccl initialization failed"
+    assert analyze_lines([efa, failed]).verdict == "unknown"
+
+
+def test_every_evidence_kind_is_a_rule_with_its_source() -> None:
+    kinds = {e.kind for f in corpus_files() for e in analyze_paths([str(f)]).evidence}
+    assert kinds <= set(RULES), kinds - set(RULES)
+    assert {"net-channel", "network", "provider", "ib-init", "socket-init", "bootstrap", "efa-wording", "comm"} <= kinds
+    for name, rule in RULES.items():
+        assert rule.wording and rule.tells, name
+        assert "NCCL" in rule.source or "aws-ofi-nccl" in rule.source or "libfabric" in rule.source or "PyTorch" in rule.source, name
+
+
+# --- machines ------------------------------------------------------------------------------
+SOCKET_447 = (DATA / "socket_nccl447_slurm_gcp_selected_two_hosts.log").read_text().splitlines()
+
+
+def test_same_hostname_with_different_addresses_is_two_nodes() -> None:
+    same = [x.replace("slurm-train-compute-0-0", "ubuntu").replace("slurm-train-compute-0-1", "ubuntu") for x in SOCKET_447]
+    r = analyze_lines(same)
+    assert (r.verdict, r.nodes) == ("socket", 2)
+    assert sorted(h.host for h in r.hosts) == ["ubuntu (10.0.0.33)", "ubuntu (10.0.0.34)"]
+    assert {h.told_by for h in r.hosts} == {"addresses"} and all(h.machines == 1 for h in r.hosts)
+    assert any("2 machines share the hostname 'ubuntu'" in x for x in r.reasons)
+    rows = {x.pid: x for x in r.ranks}
+    assert (rows[2139].host, rows[2139].ip) == ("ubuntu (10.0.0.34)", "10.0.0.34")
+    # Same name and the same address is one machine.
+    one = [x.replace("10.0.0.33", "10.0.0.34") for x in same]
+    assert analyze_lines(one).nodes == 1
+
+
+def test_same_hostname_same_pid_different_addresses_is_two_machines() -> None:
+    same = [re.sub(r"slurm-train-compute-0-[01]:(?:2139|2119):(\d+) \[\d\]", r"ubuntu:7:\1 [0]", x) for x in SOCKET_447]
+    assert sum("ubuntu:7:" in x for x in same) == 12
+    r = analyze_lines(same)
+    assert r.nodes == 2 and [h.machines for h in r.hosts] == [2]
+    assert any("printed 2 different" in w for w in r.hosts[0].why)
+
+
+def test_the_same_interface_with_two_addresses_is_two_machines_whatever_line_printed_it() -> None:
+    r = analyze_paths([str(DATA / "socket_nccltests188_same_hostname_user_ib_disabled.log")])
+    assert r.nodes == 2 and {h.host for h in r.hosts if h.machines} == {"user (192.168.1.10)", "user (192.168.1.14)"}
+    assert [h.processes for h in r.hosts if not h.machines] == [["user:169129:4"]]  # printed no address: not a third machine
+
+
+def test_a_communicator_with_several_nodes_is_never_single_node() -> None:
+    p2p = (DATA / "singlenode_nccl1538_p2p_cumem_k8s_pod.log").read_text().splitlines()
+    assert analyze_lines(p2p).verdict == "single-node"
+    host = p2p[0].split(" NCCL ")[0]
+    r = analyze_lines([*p2p, f"{host} NCCL INFO comm 0x55d1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"])
+    assert (r.verdict, r.nodes) == ("unknown", 2)
+    assert r.hosts[0].machines == 2 and "nNodes 2" in " ".join(r.hosts[0].why)
+
+
+def test_two_ranks_of_one_communicator_under_one_prefix_are_two_machines() -> None:
+    start = "ubuntu:61:61 [0] NCCL INFO ncclCommInitRank comm 0x{ptr} rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 commId 0x5eed - Init START"
+    lines = [start.format(ptr="55a0", rank=0), start.format(ptr="71f0", rank=1),
+             "ubuntu:61:70 [0] NCCL INFO Channel 00/0 : 1[1b000] -> 0[1b000] [receive] via NET/Socket/0",
+             "ubuntu:61:70 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[1b000] [receive] via NET/Socket/0"]
+    r = analyze_lines(lines)
+    assert (r.verdict, r.proof, r.nodes) == ("socket", "carried", 2)
+    assert sorted(x.rank for x in r.ranks) == [0, 1] and all(x.inter_node == "socket" for x in r.ranks)
+    assert any(e.kind == "pid-collision" for e in r.evidence)
+
+
+def test_duplicate_bus_ids_split_machines_unless_nccl_said_duplicate_gpu() -> None:
+    start = "node:{pid}:{pid} [0] NCCL INFO ncclCommInitRank comm 0x{pid} rank {rank} nranks 2 cudaDev 0 busId 1b000 commId 0xfeed - Init START"
+    lines = [start.format(pid=11, rank=0), start.format(pid=12, rank=1)]
+    assert analyze_lines(lines).nodes == 2  # NCCL refuses two ranks on one GPU of one host
+    warn = "node:12:12 [0] init.cc:974 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000"
+    assert analyze_lines([*lines, warn]).nodes == 1  # ... and says so when it happens
+    assert analyze_paths([str(DATA / "unknown_horovod3929_mpi_duplicate_gpu_one_host.log")]).nodes == 1
+
+
+def test_more_ranks_of_a_communicator_than_local_ranks_is_more_machines() -> None:
+    lines = []
+    for rank in range(4):
+        p = f"box:{100 + rank}:{100 + rank} [{rank % 2}] NCCL INFO "
+        lines += [p + f"ncclCommInitRank comm 0x{rank}a rank {rank} nranks 4 cudaDev {rank % 2} busId {rank}000 commId 0xc0ffee - Init START",
+                  p + f"comm 0x{rank}a rank {rank} nRanks 4 nNodes 1 localRanks 2 localRank {rank % 2} MNNVL 0"]
+    r = analyze_lines(lines)
+    assert r.nodes == 2 and "localRanks is 2" in " ".join(r.hosts[0].why)
+
+
+def test_logs_grouped_per_node_are_judged_per_node(tmp_path: Path) -> None:
+    # Two pods whose containers share the hostname and whose logs are the same real excerpt.
+    src = DATA / "socket_nccl857_libibverbs_missing_selected_one_host.log"
+    r = analyze_node_paths({"pod-a": [str(src)], "pod-b": [str(src)]})
+    assert (r.verdict, r.proof, r.nodes) == ("socket", "selected", 2)
+    assert [(h.host, h.told_by, h.inter_node, h.proof) for h in r.hosts] == [
+        ("pod-a", "caller", "socket", "selected"), ("pod-b", "caller", "socket", "selected")]
+    # Lines without NCCL's prefix belong to the machine the caller named.
+    bare = tmp_path / "bare.log"
+    bare.write_text("NCCL INFO NET/Socket : Using [0]eth0:10.0.0.9<0>\nNCCL INFO Using network Socket\n")
+    r = analyze_node_paths({"pod-a": [str(bare)], "pod-b": [str(src)]})
+    assert r.nodes == 2 and {h.host for h in r.hosts} == {"pod-a", "pod-b"}
+
+
+def test_ray_driver_folds_are_counted_on_the_lines_read() -> None:
+    r = analyze_paths([str(DATA / "socket_awsome386_ray_driver_same_hostname_two_ips_folded.log")])
+    assert (r.verdict, r.proof, r.nodes, r.folded_repeats) == ("socket", "carried", 2, 28)
+    assert any("RAY_DEDUP_LOGS" in x for x in r.reasons)
+    # A folded line that carries no evidence is not read (a pass for the marker alone costs a
+    # quarter of the scan): its fold is not counted.
+    assert analyze_paths([str(DATA / "unknown_awsome386_ray_driver_folded_repeats_ring_listing.log")]).folded_repeats == 0

@@ -239,30 +239,35 @@ def nccl(
     ),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
     expect: str | None = typer.Option(
-        None, "--expect", help="efa | socket | ib | single-node: exit 3 unless the log shows exactly this, with no fallback and no error."
+        None, "--expect", help="efa | socket | ib | single-node: exit 3 unless channel lines show exactly this, with no fallback and no error."
+    ),
+    accept_selected: bool = typer.Option(
+        False, "--accept-selected", help="With --expect: also pass when NCCL only selected the network (no channel lines prove traffic)."
     ),
 ) -> None:
     """Which transport NCCL really used, per rank and node, read from NCCL_DEBUG=INFO output."""
     from raydlc.telemetry.collect import analyze_paths
-    from raydlc.telemetry.nccl import EXPECTABLE
+    from raydlc.telemetry.nccl import EXPECTABLE, expect_ok
 
     if expect is not None and expect not in EXPECTABLE:
         raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECTABLE)}")
+    if accept_selected and expect is None:
+        raise InputError("--accept-selected only changes what --expect accepts", hint="add --expect efa|socket|ib|single-node")
     if not paths:
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no input given", hint="raydlc nccl PATH|DIR|- (for example: kubectl logs POD | raydlc nccl -)")
         paths = ["-"]
     report = analyze_paths(paths)
-    ok = expect is None or (report.verdict == expect and not report.fallback and not report.errors)
+    ok = expect is None or expect_ok(report, expect, accept_selected)
     if json_:
         doc = report.as_dict()
         if expect is not None:
-            doc["expect"], doc["expect_ok"] = expect, ok
+            doc["expect"], doc["expect_ok"], doc["accept_selected"] = expect, ok, accept_selected
         emit_json(doc)
     else:
         from raydlc.views.nccl import render
 
-        render(report, console, expect)
+        render(report, console, expect, accept_selected)
     if not ok:
         raise typer.Exit(3)
 

@@ -11,7 +11,7 @@ import gzip
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -96,10 +96,10 @@ def _open(path: str) -> tuple[BinaryIO, BinaryIO]:
     return f, f
 
 
-def scan_into(parser: NcclParser, path: str, chunk_size: int = CHUNK) -> None:
-    """Stream one file (or stdin) through the parser."""
+def scan_into(parser: NcclParser, path: str, chunk_size: int = CHUNK, node: str | None = None) -> None:
+    """Stream one file (or stdin) through the parser; `node` names the machine it came from, if known."""
     stream, raw = _open(path)
-    scanner = ChunkScanner(parser, "<stdin>" if path == "-" else path)
+    scanner = ChunkScanner(parser, "<stdin>" if path == "-" else path, node)
     try:
         for c in read_chunks(stream, chunk_size):
             scanner.feed(c)
@@ -119,4 +119,17 @@ def analyze_paths(paths: Iterable[str], chunk_size: int = CHUNK) -> NcclReport:
     parser = NcclParser()
     for p in expand(paths):
         scan_into(parser, p, chunk_size)
+    return parser.report()
+
+
+def analyze_node_paths(groups: Mapping[str, Iterable[str]], chunk_size: int = CHUNK) -> NcclReport:
+    """One report over logs grouped by the machine they came from (pod or node name -> paths).
+
+    The name tells machines apart even when their containers share a hostname, and lines
+    without NCCL's host prefix are that machine's; `report.hosts` then answers per machine.
+    """
+    parser = NcclParser()
+    for node, paths in groups.items():
+        for p in expand(paths):
+            scan_into(parser, p, chunk_size, node)
     return parser.report()
