@@ -16,7 +16,7 @@ import pytest
 
 from raydlc.catalog import GPUS, gpu_for_device_name
 from raydlc.errors import InputError, TrainError
-from raydlc.train.model import SPECS
+from raydlc.models import SPECS
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_efficiency.py"

@@ -50,8 +50,12 @@ SPREAD: dict[str, tuple[dict[str, Any], list[str]]] = {
 }
 
 
+# A job on several GPU nodes needs storage every node sees; the spread renders with one.
+RUNS = "s3://raydlc-runs/team"
+
+
 def make_config(overrides: dict[str, Any], cwd: Path) -> Config:
-    return load_config(env={}, overrides=overrides, cwd=cwd)
+    return load_config(env={}, overrides={"STORAGE_PATH": RUNS, **overrides}, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -358,6 +362,7 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
     for k in [k for k in os.environ if k.startswith("RAYDLC_")]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("RAYDLC_STEPS", "7")
+    monkeypatch.setenv("RAYDLC_STORAGE_PATH", RUNS)
     monkeypatch.chdir(tmp_path)
     cfg = load_config()
     assert cfg.train.steps == 7
@@ -501,7 +506,7 @@ def test_render_functions_are_pure_and_import_nothing_heavy() -> None:
 
     code = (
         "import sys; from raydlc.config import load_config; from raydlc.render import render_all; "
-        "render_all(load_config(env={}), ['us-east-2a','us-east-2b']); "
+        "render_all(load_config(env={'RAYDLC_STORAGE_PATH': 's3://b/p'}), ['us-east-2a','us-east-2b']); "
         "print(sorted(m for m in ('boto3','kubernetes','ray','torch') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent)

@@ -9,21 +9,23 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raydlc.cli import main
+from raydlc.config import TrainConfig
 from raydlc.train import data as D
 from raydlc.train import metrics as M
-from raydlc.train.launch import TrainSpec, run
+from raydlc.train.launch import Target, run
+from raydlc.train.runspec import Crash
 
 pytestmark = pytest.mark.slow
 
 STEPS = 6
-BASE = TrainSpec(model="tiny", steps=STEPS, seq_len=32, batch_size=2, num_workers=2, learning_rate=2e-3, checkpoint_every=2, log_to_driver=False)
+BASE = TrainConfig(model_id="tiny", steps=STEPS, seq_len=32, batch_size=2, num_workers=2, learning_rate=2e-3, checkpoint_every=2)
+QUIET = Target(log_to_driver=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +51,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def base(corpus: str) -> TrainSpec:
-    return replace(BASE, data=corpus)
+def base(corpus: str) -> TrainConfig:
+    return BASE.updated(data=corpus)
 
 
 @pytest.fixture(scope="module")
-def two_workers(local_ray: None, base: TrainSpec, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run(replace(base, storage_path=str(tmp_path_factory.mktemp("two"))))
+def two_workers(local_ray: None, base: TrainConfig, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run(base.updated(storage_path=str(tmp_path_factory.mktemp("two"))), QUIET)
 
 
 def assert_close(a: dict[int, float], b: dict[int, float], tol: float = 1e-5) -> None:
@@ -83,21 +85,24 @@ def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: 
     assert isinstance(tok.decode(out[0]), str) and tok.decode(out[0]).startswith("Return the")
 
 
-def test_one_worker_and_two_workers_take_the_same_steps(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
-    one = run(replace(base, num_workers=1, batch_size=4, storage_path=str(tmp_path)))
+def test_one_worker_and_two_workers_take_the_same_steps(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    one = run(base.updated(num_workers=1, batch_size=4, storage_path=str(tmp_path)), QUIET)
     assert one["global_batch"] == two_workers["global_batch"] == 4
     assert_close(losses(one), losses(two_workers))
     assert fingerprints(one) == fingerprints(two_workers)
 
 
-def test_hsdp_two_replicas_matches_fsdp(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
-    hsdp = run(replace(base, sharding="hsdp", hsdp_replicas=2, storage_path=str(tmp_path)))
+def test_hsdp_two_replicas_matches_fsdp(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    hsdp = run(base.updated(sharding="hsdp", hsdp_replicas=2, storage_path=str(tmp_path)), QUIET)
     assert hsdp["sharding"] == "hsdp"
+    # The driver's plan and the mesh the workers built agree: 2 replicas of 1 rank, not (1, 2).
+    assert hsdp["mesh"] == {"shape": [2, 1], "replicas": 2, "shard": 1, "ranks_per_node": [2], "built": [2, 1]}
+    assert two_workers["mesh"] == {"shape": [2], "replicas": 1, "shard": 2, "ranks_per_node": [2], "built": [2]}
     assert_close(losses(hsdp), losses(two_workers))
 
 
-def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
-    crashed = run(replace(base, storage_path=str(tmp_path), max_failures=1, crash={"rank": 1, "step": 5}))
+def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    crashed = run(base.updated(storage_path=str(tmp_path), max_failures=1), Target(log_to_driver=False, crash=Crash(rank=1, step=5)))
     progress = [r for r in M.read_jsonl(Path(crashed["run_dir"]) / "progress.jsonl") if "loss" in r]
     assert len(progress) > STEPS  # steps after the restored checkpoint ran twice
     assert crashed["final_loss"] == pytest.approx(two_workers["final_loss"], abs=1e-5)
@@ -143,8 +148,8 @@ def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start
     assert "different run" in capsys.readouterr().err
 
 
-def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
-    s = run(replace(base, steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)))
+def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainConfig, local_ray: None, tmp_path: Path) -> None:
+    s = run(base.updated(steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)), QUIET)
     assert s["steps"] == 3 and 7.0 < s["first_loss"] < 9.5 and s["final_loss"] < s["first_loss"]
     import torch
     from transformers import AutoModelForCausalLM
@@ -155,8 +160,8 @@ def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: 
     assert "model.layers.0.self_attn.q_proj.weight" in names and not any("_checkpoint_wrapped" in n for n in names)
 
 
-def test_preflight_runs_on_the_same_workers_before_training(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
-    s = run(replace(base, steps=2, checkpoint_every=0, preflight=True, storage_path=str(tmp_path)))
+def test_preflight_runs_on_the_same_workers_before_training(base: TrainConfig, local_ray: None, tmp_path: Path) -> None:
+    s = run(base.updated(steps=2, checkpoint_every=0, preflight=True, storage_path=str(tmp_path)), QUIET)
     pf = s["preflight"]
     assert pf["ok"] is True and pf["backend"] == "gloo"
     assert s["steps"] == 2
