@@ -66,10 +66,16 @@ def assert_close(a: dict[int, float], b: dict[int, float], tol: float = 1e-5) ->
     assert worst <= tol, f"max |Δloss| {worst:.3g} > {tol}: {a} vs {b}"
 
 
-def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: dict[str, Any]) -> None:
+def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: dict[str, Any], base: TrainConfig) -> None:
     s = two_workers
     assert s["steps"] == STEPS and s["eval_loss"] is not None and s["tokens_per_s"] > 0
     assert s["final_loss"] < s["first_loss"]
+    # The summary came through Ray (the metrics of the last checkpoint); the files agree with it.
+    from_file = M.summarize(M.read_jsonl(Path(s["metrics"])))
+    assert {k: s[k] for k in from_file} == from_file
+    seen = json.loads((Path(s["run_dir"]) / "run.json").read_text())  # the RunSpec as rank 0 validated it
+    assert seen["train"] == json.loads(base.updated(storage_path=seen["train"]["storage_path"], use_gpu=False).model_dump_json())
+    assert (seen["mesh"]["sharding"], seen["use_gpu"], seen["bf16"]) == ("fsdp", False, False)
     assert Path(s["checkpoint"]).name == "checkpoint_000006"
     run_dir = Path(s["run_dir"])
     assert sorted(p.name for p in run_dir.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000006"]
@@ -109,9 +115,9 @@ def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_
     assert_close(losses(crashed), losses(two_workers))
 
 
-def cli_train(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def cli_train(args: list[str], capsys: pytest.CaptureFixture[str], root: tuple[str, ...] = ()) -> dict[str, Any]:
     common = ["train", "--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--workers", "2", "--lr", "2e-3", "--checkpoint-every", "2", "--json"]
-    assert main([*common, *args]) == 0
+    assert main([*root, *common, *args]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -121,13 +127,28 @@ def test_resume_continues_from_the_last_checkpoint_with_the_same_data_order(
     # An earlier run that stopped after its step-4 checkpoint: the uninterrupted run's own files.
     earlier = tmp_path / "out" / "run-20260101-000000-000000" / "checkpoint_000004"
     shutil.copytree(Path(two_workers["run_dir"]) / "checkpoint_000004", earlier)
-    resumed = cli_train(["--data", corpus, "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--resume"], capsys)
+    resumed = cli_train(["--data", corpus, "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--resume"], capsys, root=("--set", "REPORT_EVERY=3"))
     assert resumed["resumed_from"] == str(earlier)
+    assert json.loads((Path(resumed["run_dir"]) / "run.json").read_text())["train"]["report_every"] == 3  # --set reached the workers
     assert {"steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "checkpoint", "export", "plot"} <= set(resumed)
     assert_close(losses(resumed), losses(two_workers))  # steps 1-4 came along in the checkpoint
     assert fingerprints(resumed) == fingerprints(two_workers)
     ran = [r["step"] for r in M.read_jsonl(Path(resumed["run_dir"]) / "progress.jsonl") if "loss" in r]
     assert ran == [5, 6]  # only the remaining steps ran
+
+
+def test_resume_from_uri_storage_lists_downloads_and_continues(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    """STORAGE_PATH as a URI: --resume lists it, the driver checks the manifest and sizes, each worker
+    downloads and verifies the checkpoint; metrics and summary come back without a local path."""
+    store = tmp_path / "store"
+    shutil.copytree(Path(two_workers["run_dir"]) / "checkpoint_000004", store / "run-20260101-000000-000000" / "checkpoint_000004")
+    uri = f"file://{store}"
+    resumed = run(base.updated(storage_path=uri, resume=True), QUIET)
+    assert resumed["resumed_from"] == f"{uri}/run-20260101-000000-000000/checkpoint_000004"
+    assert resumed["run_dir"].startswith(uri + "/") and resumed["final_loss"] == pytest.approx(two_workers["final_loss"], abs=1e-5)
+    local_run = store / resumed["run_name"]
+    assert_close(losses({"metrics": str(local_run / "metrics.jsonl")}), losses(two_workers))
+    assert not (local_run / "progress.jsonl").exists()  # a URI run dir: the driver keeps no local copy
 
 
 def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start(

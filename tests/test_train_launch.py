@@ -140,3 +140,27 @@ def test_cluster_entrypoint_rejects_bad_data_with_exit_2(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")} | {"RAYDLC_DATA": str(tmp_path / "nope.jsonl")}
     r = subprocess.run([sys.executable, "-m", "raydlc.train", "--workers", "2"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert r.returncode == 2 and "nope.jsonl" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_refuses_a_local_hsdp_run_that_would_be_fsdp_before_ray_starts(tmp_path: Path) -> None:
+    r = cli(["train", "--sharding", "hsdp", "--workers", "2", "--out", str(tmp_path / "out")], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "HSDP needs at least 2 replicas" in r.stderr and "HSDP_REPLICAS=2" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_help_states_the_local_defaults_of_the_one_table() -> None:
+    """The help text cannot drift from LOCAL_DEFAULTS: each `[NAME; local default: X]` is checked."""
+    import re
+
+    import typer
+
+    from raydlc.cli import app
+
+    command = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
+    stated = {}
+    for param in command.params:
+        m = re.search(r"\[(\w+); local default: ([^\]]+)\]", param.help or "")
+        if m:
+            stated[m.group(1)] = m.group(2)
+    assert stated == {k: str(v) for k, v in LOCAL_DEFAULTS.items()}

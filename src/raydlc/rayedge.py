@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -72,17 +73,37 @@ def connected(
     kw: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": log_to_driver}
     if not log_to_driver:
         kw["logging_level"] = logging.WARNING
+    if address:
+        check_reachable(address)
     try:
         if address:
             ray.init(address=address, **kw)
         else:
-            ray.init(num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, **kw)
+            # "local": a new instance even when a `ray start` head on this machine is recorded in
+            # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, **kw)
     except Exception as e:
         raise connect_error(e, address) from e
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str) -> None:
+    """A host:port that nothing answers on fails here at once: ray.init would wait for it forever."""
+    if address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"Ray address {address!r} is not host:port", hint="give the head's GCS address, e.g. 127.0.0.1:6379, or ray://host:10001")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as e:
+        raise RayError(
+            f"cannot reach Ray at {address}: {e.strerror or e}",
+            hint="check that the head is running and the address (host:port of its GCS) is right; through a port-forward, that it is open",
+        ) from e
 
 
 def connect_error(e: BaseException, address: str | None) -> RaydlcError:
@@ -182,20 +203,26 @@ class LocalHead:
     address: str
     dashboard_url: str
     log: Path
+    temp_dir: Path
     ports: dict[str, int] = field(default_factory=dict)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """End the head and everything it started (its own process group), by PID."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        """End the head and everything it started, by PID: first `ray start --block` itself (it stops
+        its processes), then whatever is left in its own process group (the dashboard's modules)."""
+        pgid = self.process.pid
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout)
+        sig, deadline = signal.SIGTERM, time.monotonic() + timeout
+        while _group_alive(pgid) and time.monotonic() < deadline + timeout:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=timeout)
+                os.killpg(pgid, sig)
+            if time.monotonic() > deadline:
+                sig = signal.SIGKILL
+            self.process.poll()
+            time.sleep(0.2)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalHead:
         return self
@@ -204,11 +231,23 @@ class LocalHead:
         self.stop()
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> LocalHead:
     """`ray start --head --block` on free 127.0.0.1 ports, ready when its dashboard answers.
 
-    Every port is chosen here so heads of different people on one machine never collide;
-    token auth is off explicitly (a `~/.ray/auth_token` would otherwise switch it on).
+    Every port is chosen here so heads of different people on one machine never collide, and
+    its own temp dir keeps it out of /tmp/ray/ray_current_cluster, where a plain `ray.init()`
+    elsewhere on the machine would find and join it; token auth is off explicitly (a
+    `~/.ray/auth_token` would otherwise switch it on).
     """
     ray_bin = Path(sys.executable).with_name("ray")
     exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray")
@@ -217,7 +256,8 @@ def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Map
     names = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
              "runtime-env-agent-port", "metrics-export-port", "node-manager-port", "object-manager-port")
     ports = {name: free_port() for name in names}
-    cmd = [exe, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+    temp_dir = Path(tempfile.mkdtemp(prefix="raydlc-head-", dir="/tmp"))  # short: Ray's socket paths live under it
+    cmd = [exe, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}",
            "--include-dashboard=true", "--disable-usage-stats", f"--num-cpus={num_cpus}", "--num-gpus=0",
            *(f"--{name}={port}" for name, port in ports.items())]
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -226,11 +266,12 @@ def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Map
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
-    head = LocalHead(proc, f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard-port']}", log, ports)
+    head = LocalHead(proc, f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard-port']}", log, temp_dir, ports)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            head.stop()
             raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
         try:
             with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
