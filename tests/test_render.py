@@ -382,7 +382,8 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) -> None:
-    cfg = make_config({"JOB_DEADLINE_S": 900, "JOB_TTL_S": 30, "JOB_BACKOFF_LIMIT": 2, "STEPS": 11, "LEARNING_RATE": "3e-5"}, empty_dir)
+    knobs = {"STEPS": 11, "LEARNING_RATE": "3e-5", "WEIGHT_DECAY": "0.1", "BF16": "true", "HSDP_REPLICAS": 2, "SEED": 0}
+    cfg = make_config({"JOB_DEADLINE_S": 900, "JOB_TTL_S": 30, "JOB_BACKOFF_LIMIT": 2, **knobs}, empty_dir)
     job = render_all(cfg, ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
     assert (job["activeDeadlineSeconds"], job["ttlSecondsAfterFinished"], job["backoffLimit"]) == (900, 30, 2)
     assert job["shutdownAfterJobFinishes"] is True and job["submissionMode"] == "K8sJobMode"
@@ -391,7 +392,11 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     env = runtime["env_vars"]
     assert all(isinstance(v, str) for v in env.values())
     assert env["RAYDLC_STEPS"] == "11" and env["RAYDLC_LEARNING_RATE"] == "3e-05"
+    assert (env["RAYDLC_WEIGHT_DECAY"], env["RAYDLC_BF16"], env["RAYDLC_HSDP_REPLICAS"]) == ("0.1", "true", "2")
     assert env["RAYDLC_NUM_WORKERS"] == "8"
+    # Every non-default training setting travels, and nothing else: the job has the same defaults.
+    assert sorted(env) == sorted(["RAYDLC_STEPS", "RAYDLC_LEARNING_RATE", "RAYDLC_WEIGHT_DECAY", "RAYDLC_BF16",
+                                  "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH"])
     reloaded = load_config(env=env, cwd=empty_dir)
     assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
     rc = render_all(cfg, ZONES, only="raycluster")[FILES["raycluster"]]["spec"]

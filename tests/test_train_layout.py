@@ -87,3 +87,16 @@ def test_runspec_round_trips_through_json_and_is_validated_again_on_the_worker_s
     wire["train"]["steps"], wire["train"]["no_such_knob"] = 7, 1
     with pytest.raises(ValidationError, match="no_such_knob"):
         RunSpec.from_wire(json.dumps(wire))
+
+
+def test_a_layout_on_several_nodes_needs_storage_every_node_sees(tmp_path: Path) -> None:
+    from raydlc.errors import ConfigError
+
+    train = TrainConfig(model_id="tiny", num_workers=8, storage_path=str(tmp_path))
+    two_nodes = L.plan_layout(train, [4, 4, 0], model=None, instance_type=None)
+    assert two_nodes.nodes == 2
+    with pytest.raises(ConfigError, match="STORAGE_PATH: 2 nodes need storage every node sees"):
+        L.check_storage(train, two_nodes)
+    L.check_storage(train.updated(storage_shared=True), two_nodes)
+    L.check_storage(train.updated(storage_path="s3://bucket/runs"), two_nodes)
+    L.check_storage(train, L.plan_layout(train, [8], model=None, instance_type=None))  # one node: its disk will do

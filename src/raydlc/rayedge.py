@@ -92,7 +92,9 @@ def connected(
 
 def check_reachable(address: str) -> None:
     """A host:port that nothing answers on fails here at once: ray.init would wait for it forever."""
-    if address == "auto" or "://" in address:
+    from raydlc.storage import is_uri
+
+    if address == "auto" or is_uri(address):  # ray://… goes through Ray Client and its own timeout
         return
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():

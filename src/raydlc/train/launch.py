@@ -194,6 +194,13 @@ def plan_layout(train: TrainConfig, capacities: list[int], *, model: ModelSpec |
     return plan_mesh(sharding, counts, train.hsdp_replicas)
 
 
+def check_storage(train: TrainConfig, mesh: Mesh) -> None:
+    """Workers on several nodes all write into STORAGE_PATH: it must be the same storage for each."""
+    problem = shared_storage_problem(train, mesh.nodes)
+    if problem:
+        raise ConfigError([f"STORAGE_PATH: {problem}"])
+
+
 def run_spec(p: Prepared, mesh: Mesh, where: Target) -> RunSpec:
     t = p.train
     return RunSpec(
@@ -229,9 +236,7 @@ def run(train: TrainConfig, where: Target | None = None, *, on_progress: Progres
         train = resolve_resources(train, rayedge.cluster_resources())
         p = replace(p, train=train) if p is not None else prepare(train, where)
         mesh = plan_layout(train, rayedge.node_capacities("GPU" if train.use_gpu else "CPU"), model=p.model, instance_type=where.instance_type)
-        problem = shared_storage_problem(train, mesh.nodes)
-        if problem:
-            raise ConfigError([f"STORAGE_PATH: {problem}"])
+        check_storage(train, mesh)
         spec = run_spec(p, mesh, where)
         checked = _preflight(spec, where, p.storage) if train.preflight else None
         summary = _fit(spec, p, where, on_progress)

@@ -217,19 +217,28 @@ def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple
     return total, (y != IGNORE).sum()
 
 
-def forward_backward(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One micro-batch's forward and backward, scaled so the gradient is the global token mean.
+def target_tokens(t: Trainer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Target tokens of the global batch (every rank's, every micro-batch's): the loss's denominator.
 
-    FSDP averages gradients over ranks, hence the `world` factor. (Gradient accumulation will
-    sum the token count over its micro-batches first, then call this once per micro-batch.)
+    Known from the labels before any forward, so each micro-batch's backward can be scaled right.
     """
+    import torch
     import torch.distributed as dist
 
-    total, n_tok = loss_sum(t.model, *batch)
-    n_global = n_tok.detach().clone()
-    dist.all_reduce(n_global)
+    from raydlc.train.data import IGNORE
+
+    n = torch.stack([(labels[:, 1:] != IGNORE).sum() for _, labels in batches]).sum()
+    dist.all_reduce(n)
+    return n
+
+
+def forward_backward(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor], n_global: torch.Tensor) -> torch.Tensor:
+    """One micro-batch's forward and backward, scaled so the gradients add up to those of the
+    global token mean (FSDP averages gradients over ranks, hence the `world` factor); returns its
+    summed loss. Gradient accumulation is this, once per micro-batch, before one optimizer step."""
+    total, _ = loss_sum(t.model, *batch)
     (total * t.world / n_global.clamp(min=1)).backward()
-    return total.detach(), n_global
+    return total.detach()
 
 
 def optimizer_step(t: Trainer, lr: float) -> torch.Tensor:
@@ -248,9 +257,9 @@ def train_step(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor], lr: float) 
     """The product's training step: forward, backward, clip, AdamW; no host sync inside."""
     import torch.distributed as dist
 
-    total, n_global = forward_backward(t, batch)
+    n_global = target_tokens(t, [batch])
+    total = forward_backward(t, batch, n_global).double()
     grad_norm = optimizer_step(t, lr)
-    total = total.double()
     dist.all_reduce(total)
     return StepOutput(loss=total / n_global.clamp(min=1), grad_norm=grad_norm, tokens=n_global)
 
@@ -314,7 +323,7 @@ def save_checkpoint(t: Trainer, session: Any, *, step: int, rank: int, history: 
 # ---- finalize ----------------------------------------------------------------------------------
 
 
-def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int, bf16: bool) -> None:
+def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int) -> None:
     """Export, metrics, plot, summary and the run's settings into the run directory; then drop the FSDP state.
 
     The export and the metrics files are the run's products; a restart after the last
@@ -331,7 +340,7 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
     tok = to_hf(run.tokenizer) if rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="raydlc-export-") as tmp:
         out = Path(tmp)
-        ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if bf16 else torch.float32)
+        ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32)
         if rank == 0:
             mx.write_jsonl(history, out / "metrics.jsonl")
             mx.plot(history, out / "loss.png", title=f"{run.train.model_id}: {t.world} worker(s), global batch {run.global_batch} x {run.train.seq_len}")
@@ -435,4 +444,4 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
 
     if rank == 0:
         session.progress([], wait=True)
-    finalize(t, run, history, rank=rank, bf16=run.bf16)
+    finalize(t, run, history, rank=rank)
