@@ -149,11 +149,20 @@ def cluster_resources() -> dict[str, float]:
     return dict(ray.cluster_resources())
 
 
-def node_capacities(resource: str) -> list[int]:
-    """How many of `resource` (GPU, CPU) each alive node has: the worker slots Ray can grant."""
+def node_capacities(resource: str, *, at_least: int = 0, wait_s: float = 0.0) -> list[int]:
+    """How many of `resource` (GPU, CPU) each alive node has: the worker slots Ray can grant.
+
+    With `wait_s`, waits until the nodes together have `at_least` (pods of a new cluster join
+    one by one) or the time is up, then answers with what there is.
+    """
     import ray
 
-    return [int(n["Resources"].get(resource, 0)) for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) >= 1]
+    deadline = time.monotonic() + wait_s
+    while True:
+        caps = [int(n["Resources"].get(resource, 0)) for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) >= 1]
+        if sum(caps) >= at_least or time.monotonic() >= deadline:
+            return caps
+        time.sleep(2.0)
 
 
 # ---- a mailbox actor: workers post, the driver drains ------------------------------------------------

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from raydlc.train.tokenizer import TokenizerInfo
 
 DEFAULT_OUT = "raydlc-out"
+NODE_WAIT_S = 600.0  # on a cluster, how long to wait for worker nodes still joining before refusing the run
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,10 @@ def run(train: TrainConfig, where: Target | None = None, *, on_progress: Progres
     with rayedge.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         train = resolve_resources(train, rayedge.cluster_resources())
         p = replace(p, train=train) if p is not None else prepare(train, where)
-        mesh = plan_layout(train, rayedge.node_capacities("GPU" if train.use_gpu else "CPU"), model=p.model, instance_type=where.instance_type)
+        capacities = rayedge.node_capacities(
+            "GPU" if train.use_gpu else "CPU", at_least=train.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
+        )
+        mesh = plan_layout(train, capacities, model=p.model, instance_type=where.instance_type)
         check_storage(train, mesh)
         spec = run_spec(p, mesh, where)
         checked = _preflight(spec, where, p.storage) if train.preflight else None
