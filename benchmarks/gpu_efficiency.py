@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training efficiency on one GPU: raydlc's loop against the reference's, and against the roofline.
+"""Training efficiency on one GPU: raydlc's own training step against the reference's loop, and the roofline.
 
 The reference's published run trains at batch 1 x 128 tokens, which leaves a modern GPU almost
 idle. Whether raydlc finishes fine-tuning sooner and cheaper is a question of tokens/s and model
@@ -41,7 +41,8 @@ from raydlc.errors import InputError, RaydlcError, TrainError
 if TYPE_CHECKING:
     import torch
 
-    from raydlc.train.model import ModelSpec
+    from raydlc.config import TrainConfig
+    from raydlc.models import ModelSpec
 
 REFERENCE_BATCH, REFERENCE_SEQ, REFERENCE_LR = 1, 128, 2e-5
 FSDP1_MIN_PARAMS = int(1e7)
@@ -60,7 +61,6 @@ class Settings:
     seq: int | None
     max_seq: int
     max_batch: int
-    master_dtype: str
     lr: float
     matmul_n: int
     out: Path | None
@@ -429,45 +429,50 @@ def reference_loop(spec: ModelSpec, cfg: Settings) -> LoopResult:
     return LoopResult("reference (FSDP1, bs1x128)", "reference", REFERENCE_BATCH, REFERENCE_SEQ, False, False, times, losses, mem, kind)
 
 
+def product_settings(spec: ModelSpec, cfg: Settings, *, batch: int, seq: int, compile: bool, ac: bool) -> TrainConfig:
+    """The product's settings for one row: its defaults (AdamW β2 0.95, weight decay, clipping at
+    1.0, warm-up), bf16 compute, and the variant's compile/activation checkpointing."""
+    from raydlc.config import TrainConfig
+
+    return TrainConfig(
+        model_id=spec.name, learning_rate=cfg.lr, batch_size=batch, seq_len=seq, num_workers=1,
+        bf16=True, compile=compile, activation_checkpointing=ac,
+    )
+
+
 def raydlc_loop(
     spec: ModelSpec, cfg: Settings, *, batch: int, seq: int, compile: bool, ac: bool, steps: int, warmup: int
 ) -> LoopResult:
-    """raydlc's loop: FSDP2 per decoder block with bf16 compute and fp32 gradient reduction,
-    fp32 master weights (bf16 weights would round lr-2e-5 updates away), fused AdamW on CUDA,
-    SDPA attention, losses kept on the GPU so no step waits for the host."""
+    """raydlc's own training step, `raydlc.train.loop.train_step`, on a model built by the
+    product's `build`: FSDP2 per decoder block, bf16 compute with fp32 master weights and fp32
+    gradient reduction, AdamW (fused on CUDA) with the product's clipping and warm-up. The
+    step keeps its loss on the device; only the loop around it (not timed here) reads it."""
     import torch
 
-    from raydlc.train.model import apply_fsdp, build_model, decoder_layers
+    from raydlc.train import loop as product
+    from raydlc.train.layout import plan_mesh
 
-    device = cfg.device
-    master = torch.float32 if cfg.master_dtype == "fp32" else torch.bfloat16
-    model = build_model(spec, device=device, dtype=master, seed=0)
-    if compile:
-        for layer in decoder_layers(model):
-            layer.forward = torch.compile(layer.forward, dynamic=False)  # type: ignore[method-assign]
-    model = apply_fsdp(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32, activation_checkpointing=ac)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device == "cuda")
-    ids = fixed_batch(spec, batch, seq, device)
-    clock = StepClock(device)
+    device = torch.device(cfg.device, torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+    settings = product_settings(spec, cfg, batch=batch, seq=seq, compile=compile, ac=ac)
+    t = product.build(settings, spec=spec.name, mesh=plan_mesh("fsdp", [1]), device=device, bf16=True)
+    ids = fixed_batch(spec, batch, seq, cfg.device)
+    clock = StepClock(cfg.device)
     losses: list[torch.Tensor] = []
-    reset_memory(device)
+    reset_memory(cfg.device)
     for step in range(warmup + steps):
         if step == warmup:
             if losses:
                 assert_finite("raydlc", torch.stack(losses).float().tolist())
             losses.clear()
             clock.mark()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        out = product.train_step(t, (ids, ids), product.lr_at(step + 1, settings.learning_rate, settings.warmup_steps))
+        losses.append(out.loss)
         if step >= warmup:
             clock.mark()
     times = clock.intervals_s()
     values = torch.stack(losses).float().tolist()
-    mem, kind = peak_memory(device)
-    del model, opt, loss, losses
+    mem, kind = peak_memory(cfg.device)
+    del t, out, losses
     if compile:
         torch._dynamo.reset()
     name = "raydlc (FSDP2" + (", compile" if compile else "") + (", AC" if ac else "") + ")"
@@ -556,7 +561,7 @@ def hardware(device: str, matmul_n: int) -> dict[str, Any]:
 def run(cfg: Settings) -> dict[str, Any]:
     import torch
 
-    from raydlc.train.model import get_spec
+    from raydlc.models import get_spec
 
     spec = get_spec(cfg.model)
     threads = torch.get_num_threads()
@@ -574,7 +579,7 @@ def run(cfg: Settings) -> dict[str, Any]:
 def measure(spec: ModelSpec, cfg: Settings) -> dict[str, Any]:
     import torch
 
-    from raydlc.train.model import spec_dict
+    from raydlc.models import spec_dict
 
     hw = hardware(cfg.device, cfg.matmul_n)
     log(f"{hw['device_name']}: measured bf16 matmul {hw['matmul_tflops']:.1f} TFLOP/s; peak {hw['peak_tflops']:.1f} ({hw['peak_source']})")
@@ -656,8 +661,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     p.add_argument("--seq", type=int, default=None, help="raydlc sequence length; with --batch skips the probe")
     p.add_argument("--max-seq", type=int, default=None, help="longest sequence the probe tries (default 4096; 128 with --smoke)")
     p.add_argument("--max-batch", type=int, default=None, help="largest micro-batch the probe tries (default 64; 2 with --smoke)")
-    p.add_argument("--master-dtype", choices=["fp32", "bf16"], default="fp32", help="raydlc's weights and optimizer dtype (compute is bf16)")
-    p.add_argument("--lr", type=float, default=REFERENCE_LR, help="raydlc's AdamW learning rate (the reference's is fixed at 2e-5)")
+    p.add_argument("--lr", type=float, default=REFERENCE_LR, help="raydlc's learning rate (LEARNING_RATE; the reference's is fixed at 2e-5)")
     p.add_argument("--out", type=Path, default=None, help="write every figure as JSON to this file")
     a = p.parse_args(argv)
 
@@ -699,7 +703,6 @@ def parse_args(argv: list[str] | None) -> Settings:
         seq=a.seq,
         max_seq=a.max_seq or (128 if smoke else 4096),
         max_batch=a.max_batch or (2 if smoke else 64),
-        master_dtype=a.master_dtype,
         lr=a.lr,
         matmul_n=8192 if device == "cuda" else 512,
         out=a.out,

@@ -8,7 +8,7 @@ Run: PYTHONPATH=src python benchmarks/plan_vs_published.py
 from __future__ import annotations
 
 from raydlc import plan as planner
-from raydlc.train.model import get_spec
+from raydlc.models import get_spec
 
 PUBLISHED = {"efa": 0.5173, "tcp": 0.2513}
 

@@ -42,9 +42,11 @@ RAY_WORKER_NICENESS = 15
 
 def worker(cfg_path: str) -> None:
     from raydlc.train.loop import TorchrunSession, run_loop
+    from raydlc.train.runspec import RunSpec
 
-    cfg = pickle.loads(Path(cfg_path).read_bytes())
-    run_loop(cfg, TorchrunSession(cfg["run_dir"]))
+    payload = pickle.loads(Path(cfg_path).read_bytes())
+    spec = RunSpec.from_wire(payload["run"])
+    run_loop(spec, TorchrunSession(spec.run_dir), payload["data"])
 
 
 def main() -> None:
@@ -62,22 +64,27 @@ def main() -> None:
         worker(args.worker)
         return
 
-    from raydlc.train.launch import TrainSpec, loop_config, new_run_name, prepare, run
+    from raydlc.config import TrainConfig
+    from raydlc.train.launch import Target, new_run_name, plan_layout, prepare, run, run_spec
     from raydlc.train.metrics import read_jsonl
 
     tmp = Path(tempfile.mkdtemp(prefix="raydlc-bench-"))
-    spec = TrainSpec(
-        model="tiny", steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, num_workers=args.workers,
-        checkpoint_every=0, report_every=args.report_every, storage_path=str(tmp / "ray"), log_to_driver=False,
+    train = TrainConfig(
+        model_id="tiny", steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, num_workers=args.workers,
+        learning_rate=2e-3, checkpoint_every=0, report_every=args.report_every, storage_path=str(tmp / "ray"),
     )
-    p = prepare(spec)
+    where = Target(log_to_driver=False)
+    p = prepare(train, where)
+    mesh = plan_layout(train, [args.workers], model=p.model, instance_type=None)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     def torchrun() -> tuple[float, float, float]:
-        run_dir = tmp / "torchrun" / new_run_name()
-        cfg = loop_config(p, p.arrays, None) | {"run_dir": str(run_dir)}
+        name = new_run_name()
+        run_dir = tmp / "torchrun" / name
+        spec = run_spec(replace(p, run_name=name), mesh, where)
+        spec = spec.model_validate({**spec.model_dump(), "run_dir": str(run_dir)})
         cfg_path = tmp / "cfg.pkl"
-        cfg_path.write_bytes(pickle.dumps(cfg))
+        cfg_path.write_bytes(pickle.dumps({"run": spec.to_wire(), "data": p.arrays}))
         t0 = time.time()
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}", __file__, "--worker", str(cfg_path)],
@@ -87,7 +94,7 @@ def main() -> None:
 
     def ray() -> tuple[float, float, float]:
         t0 = time.time()
-        summary = run(spec, prepared=replace(p, run_name=new_run_name()))  # a new name: Ray would resume an old one
+        summary = run(train, where, prepared=replace(p, run_name=new_run_name()))  # a new name: Ray would resume an old one
         return steady_and_first(read_jsonl(Path(summary["metrics"])), t0, args.skip)
 
     results: dict[str, list[tuple[float, float, float]]] = {"torchrun": [], "ray": []}

@@ -29,7 +29,7 @@ def ray_local():
         yield ray
         return
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # never a `ray start` head found in /tmp/ray
     try:
         yield ray
     finally:

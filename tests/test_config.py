@@ -149,3 +149,85 @@ def test_template_round_trip_gives_defaults(clean_env: Path) -> None:
     from_file = load_config(env={})
     assert from_file.as_dict() == Config().as_dict()
     assert all(from_file.source(n) == "file" for n in FIELDS)
+
+
+TRAINING_KNOBS = [
+    "MODEL_ID", "STEPS", "SEQ_LEN", "BATCH_SIZE", "LEARNING_RATE", "NUM_WORKERS", "DATA", "CHECKPOINT_EVERY",
+    "STORAGE_PATH", "MAX_FAILURES", "SHARDING", "WARMUP_STEPS", "WEIGHT_DECAY", "MAX_GRAD_NORM", "SEED",
+    "EVAL_FRACTION", "EVAL_EVERY", "REPORT_EVERY", "HSDP_REPLICAS", "BF16", "ACTIVATION_CHECKPOINTING", "COMPILE",
+    "USE_GPU", "RUN_NAME", "RESUME", "RESUME_FROM", "STORAGE_SHARED", "PREFLIGHT",
+]
+
+
+def test_every_training_knob_is_a_train_field_settable_from_the_environment(clean_env: Path) -> None:
+    from raydlc.config import TrainConfig
+
+    assert sorted(f.env for f in FIELDS.values() if f.section == "train") == sorted(TRAINING_KNOBS)
+    assert list(TrainConfig.model_fields) == [FIELDS[n].key for n in FIELDS if FIELDS[n].section == "train"]
+    env = {
+        "RAYDLC_WARMUP_STEPS": "3", "RAYDLC_WEIGHT_DECAY": "0.1", "RAYDLC_MAX_GRAD_NORM": "0.5", "RAYDLC_SEED": "7",
+        "RAYDLC_EVAL_FRACTION": "0.1", "RAYDLC_EVAL_EVERY": "5", "RAYDLC_REPORT_EVERY": "2", "RAYDLC_HSDP_REPLICAS": "2",
+        "RAYDLC_BF16": "true", "RAYDLC_ACTIVATION_CHECKPOINTING": "true", "RAYDLC_COMPILE": "1", "RAYDLC_USE_GPU": "false",
+        "RAYDLC_RUN_NAME": "first", "RAYDLC_RESUME": "yes", "RAYDLC_RESUME_FROM": "s3://b/r/checkpoint_000004",
+        "RAYDLC_STORAGE_SHARED": "true", "RAYDLC_PREFLIGHT": "true",
+    }
+    t = load_config(env=env).train
+    assert (t.warmup_steps, t.weight_decay, t.max_grad_norm, t.seed, t.eval_fraction, t.eval_every, t.report_every) == (3, 0.1, 0.5, 7, 0.1, 5, 2)
+    assert (t.hsdp_replicas, t.bf16, t.activation_checkpointing, t.compile, t.use_gpu) == (2, True, True, True, False)
+    assert (t.run_name, t.resume, t.resume_from, t.storage_shared, t.preflight) == ("first", True, "s3://b/r/checkpoint_000004", True, True)
+    empty = load_config(env={"RAYDLC_BF16": "", "RAYDLC_USE_GPU": "", "RAYDLC_RUN_NAME": ""}).train
+    assert (empty.bf16, empty.use_gpu, empty.run_name) == (None, None, None)  # empty = decided from the hardware / the clock
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "fragment"),
+    [
+        ({"RAYDLC_REPORT_EVERY": "0"}, "REPORT_EVERY", "at least 1"),
+        ({"RAYDLC_WARMUP_STEPS": "-1"}, "WARMUP_STEPS", "0 or more"),
+        ({"RAYDLC_WEIGHT_DECAY": "-0.1"}, "WEIGHT_DECAY", "0 or more"),
+        ({"RAYDLC_MAX_GRAD_NORM": "0"}, "MAX_GRAD_NORM", "greater than 0"),
+        ({"RAYDLC_EVAL_FRACTION": "1"}, "EVAL_FRACTION", "between 0 and 1"),
+        ({"RAYDLC_HSDP_REPLICAS": "-2"}, "HSDP_REPLICAS", "0 or more"),
+        ({"RAYDLC_RUN_NAME": "a/b"}, "RUN_NAME", "one folder name"),
+        ({"RAYDLC_BF16": "maybe"}, "BF16", "boolean"),
+    ],
+)
+def test_training_knobs_are_validated_naming_field_and_source(clean_env: Path, env: dict[str, str], field: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(env=env)
+    assert f"{field} (env RAYDLC_{field})" in str(ei.value) and fragment in str(ei.value)
+
+
+def test_local_defaults_are_one_table_applied_only_to_untouched_defaults(clean_env: Path) -> None:
+    from raydlc.config import LOCAL_DEFAULTS, with_local_defaults
+
+    assert set(LOCAL_DEFAULTS) <= {f.env for f in FIELDS.values() if f.section == "train"}
+    assert all(FIELDS[k].default != v for k, v in LOCAL_DEFAULTS.items())  # each entry changes something
+    cfg = with_local_defaults(load_config(env={"RAYDLC_STEPS": "7"}, overrides={"BATCH_SIZE": 3}))
+    assert (cfg.train.steps, cfg.train.batch_size, cfg.train.model_id, cfg.train.num_workers) == (7, 3, "tiny", 2)
+    assert (cfg.origin("STEPS"), cfg.origin("BATCH_SIZE"), cfg.origin("MODEL_ID")) == ("env RAYDLC_STEPS", "flag", "local default")
+    assert cfg.cluster == load_config(env={}).cluster
+
+
+def test_shared_storage_rule(clean_env: Path) -> None:
+    from raydlc.config import TrainConfig, shared_storage_problem
+
+    assert shared_storage_problem(TrainConfig(), 1) is None
+    assert "unset (./raydlc-out on each node)" in (shared_storage_problem(TrainConfig(), 2) or "")
+    assert "STORAGE_SHARED=true" in (shared_storage_problem(TrainConfig(storage_path="/mnt/runs"), 2) or "")
+    assert "file:///x" in (shared_storage_problem(TrainConfig(storage_path="file:///x"), 2) or "")  # a local path by another name
+    assert shared_storage_problem(TrainConfig(storage_path="s3://bucket/runs"), 4) is None
+    assert shared_storage_problem(TrainConfig(storage_path="/mnt/efs/runs", storage_shared=True), 4) is None
+
+
+def test_readme_config_table_is_the_one_generated_from_the_model() -> None:
+    """Each row is what scripts/config_table.py prints: a knob added later needs its field and this row."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("config_table", repo / "scripts" / "config_table.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (repo / "README.md").read_text().splitlines()
+    assert [mod.row(f) for f in FIELDS.values() if mod.row(f) not in readme] == []

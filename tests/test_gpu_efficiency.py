@@ -16,7 +16,7 @@ import pytest
 
 from raydlc.catalog import GPUS, gpu_for_device_name
 from raydlc.errors import InputError, TrainError
-from raydlc.train.model import SPECS
+from raydlc.models import SPECS
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_efficiency.py"
@@ -203,3 +203,26 @@ def test_gpu_peak_is_found_by_device_name(device_name: str, key: str) -> None:
 def test_unknown_gpu_has_no_peak() -> None:
     assert gpu_for_device_name("NVIDIA GeForce RTX 4090") is None
     assert (GPUS["h200"].bf16_tflops, GPUS["a100-80gb"].bf16_tflops, GPUS["l4"].bf16_tflops, GPUS["a10g"].bf16_tflops) == (989.0, 312.0, 121.0, 125.0)
+
+
+def test_raydlc_rows_time_the_products_own_step_with_the_products_settings(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydlc.config import TrainConfig
+    from raydlc.train import loop as product
+
+    calls: list[tuple[TrainConfig, float]] = []
+    real = product.train_step
+
+    def counting(t: product.Trainer, batch: object, lr: float) -> product.StepOutput:
+        calls.append((t.settings, lr))
+        return real(t, batch, lr)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(product, "train_step", counting)
+    cfg = bench.parse_args(["--smoke", "--steps", "4", "--warmup", "1"])
+    with bench.process_group("cpu"):
+        r = bench.raydlc_loop(SPECS["tiny"], cfg, batch=1, seq=32, compile=False, ac=True, steps=4, warmup=1)
+    assert len(calls) == 1 + len(r.step_times_s) == 5  # the warm-up step, then one per timed step
+    used, defaults = calls[0][0], TrainConfig()
+    assert (used.weight_decay, used.max_grad_norm, used.warmup_steps, used.seed) == (defaults.weight_decay, defaults.max_grad_norm, defaults.warmup_steps, defaults.seed)
+    assert used.activation_checkpointing and used.bf16 and not used.compile
+    assert [lr for _, lr in calls] == [product.lr_at(i, cfg.lr, defaults.warmup_steps) for i in range(1, 6)]
+    assert r.activation_checkpointing and len(r.losses) == 4 and all(math.isfinite(x) for x in r.losses)

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from raydlc.errors import InputError
-from raydlc.train.model import SPECS, build_model, get_spec, resolve_spec
+from raydlc.models import SPECS, get_spec, resolve_spec
+from raydlc.train.model import build_model
 
 
 @pytest.mark.parametrize("name", list(SPECS))

@@ -9,7 +9,8 @@ import pytest
 
 from raydlc import plan as planner
 from raydlc.cli import main
-from raydlc.train.model import SPECS, ModelSpec, build_model, get_spec
+from raydlc.models import SPECS, ModelSpec, get_spec
+from raydlc.train.model import build_model
 
 P15 = 1_543_714_304
 G6 = planner.layout_for(2, 4, instance_type="g6.12xlarge")

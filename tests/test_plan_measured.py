@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from raydlc import plan as planner
-from raydlc.train.model import SPECS, ModelSpec
+from raydlc.models import SPECS, ModelSpec
 
 # Untied head and a vocabulary that does not split evenly, so FSDP2's padding and the root unit show.
 SMALL = ModelSpec("small", 512, 8, 8, 2, 1376, 32003, False, max_position_embeddings=2048)
@@ -51,7 +51,8 @@ def shard_sizes_loop(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from raydlc.train.model import ModelSpec, apply_fsdp, build_model
+    from raydlc.models import ModelSpec
+    from raydlc.train.model import apply_fsdp, build_model
 
     rank = ray.train.get_context().get_world_rank()
     counts = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}

@@ -50,8 +50,12 @@ SPREAD: dict[str, tuple[dict[str, Any], list[str]]] = {
 }
 
 
+# A job on several GPU nodes needs storage every node sees; the spread renders with one.
+RUNS = "s3://raydlc-runs/team"
+
+
 def make_config(overrides: dict[str, Any], cwd: Path) -> Config:
-    return load_config(env={}, overrides=overrides, cwd=cwd)
+    return load_config(env={}, overrides={"STORAGE_PATH": RUNS, **overrides}, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -358,6 +362,7 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
     for k in [k for k in os.environ if k.startswith("RAYDLC_")]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("RAYDLC_STEPS", "7")
+    monkeypatch.setenv("RAYDLC_STORAGE_PATH", RUNS)
     monkeypatch.chdir(tmp_path)
     cfg = load_config()
     assert cfg.train.steps == 7
@@ -377,7 +382,8 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) -> None:
-    cfg = make_config({"JOB_DEADLINE_S": 900, "JOB_TTL_S": 30, "JOB_BACKOFF_LIMIT": 2, "STEPS": 11, "LEARNING_RATE": "3e-5"}, empty_dir)
+    knobs = {"STEPS": 11, "LEARNING_RATE": "3e-5", "WEIGHT_DECAY": "0.1", "BF16": "true", "HSDP_REPLICAS": 2, "SEED": 0}
+    cfg = make_config({"JOB_DEADLINE_S": 900, "JOB_TTL_S": 30, "JOB_BACKOFF_LIMIT": 2, **knobs}, empty_dir)
     job = render_all(cfg, ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
     assert (job["activeDeadlineSeconds"], job["ttlSecondsAfterFinished"], job["backoffLimit"]) == (900, 30, 2)
     assert job["shutdownAfterJobFinishes"] is True and job["submissionMode"] == "K8sJobMode"
@@ -386,7 +392,11 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     env = runtime["env_vars"]
     assert all(isinstance(v, str) for v in env.values())
     assert env["RAYDLC_STEPS"] == "11" and env["RAYDLC_LEARNING_RATE"] == "3e-05"
+    assert (env["RAYDLC_WEIGHT_DECAY"], env["RAYDLC_BF16"], env["RAYDLC_HSDP_REPLICAS"]) == ("0.1", "true", "2")
     assert env["RAYDLC_NUM_WORKERS"] == "8"
+    # Every non-default training setting travels, and nothing else: the job has the same defaults.
+    assert sorted(env) == sorted(["RAYDLC_STEPS", "RAYDLC_LEARNING_RATE", "RAYDLC_WEIGHT_DECAY", "RAYDLC_BF16",
+                                  "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH"])
     reloaded = load_config(env=env, cwd=empty_dir)
     assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
     rc = render_all(cfg, ZONES, only="raycluster")[FILES["raycluster"]]["spec"]
@@ -501,7 +511,7 @@ def test_render_functions_are_pure_and_import_nothing_heavy() -> None:
 
     code = (
         "import sys; from raydlc.config import load_config; from raydlc.render import render_all; "
-        "render_all(load_config(env={}), ['us-east-2a','us-east-2b']); "
+        "render_all(load_config(env={'RAYDLC_STORAGE_PATH': 's3://b/p'}), ['us-east-2a','us-east-2b']); "
         "print(sorted(m for m in ('boto3','kubernetes','ray','torch') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent)

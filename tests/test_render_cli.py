@@ -16,6 +16,8 @@ from raydlc.config import load_config
 from raydlc.render import render_all
 
 ZONES = "us-east-2a,us-east-2b"
+RUNS = "s3://raydlc-runs/team"  # two GPU nodes: the job needs storage every node sees
+STORE = ["--set", f"STORAGE_PATH={RUNS}"]
 ALL_FILES = [
     "eksctl-cluster.yaml",
     "helm/kuberay-operator.values.yaml",
@@ -32,9 +34,9 @@ def files_under(root: Path) -> list[str]:
 
 def test_render_out_writes_every_file_as_rendered(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = clean_env / "manifests"
-    assert main(["--set", "GPU_NODE_COUNT=3", "render", "--zones", ZONES, "--out", str(out)]) == 0
+    assert main([*STORE, "--set", "GPU_NODE_COUNT=3", "render", "--zones", ZONES, "--out", str(out)]) == 0
     assert files_under(out) == ALL_FILES
-    expected = render_all(load_config(env={}, overrides={"GPU_NODE_COUNT": 3}, cwd=clean_env), ZONES.split(","))
+    expected = render_all(load_config(env={}, overrides={"GPU_NODE_COUNT": 3, "STORAGE_PATH": RUNS}, cwd=clean_env), ZONES.split(","))
     for name, doc in expected.items():
         assert yaml.safe_load((out / name).read_text()) == doc
     assert yaml.safe_load((out / "raycluster.yaml").read_text())["spec"]["workerGroupSpecs"][0]["replicas"] == 3
@@ -56,7 +58,7 @@ def test_render_only_helm_needs_no_zones(clean_env: Path, capsys: pytest.Capture
 
 def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = clean_env / "o"
-    assert main(["render", "--zones", ZONES, "--out", str(out), "--json"]) == 0
+    assert main([*STORE, "render", "--zones", ZONES, "--out", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc["out"] == str(out) and sorted(doc["files"]) == ALL_FILES == files_under(out)
 
@@ -80,17 +82,33 @@ def test_bad_input_exits_2_and_writes_nothing(
     assert not out.exists()
 
 
+def test_a_multi_node_job_without_shared_storage_is_a_config_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = clean_env / "manifests"
+    assert main(["render", "--zones", ZONES, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "STORAGE_PATH (default): 2 nodes need storage every node sees" in err and "Traceback" not in err
+    assert not out.exists()
+    assert main(["--set", "STORAGE_PATH=/mnt/runs", "render", "--only", "rayjob"]) == 2
+    assert "STORAGE_PATH (flag)" in capsys.readouterr().err and not out.exists()
+    shared = ["--set", "STORAGE_PATH=/mnt/efs/runs", "--set", "STORAGE_SHARED=true"]
+    assert main([*shared, "render", "--only", "rayjob", "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["files"]["rayjob.yaml"]
+    env = json.loads(job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert (env["RAYDLC_STORAGE_PATH"], env["RAYDLC_STORAGE_SHARED"]) == ("/mnt/efs/runs", "true")
+    assert main(["--set", "GPU_NODE_COUNT=1", "render", "--only", "rayjob"]) == 0  # one node: its own disk is enough
+
+
 def test_out_that_is_a_file_is_an_input_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = clean_env / "afile"
     target.write_text("keep me")
-    assert main(["render", "--zones", ZONES, "--out", str(target)]) == 2
+    assert main([*STORE, "render", "--zones", ZONES, "--out", str(target)]) == 2
     assert target.read_text() == "keep me"
     assert "not a directory" in capsys.readouterr().err
 
 
 def test_render_command_imports_nothing_heavy(tmp_path: Path) -> None:
     code = (
-        "import sys; from raydlc.cli import main; rc = main(['render', '--zones', %r]); "
+        "import sys; from raydlc.cli import main; rc = main(['--set', 'STORAGE_PATH=s3://b/p', 'render', '--zones', %r]); "
         "sys.stderr.write('HEAVY=' + ','.join(sorted(m for m in ('torch','ray','transformers','kubernetes','boto3') "
         "if m in sys.modules)) + '\\n'); sys.exit(rc)" % ZONES
     )
@@ -114,7 +132,7 @@ def test_render_refuses_a_document_its_schema_rejects_and_writes_nothing(tmp_pat
 
     monkeypatch.setattr(rc, "render_raycluster", misspelt)
     out = tmp_path / "out"
-    assert main(["render", "--zones", ZONES, "--out", str(out)]) == 2
+    assert main([*STORE, "render", "--zones", ZONES, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "raycluster.yaml" in err and "spec.headGroupSpec" in err and "rayStartParam" in err
     assert not out.exists() or list(out.iterdir()) == []

@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 
 from raydlc.errors import CheckpointError
+from raydlc.models import ModelSpec
 from raydlc.train import checkpoint as C
-from raydlc.train.model import ModelSpec, apply_fsdp, build_model
+from raydlc.train.model import apply_fsdp, build_model
 
 SMALL = ModelSpec("t", 32, 2, 2, 1, 64, 128, True, max_position_embeddings=64)
 
@@ -119,4 +120,4 @@ def test_latest_picks_the_newest_run_and_highest_step(tmp_path: Path) -> None:
         for s in steps:
             (tmp_path / run / C.dir_name(s)).mkdir(parents=True)
     (tmp_path / "run-20260103-000000-000001").mkdir()  # a run that never checkpointed
-    assert C.latest(tmp_path) == tmp_path / "run-20260102-000000-000001" / C.dir_name(10)
+    assert C.latest(tmp_path) == str(tmp_path / "run-20260102-000000-000001" / C.dir_name(10))

@@ -9,21 +9,23 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raydlc.cli import main
+from raydlc.config import TrainConfig
 from raydlc.train import data as D
 from raydlc.train import metrics as M
-from raydlc.train.launch import TrainSpec, run
+from raydlc.train.launch import Target, run
+from raydlc.train.runspec import Crash
 
 pytestmark = pytest.mark.slow
 
 STEPS = 6
-BASE = TrainSpec(model="tiny", steps=STEPS, seq_len=32, batch_size=2, num_workers=2, learning_rate=2e-3, checkpoint_every=2, log_to_driver=False)
+BASE = TrainConfig(model_id="tiny", steps=STEPS, seq_len=32, batch_size=2, num_workers=2, learning_rate=2e-3, checkpoint_every=2)
+QUIET = Target(log_to_driver=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +51,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def base(corpus: str) -> TrainSpec:
-    return replace(BASE, data=corpus)
+def base(corpus: str) -> TrainConfig:
+    return BASE.updated(data=corpus)
 
 
 @pytest.fixture(scope="module")
-def two_workers(local_ray: None, base: TrainSpec, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run(replace(base, storage_path=str(tmp_path_factory.mktemp("two"))))
+def two_workers(local_ray: None, base: TrainConfig, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run(base.updated(storage_path=str(tmp_path_factory.mktemp("two"))), QUIET)
 
 
 def assert_close(a: dict[int, float], b: dict[int, float], tol: float = 1e-5) -> None:
@@ -64,10 +66,16 @@ def assert_close(a: dict[int, float], b: dict[int, float], tol: float = 1e-5) ->
     assert worst <= tol, f"max |Δloss| {worst:.3g} > {tol}: {a} vs {b}"
 
 
-def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: dict[str, Any]) -> None:
+def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: dict[str, Any], base: TrainConfig) -> None:
     s = two_workers
     assert s["steps"] == STEPS and s["eval_loss"] is not None and s["tokens_per_s"] > 0
     assert s["final_loss"] < s["first_loss"]
+    # The summary came through Ray (the metrics of the last checkpoint); the files agree with it.
+    from_file = M.summarize(M.read_jsonl(Path(s["metrics"])))
+    assert {k: s[k] for k in from_file} == from_file
+    seen = json.loads((Path(s["run_dir"]) / "run.json").read_text())  # the RunSpec as rank 0 validated it
+    assert seen["train"] == json.loads(base.updated(storage_path=seen["train"]["storage_path"], use_gpu=False).model_dump_json())
+    assert (seen["mesh"]["sharding"], seen["use_gpu"], seen["bf16"]) == ("fsdp", False, False)
     assert Path(s["checkpoint"]).name == "checkpoint_000006"
     run_dir = Path(s["run_dir"])
     assert sorted(p.name for p in run_dir.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000006"]
@@ -83,30 +91,33 @@ def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: 
     assert isinstance(tok.decode(out[0]), str) and tok.decode(out[0]).startswith("Return the")
 
 
-def test_one_worker_and_two_workers_take_the_same_steps(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
-    one = run(replace(base, num_workers=1, batch_size=4, storage_path=str(tmp_path)))
+def test_one_worker_and_two_workers_take_the_same_steps(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    one = run(base.updated(num_workers=1, batch_size=4, storage_path=str(tmp_path)), QUIET)
     assert one["global_batch"] == two_workers["global_batch"] == 4
     assert_close(losses(one), losses(two_workers))
     assert fingerprints(one) == fingerprints(two_workers)
 
 
-def test_hsdp_two_replicas_matches_fsdp(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
-    hsdp = run(replace(base, sharding="hsdp", hsdp_replicas=2, storage_path=str(tmp_path)))
+def test_hsdp_two_replicas_matches_fsdp(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    hsdp = run(base.updated(sharding="hsdp", hsdp_replicas=2, storage_path=str(tmp_path)), QUIET)
     assert hsdp["sharding"] == "hsdp"
+    # The driver's plan and the mesh the workers built agree: 2 replicas of 1 rank, not (1, 2).
+    assert hsdp["mesh"] == {"shape": [2, 1], "replicas": 2, "shard": 1, "ranks_per_node": [2], "built": [2, 1]}
+    assert two_workers["mesh"] == {"shape": [2], "replicas": 1, "shard": 2, "ranks_per_node": [2], "built": [2]}
     assert_close(losses(hsdp), losses(two_workers))
 
 
-def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_workers: dict[str, Any], base: TrainSpec, tmp_path: Path) -> None:
-    crashed = run(replace(base, storage_path=str(tmp_path), max_failures=1, crash={"rank": 1, "step": 5}))
+def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    crashed = run(base.updated(storage_path=str(tmp_path), max_failures=1), Target(log_to_driver=False, crash=Crash(rank=1, step=5)))
     progress = [r for r in M.read_jsonl(Path(crashed["run_dir"]) / "progress.jsonl") if "loss" in r]
     assert len(progress) > STEPS  # steps after the restored checkpoint ran twice
     assert crashed["final_loss"] == pytest.approx(two_workers["final_loss"], abs=1e-5)
     assert_close(losses(crashed), losses(two_workers))
 
 
-def cli_train(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def cli_train(args: list[str], capsys: pytest.CaptureFixture[str], root: tuple[str, ...] = ()) -> dict[str, Any]:
     common = ["train", "--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--workers", "2", "--lr", "2e-3", "--checkpoint-every", "2", "--json"]
-    assert main([*common, *args]) == 0
+    assert main([*root, *common, *args]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -116,13 +127,28 @@ def test_resume_continues_from_the_last_checkpoint_with_the_same_data_order(
     # An earlier run that stopped after its step-4 checkpoint: the uninterrupted run's own files.
     earlier = tmp_path / "out" / "run-20260101-000000-000000" / "checkpoint_000004"
     shutil.copytree(Path(two_workers["run_dir"]) / "checkpoint_000004", earlier)
-    resumed = cli_train(["--data", corpus, "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--resume"], capsys)
+    resumed = cli_train(["--data", corpus, "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--resume"], capsys, root=("--set", "REPORT_EVERY=3"))
     assert resumed["resumed_from"] == str(earlier)
+    assert json.loads((Path(resumed["run_dir"]) / "run.json").read_text())["train"]["report_every"] == 3  # --set reached the workers
     assert {"steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "checkpoint", "export", "plot"} <= set(resumed)
     assert_close(losses(resumed), losses(two_workers))  # steps 1-4 came along in the checkpoint
     assert fingerprints(resumed) == fingerprints(two_workers)
     ran = [r["step"] for r in M.read_jsonl(Path(resumed["run_dir"]) / "progress.jsonl") if "loss" in r]
     assert ran == [5, 6]  # only the remaining steps ran
+
+
+def test_resume_from_uri_storage_lists_downloads_and_continues(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    """STORAGE_PATH as a URI: --resume lists it, the driver checks the manifest and sizes, each worker
+    downloads and verifies the checkpoint; metrics and summary come back without a local path."""
+    store = tmp_path / "store"
+    shutil.copytree(Path(two_workers["run_dir"]) / "checkpoint_000004", store / "run-20260101-000000-000000" / "checkpoint_000004")
+    uri = f"file://{store}"
+    resumed = run(base.updated(storage_path=uri, resume=True), QUIET)
+    assert resumed["resumed_from"] == f"{uri}/run-20260101-000000-000000/checkpoint_000004"
+    assert resumed["run_dir"].startswith(uri + "/") and resumed["final_loss"] == pytest.approx(two_workers["final_loss"], abs=1e-5)
+    local_run = store / resumed["run_name"]
+    assert_close(losses({"metrics": str(local_run / "metrics.jsonl")}), losses(two_workers))
+    assert not (local_run / "progress.jsonl").exists()  # a URI run dir: the driver keeps no local copy
 
 
 def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start(
@@ -143,8 +169,8 @@ def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start
     assert "different run" in capsys.readouterr().err
 
 
-def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
-    s = run(replace(base, steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)))
+def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainConfig, local_ray: None, tmp_path: Path) -> None:
+    s = run(base.updated(steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)), QUIET)
     assert s["steps"] == 3 and 7.0 < s["first_loss"] < 9.5 and s["final_loss"] < s["first_loss"]
     import torch
     from transformers import AutoModelForCausalLM
@@ -155,8 +181,8 @@ def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: 
     assert "model.layers.0.self_attn.q_proj.weight" in names and not any("_checkpoint_wrapped" in n for n in names)
 
 
-def test_preflight_runs_on_the_same_workers_before_training(base: TrainSpec, local_ray: None, tmp_path: Path) -> None:
-    s = run(replace(base, steps=2, checkpoint_every=0, preflight=True, storage_path=str(tmp_path)))
+def test_preflight_runs_on_the_same_workers_before_training(base: TrainConfig, local_ray: None, tmp_path: Path) -> None:
+    s = run(base.updated(steps=2, checkpoint_every=0, preflight=True, storage_path=str(tmp_path)), QUIET)
     pf = s["preflight"]
     assert pf["ok"] is True and pf["backend"] == "gloo"
     assert s["steps"] == 2

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from raydlc.models import get_spec
 from raydlc.train import data as D
 from raydlc.train import tokenizer as T
-from raydlc.train.model import get_spec
 
 
 def test_bpe_is_deterministic_fits_the_tiny_vocab_and_round_trips(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ Commands import the module that does their work inside the function body, so tha
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from raydlc.errors import InputError, RaydlcError
-from raydlc.output import console, emit_json, err_console
+from raydlc.output import console, debug_requested, emit_json, err_console
 
 if TYPE_CHECKING:
     from raydlc.config import Config
@@ -291,7 +290,7 @@ def plan_cmd(
 ) -> None:
     """Per-GPU memory, per-step traffic and step time for FSDP and HSDP, and the recommended choice."""
     from raydlc import plan as planner
-    from raydlc.train.model import get_spec
+    from raydlc.models import get_spec
 
     cfg = load(ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch)
     layout = planner.layout_for(
@@ -362,29 +361,35 @@ def preflight_cmd(
 @app.command("train")
 def train(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [local default: tiny]."),
-    data: str | None = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [default: bundled stdlib-docstring corpus]."),
-    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps [local default: 300]."),
-    workers: int | None = typer.Option(None, "--workers", help="Ray Train workers [local default: 2]."),
-    out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [default: ./raydlc-out]."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [local default: 128]."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [local default: 8]."),
-    lr: float | None = typer.Option(None, "--lr", callback=_finite, help="AdamW learning rate [local default: 2e-3]."),
-    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint under --out."),
-    resume_from: Path | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory."),
-    sharding: str | None = typer.Option(None, "--sharding", help="fsdp | hsdp | auto."),
-    bf16: bool | None = typer.Option(None, "--bf16/--fp32", help="Parameter dtype [default: bf16 on GPUs, fp32 on CPUs]."),
-    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute decoder blocks in backward."),
-    address: str | None = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
-    preflight: bool = typer.Option(False, "--preflight", help="Measure collective bandwidth on the same workers first; stop if it fails."),
+    model: str | None = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [MODEL_ID; local default: tiny]."),
+    data: str | None = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [DATA; default: bundled stdlib-docstring corpus]."),
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps [STEPS; local default: 300]."),
+    workers: int | None = typer.Option(None, "--workers", help="Ray Train workers [NUM_WORKERS; local default: 2]."),
+    out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [STORAGE_PATH; default: ./raydlc-out]."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN; default: 128]."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [BATCH_SIZE; local default: 8]."),
+    lr: float | None = typer.Option(None, "--lr", callback=_finite, help="AdamW learning rate [LEARNING_RATE; local default: 0.002]."),
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end [CHECKPOINT_EVERY; local default: 100]."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the model init, data order and eval split [SEED]."),
+    run_name: str | None = typer.Option(None, "--run-name", help="Run folder under --out [RUN_NAME; default: run-<UTC time>]."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint under --out [RESUME]."),
+    resume_from: str | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory or URI [RESUME_FROM]."),
+    sharding: str | None = typer.Option(None, "--sharding", help="fsdp | hsdp | auto [SHARDING]."),
+    bf16: bool | None = typer.Option(None, "--bf16/--fp32", help="Compute dtype [BF16; default: bf16 on GPUs, fp32 on CPUs]."),
+    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute decoder blocks in backward [ACTIVATION_CHECKPOINTING]."),
+    address: str | None = typer.Option(None, "--address", help="Join this Ray cluster (host:port of its head) instead of starting a local one."),
+    preflight: bool = typer.Option(False, "--preflight", help="Measure collective bandwidth on the same workers first; stop if it fails [PREFLIGHT]."),
     json_: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (last line of stdout)."),
 ) -> None:
-    """Fine-tune on a local Ray (or --address): FSDP2 under Ray Train, checkpoints, HF export, loss plot."""
+    """Fine-tune on a local Ray (or --address): FSDP2 under Ray Train, checkpoints, HF export, loss plot.
+
+    Every setting is a RAYDLC_<NAME> (or --set NAME=VALUE); `raydlc config show` lists them.
+    Settings left at their default take the local-run values (README: local defaults).
+    """
     from functools import partial
 
-    from raydlc.train import progress
-    from raydlc.train.launch import prepare, run, spec_from_config
+    from raydlc import storage
+    from raydlc.train import launch, progress
 
     cfg = load(
         ctx,
@@ -397,27 +402,27 @@ def train(
         BATCH_SIZE=batch_size,
         LEARNING_RATE=lr,
         CHECKPOINT_EVERY=checkpoint_every,
+        SEED=seed,
+        RUN_NAME=run_name,
+        RESUME=resume or None,
+        RESUME_FROM=resume_from,
         SHARDING=sharding,
+        BF16=bf16,
+        ACTIVATION_CHECKPOINTING=activation_checkpointing or None,
+        PREFLIGHT=preflight or None,
     )
-    spec = spec_from_config(
-        cfg,
-        local=True,
-        resume=resume or None,
-        resume_from=str(resume_from) if resume_from else None,
-        bf16=bf16,
-        activation_checkpointing=activation_checkpointing or None,
-        address=address,
-        preflight=preflight or None,
-    )
-    if "://" not in spec.storage_path:  # fail now, not after data preparation and Ray's start
+    settings = launch.settings(cfg, local=True)
+    where = launch.target(cfg, local=True, address=address)
+    if not storage.is_uri(settings.storage_path or launch.DEFAULT_OUT):  # fail now, not after data preparation and Ray's start
         from raydlc.files import check_output_dir
 
-        check_output_dir(spec.storage_path, "--out" if out is not None else "STORAGE_PATH")
+        check_output_dir(settings.storage_path or launch.DEFAULT_OUT, "--out" if out is not None else "STORAGE_PATH")
     prepared = None
-    if spec.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
+    if settings.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
         with err_console.status("preparing data and tokenizer", spinner="dots"):
-            prepared = prepare(spec)  # bad input fails here, before a progress bar or a worker
-    summary = progress.run_with_progress(partial(run, prepared=prepared), spec, quiet=json_)
+            prepared = launch.prepare(settings, where)  # bad input fails here, before a progress bar or a worker
+    run = partial(launch.run, prepared=prepared)
+    summary = progress.run_with_progress(run, settings, where, quiet=json_, debug=debug_requested(_state(ctx).debug))
     if json_:
         emit_json(summary)
     else:
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     `--debug` (or RAYDLC_DEBUG=1) re-raises instead.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("RAYDLC_DEBUG") in ("1", "true")
+    debug = debug_requested("--debug" in args)
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=args, prog_name="raydlc", standalone_mode=False)

@@ -79,7 +79,7 @@ def worker_loop(config: dict[str, Any]) -> None:
     """Runs in every Ray Train worker; rank 0 hands the whole picture to the driver's collector.
 
     Ray Train V2 keeps only metrics reported with a checkpoint, and a checkpoint needs
-    storage shared by all nodes; a small actor owned by the driver needs neither.
+    storage shared by all nodes; the driver's mailbox actor (raydlc.rayedge) needs neither.
     """
     import ray
     import ray.train
@@ -154,19 +154,8 @@ def worker_loop(config: dict[str, Any]) -> None:
         "nodes": list(by_node.values()),
     }
     if rank == 0:
-        ray.get(config["collector"].put.remote(json.dumps(doc)))
+        ray.get(config["collector"].put.remote([json.dumps(doc)]))
     dist.barrier()
-
-
-class _Collector:
-    def __init__(self) -> None:
-        self.doc: str | None = None
-
-    def put(self, doc: str) -> None:
-        self.doc = doc
-
-    def get(self) -> str | None:
-        return self.doc
 
 
 def measure(
@@ -179,27 +168,20 @@ def measure(
     ranks_per_node: int | None = None,
     storage_path: str | None = None,
 ) -> dict[str, Any]:
-    """One short TorchTrainer run; starts (and afterwards shuts down) a local Ray only when none is up."""
-    import ray
+    """One short TorchTrainer run, in the Ray of `raydlc.rayedge.connected` (RAY_ADDRESS, or a local one)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    started = False
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address)
-        else:
-            ray.init(num_cpus=max(2, num_workers + 1), include_dashboard=False)
-        started = True
-    try:
-        gpus = ray.cluster_resources().get("GPU", 0)
+    from raydlc import rayedge
+
+    with rayedge.connected(workers=num_workers):
+        gpus = rayedge.cluster_resources().get("GPU", 0)
         if use_gpu and gpus < num_workers:
             raise TrainError(
                 f"the Ray cluster has {gpus:g} GPUs and the preflight needs {num_workers} (one per worker)",
                 hint="run it where Ray reaches the GPU cluster (RAY_ADDRESS, or `raydlc train --preflight`), or pass --local",
             )
-        collector = ray.remote(num_cpus=0)(_Collector).remote()
+        collector = rayedge.mailbox()
         config = {
             "collector": collector,
             "sizes": list(sizes or (GPU_SIZES if use_gpu else LOCAL_SIZES)),
@@ -214,19 +196,17 @@ def measure(
             run_config=RunConfig(
                 name=f"raydlc-preflight-{int(time.time())}",
                 storage_path=storage_path or os.path.join(tempfile.gettempdir(), "raydlc-preflight"),
+                worker_runtime_env={"env_vars": rayedge.worker_env()},
             ),
         )
         try:
             trainer.fit()
-        except Exception as e:  # Ray wraps worker failures in its own error types
-            raise TrainError(
-                f"preflight run on {num_workers} workers failed: {type(e).__name__}: {e}",
+        except Exception as e:
+            raise rayedge.run_error(
+                e, f"preflight run on {num_workers} workers",
                 hint="check that the cluster has the workers' GPUs free and that NCCL can initialise (NCCL_DEBUG=INFO)",
             ) from e
-        raw = ray.get(collector.get.remote())
-        if not raw:
+        docs = rayedge.drain(collector)
+        if not docs:
             raise TrainError("preflight run reported no figures", hint="rerun with --debug and read the worker logs")
-        return json.loads(raw)
-    finally:
-        if started:
-            ray.shutdown()
+        return json.loads(docs[-1])

@@ -335,6 +335,8 @@ class RayConfig(_Section):
 
 
 class TrainConfig(_Section):
+    """Every knob of a training run: the workers receive exactly this, re-validated on their side."""
+
     model_id: str = _env("MODEL_ID", "model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir", default="Qwen/Qwen2.5-1.5B")
     steps: int = _env("STEPS", "optimizer steps", default=5)
     seq_len: int = _env("SEQ_LEN", "tokens per sequence", default=128)
@@ -343,35 +345,77 @@ class TrainConfig(_Section):
     num_workers: int = _env("NUM_WORKERS", "Ray Train workers; 0 = one per GPU in the cluster", default=0)
     data: str | None = _env("DATA", "training data: .txt/.jsonl file or dir, or a dataset id; empty = bundled corpus", default=None)
     checkpoint_every: int = _env("CHECKPOINT_EVERY", "steps between sharded checkpoints; 0 = only at the end", default=0)
-    storage_path: str | None = _env("STORAGE_PATH", "checkpoint storage (local dir, s3:// or shared FS); empty = per-run default", default=None)
+    storage_path: str | None = _env("STORAGE_PATH", "checkpoint storage (local dir, s3:// or shared FS); empty = ./raydlc-out", default=None)
     max_failures: int = _env("MAX_FAILURES", "worker-group restarts from the last checkpoint", default=1)
     sharding: Literal["fsdp", "hsdp", "auto"] = _env("SHARDING", "FSDP over all ranks, HSDP (shard in node), or the planner's choice", default="auto")
+    warmup_steps: int = _env("WARMUP_STEPS", "linear learning-rate warm-up steps, then constant", default=20)
+    weight_decay: float = _env("WEIGHT_DECAY", "AdamW weight decay", default=0.0)
+    max_grad_norm: float = _env("MAX_GRAD_NORM", "clip the global gradient norm to this", default=1.0)
+    seed: int = _env("SEED", "seed of the model init, the data order and the eval split", default=0)
+    eval_fraction: float = _env("EVAL_FRACTION", "share of the packed sequences held out for eval (at most 64)", default=0.05)
+    eval_every: int = _env("EVAL_EVERY", "steps between eval losses; 0 = at each checkpoint (always at the end)", default=0)
+    report_every: int = _env("REPORT_EVERY", "steps between ray.train.report calls (each is a barrier)", default=10)
+    hsdp_replicas: int = _env("HSDP_REPLICAS", "HSDP replica groups; 0 = one per node", default=0)
+    bf16: bool | None = _env("BF16", "bf16 compute with fp32 master weights and reduction; empty = on GPUs only", default=None)
+    activation_checkpointing: bool = _env("ACTIVATION_CHECKPOINTING", "recompute decoder blocks in backward", default=False)
+    compile: bool = _env("COMPILE", "torch.compile each decoder block", default=False)
+    use_gpu: bool | None = _env("USE_GPU", "one GPU per worker; empty = when the Ray cluster has GPUs", default=None)
+    run_name: str | None = _env("RUN_NAME", "run folder under STORAGE_PATH; empty = run-<UTC time>", default=None)
+    resume: bool = _env("RESUME", "continue from the newest checkpoint under STORAGE_PATH", default=False)
+    resume_from: str | None = _env("RESUME_FROM", "continue from this checkpoint directory (path or URI)", default=None)
+    storage_shared: bool = _env("STORAGE_SHARED", "STORAGE_PATH is a file system every node mounts (EFS, FSx, NFS)", default=False)
+    preflight: bool = _env("PREFLIGHT", "measure collective bandwidth on the workers first; stop if it fails", default=False)
 
-    @field_validator("steps", "seq_len", "batch_size")
+    @field_validator("steps", "seq_len", "batch_size", "report_every")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"must be at least 1, got {v}")
         return v
 
-    @field_validator("num_workers", "checkpoint_every", "max_failures")
+    @field_validator("num_workers", "checkpoint_every", "max_failures", "warmup_steps", "seed", "eval_every", "hsdp_replicas")
     @classmethod
     def _non_negative(cls, v: int) -> int:
         if v < 0:
             raise ValueError(f"must be 0 or more, got {v}")
         return v
 
-    @field_validator("learning_rate")
+    @field_validator("learning_rate", "max_grad_norm")
     @classmethod
     def _lr(cls, v: float) -> float:
         if not v > 0:
             raise ValueError(f"must be greater than 0, got {v}")
         return v
 
-    @field_validator("data", "storage_path", mode="before")
+    @field_validator("weight_decay")
+    @classmethod
+    def _decay(cls, v: float) -> float:
+        if not v >= 0:
+            raise ValueError(f"must be 0 or more, got {v}")
+        return v
+
+    @field_validator("eval_fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0 < v < 1:
+            raise ValueError(f"must be between 0 and 1, got {v}")
+        return v
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str | None) -> str | None:
+        if v is not None and (v in (".", "..") or "/" in v or "\\" in v):
+            raise ValueError(f"must be one folder name (no '/'), got {v!r}")
+        return v
+
+    @field_validator("data", "storage_path", "run_name", "resume_from", "bf16", "use_gpu", mode="before")
     @classmethod
     def _empty(cls, v: Any) -> Any:
         return None if v in ("", None) else v
+
+    def updated(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes` applied and everything validated again (model_copy checks nothing)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -657,3 +701,45 @@ def render_yaml_template() -> str:
             lines.append(f"  {value}")
         lines.append("")
     return "\n".join(lines)
+
+
+# `raydlc train` on a laptop: a model and a run size that show the loss falling within minutes
+# on 2 CPU cores. The one table of local values; `with_local_defaults` applies it only where a
+# value's source is `default`, so env, file and flags always win. Documented in the README.
+LOCAL_DEFAULTS: dict[str, Any] = {
+    "MODEL_ID": "tiny",
+    "STEPS": 300,
+    "BATCH_SIZE": 8,
+    "LEARNING_RATE": 2e-3,
+    "NUM_WORKERS": 2,
+    "CHECKPOINT_EVERY": 100,
+}
+
+
+def with_local_defaults(cfg: Config) -> Config:
+    """The same Config with LOCAL_DEFAULTS in place of untouched defaults (origin `local default`)."""
+    local = {name: v for name, v in LOCAL_DEFAULTS.items() if cfg.source(name) == "default"}
+    train = cfg.train.updated(**{FIELDS[name].key: v for name, v in local.items()})
+    out = Config(**{s: getattr(cfg, s) for s in SECTIONS if s != "train"}, train=train)
+    out._sources.update(cfg._sources)
+    out._origins.update(cfg._origins)
+    out._origins.update(dict.fromkeys(local, "local default"))
+    return out
+
+
+def shared_storage_problem(train: TrainConfig, nodes: int) -> str | None:
+    """Why STORAGE_PATH cannot serve `nodes` nodes, or None.
+
+    Every rank uploads its own checkpoint shards and the export lands beside them, so with more
+    than one node the storage must be the same on all of them: a remote URI (s3://…), or a path
+    on a file system every node mounts, declared with STORAGE_SHARED=true.
+    """
+    from raydlc.storage import reaches_every_node
+
+    if nodes <= 1 or reaches_every_node(train.storage_path, train.storage_shared):
+        return None
+    got = repr(train.storage_path) if train.storage_path else "unset (./raydlc-out on each node)"
+    return (
+        f"{nodes} nodes need storage every node sees: s3://bucket/prefix, or a shared file system path "
+        f"with STORAGE_SHARED=true; got {got}"
+    )

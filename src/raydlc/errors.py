@@ -66,3 +66,7 @@ class TrainError(RaydlcError):
 
 class CheckpointError(RaydlcError):
     """A checkpoint is missing, partial or corrupt; never half-loaded."""
+
+
+class RayError(RaydlcError):
+    """Ray could not be started or reached (an address, a port-forward, a local head)."""

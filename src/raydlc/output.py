@@ -52,3 +52,10 @@ def emit_json(obj: Any) -> None:
     """One JSON document on one line of stdout (the last line, for commands that also log)."""
     sys.stdout.write(to_json(obj) + "\n")
     sys.stdout.flush()
+
+
+def debug_requested(flag: bool = False) -> bool:
+    """`--debug` (the flag) or RAYDLC_DEBUG=1/true: tracebacks, and Ray's worker logs while training."""
+    import os
+
+    return flag or os.environ.get("RAYDLC_DEBUG", "").strip().lower() in ("1", "true")

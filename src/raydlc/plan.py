@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from raydlc import catalog
 from raydlc.errors import InputError
-from raydlc.train.model import ModelSpec
+from raydlc.models import ModelSpec
 
 Policy = Literal["bf16-mixed", "pure-bf16"]
 Strategy = Literal["fsdp", "hsdp"]

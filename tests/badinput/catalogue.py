@@ -91,20 +91,23 @@ VERSION = [
     r("version-extra-argument", "version extra", 2, "extra"),
 ]
 
+S3 = {"RAYDLC_STORAGE_PATH": "s3://bucket/runs"}  # two GPU nodes need storage every node sees
+
 RENDER = [
     r("render-target-is-a-directory", f"render {ZONES} --out out", 2, "raycluster.yaml exists and is a directory",
-      files={"out": DIR, "out/raycluster.yaml": DIR}, sub=True),
-    r("render-out-under-a-file", f"render {ZONES} --out afile/sub", 2, "afile is a file", files={"afile": "keep"}, sub=True),
-    r("render-out-is-a-file", f"render {ZONES} --out afile", 2, "not a directory", files={"afile": "keep"}),
-    r("render-out-in-proc", f"render {ZONES} --out /proc/raydlc-out", 2, "cannot create files in /proc", sub=True),
-    r("render-out-read-only", f"render {ZONES} --out /sys/raydlc-out", 2, "cannot create files in /sys"),
+      files={"out": DIR, "out/raycluster.yaml": DIR}, env=S3, sub=True),
+    r("render-out-under-a-file", f"render {ZONES} --out afile/sub", 2, "afile is a file", files={"afile": "keep"}, env=S3, sub=True),
+    r("render-out-is-a-file", f"render {ZONES} --out afile", 2, "not a directory", files={"afile": "keep"}, env=S3),
+    r("render-out-in-proc", f"render {ZONES} --out /proc/raydlc-out", 2, "cannot create files in /proc", env=S3, sub=True),
+    r("render-out-read-only", f"render {ZONES} --out /sys/raydlc-out", 2, "cannot create files in /sys", env=S3),
     r("render-type-injection", f"render {ZONES} --out out", 2, "GPU_NODE_TYPE",
-      env={"RAYDLC_GPU_NODE_TYPE": "g6.12xlarge; rm -rf /"}, sub=True),
+      env={**S3, "RAYDLC_GPU_NODE_TYPE": "g6.12xlarge; rm -rf /"}, sub=True),
     r("render-count-26-digits", ["--set", f"GPU_NODE_COUNT={DIGITS_26}", "render", *ZONES.split()], 2, "at most 450"),
     r("render-only-unknown", "render --only everything", 2, "--only"),
     r("render-zones-bad-shape", "render --zones us-east-2a,zone-b", 2, "--zones"),
     r("render-zones-other-region", "render --zones us-west-2a,us-west-2b", 2, "not in region"),
-    r("render-no-zones", "render --out out", 2, "GPU_AZ"),
+    r("render-no-zones", "render --out out", 2, "GPU_AZ", env=S3),
+    r("render-two-nodes-local-storage", f"render {ZONES} --out out", 2, "STORAGE_PATH"),
     r("render-unknown-type", ["--set", "GPU_NODE_TYPE=g99.huge", "render", *ZONES.split()], 2, "GPU_NODE_TYPE"),
 ]
 

@@ -19,7 +19,8 @@ import json
 from typing import Any
 
 from raydlc import catalog
-from raydlc.config import FIELDS, Config
+from raydlc.config import FIELDS, Config, shared_storage_problem
+from raydlc.errors import ConfigError
 from raydlc.render import nodes
 from raydlc.render.sizing import head_size, worker_size
 
@@ -69,7 +70,7 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
         "name": "ray-head",
         "image": cfg.images.dlc_image,
         "imagePullPolicy": "IfNotPresent",
-        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void", **storage_env(cfg)}),
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in HEAD_PORTS.items()],
         "resources": size.resources(),
         "volumeMounts": _volume_mounts(),
@@ -145,7 +146,8 @@ def render_raycluster(cfg: Config) -> dict[str, Any]:
 def job_env(cfg: Config) -> dict[str, str]:
     """The training settings as RAYDLC_* variables: `python -m raydlc.train` loads its Config from them.
 
-    Only the train section and the resolved worker count travel; nothing from the caller's
+    Every train setting whose value differs from its default travels (the job fills the rest
+    from the same defaults), plus the resolved worker count; nothing from the caller's
     environment is copied, so no credential can leak into the manifest.
     """
     env: dict[str, str] = {}
@@ -153,10 +155,27 @@ def job_env(cfg: Config) -> dict[str, str]:
         if f.section != "train":
             continue
         value = getattr(cfg.train, f.key)
-        if value is not None:
-            env[f.env_var] = str(value)
+        if value is not None and value != f.default:
+            env[f.env_var] = str(value).lower() if isinstance(value, bool) else str(value)
     env[FIELDS["NUM_WORKERS"].env_var] = str(cfg.num_workers)
     return env
+
+
+def storage_env(cfg: Config) -> dict[str, str]:
+    """Where runs write, on the head (the driver of every job submitted to the cluster)."""
+    env: dict[str, str] = {}
+    if cfg.train.storage_path:
+        env[FIELDS["STORAGE_PATH"].env_var] = cfg.train.storage_path
+        if cfg.train.storage_shared:
+            env[FIELDS["STORAGE_SHARED"].env_var] = "true"
+    return env
+
+
+def check_storage(cfg: Config) -> None:
+    """A job on several GPU nodes needs storage all of them see; refuse to render one that lacks it."""
+    problem = shared_storage_problem(cfg.train, cfg.gpu_nodes.count)
+    if problem:
+        raise ConfigError([f"STORAGE_PATH ({cfg.origin('STORAGE_PATH')}): {problem}"])
 
 
 def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
@@ -193,6 +212,7 @@ def _submitter(cfg: Config, instance: str) -> dict[str, Any]:
 
 
 def render_rayjob(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
+    check_storage(cfg)
     name = cfg.ray.job_name
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,

@@ -1,8 +1,9 @@
 """`python -m raydlc.train`: what a Ray job runs on the cluster (the entrypoint of a RayJob).
 
 Settings come from the same `RAYDLC_*` variables and YAML as the CLI (the job's runtime env
-carries them), flags override; there are no laptop defaults here: the model, step count and
-workers (one per GPU) are the cluster's. The last stdout line is the summary as JSON.
+carries them), flags and `--set NAME=VALUE` override; there are no laptop defaults here: the
+model, step count and workers (one per GPU) are the cluster's. The last stdout line is the
+summary as JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from raydlc.output import emit_json, err_console
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m raydlc.train", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--config", help="raydlc.yaml (default: ./raydlc.yaml or $RAYDLC_CONFIG)")
+    ap.add_argument("--set", dest="assignments", action="append", metavar="NAME=VALUE", help="any setting by its env.sh name (repeatable)")
     ap.add_argument("--model", dest="MODEL_ID")
     ap.add_argument("--data", dest="DATA")
     ap.add_argument("--steps", dest="STEPS", type=int)
@@ -29,33 +31,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--storage-path", "--out", dest="STORAGE_PATH")
     ap.add_argument("--max-failures", dest="MAX_FAILURES", type=int)
     ap.add_argument("--sharding", dest="SHARDING", choices=["fsdp", "hsdp", "auto"])
-    ap.add_argument("--resume-from")
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None)
-    ap.add_argument("--activation-checkpointing", action="store_true", default=None)
+    ap.add_argument("--resume-from", dest="RESUME_FROM")
+    ap.add_argument("--bf16", dest="BF16", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--activation-checkpointing", dest="ACTIVATION_CHECKPOINTING", action="store_true", default=None)
+    ap.add_argument("--preflight", dest="PREFLIGHT", action="store_true", default=None, help="measure collective bandwidth on the workers first; fail before training")
     ap.add_argument("--address", default="auto", help="Ray address (default: auto, the cluster this job runs in)")
-    ap.add_argument("--preflight", action="store_true", default=None, help="measure collective bandwidth on the workers first; fail before training")
-    ap.add_argument("--local", action="store_true", help="apply the laptop defaults (tiny model, 2 workers)")
+    ap.add_argument("--local", action="store_true", help="apply the laptop defaults (tiny model, 2 workers) and start a local Ray")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from raydlc.config import load_config
-    from raydlc.train.launch import run, spec_from_config
+    from raydlc.config import load_config, parse_assignments
+    from raydlc.train import launch
 
     ns = parse_args(list(sys.argv[1:] if argv is None else argv))
-    flags: dict[str, Any] = {k: v for k, v in vars(ns).items() if k.isupper() and v is not None}
     try:
-        cfg = load_config(ns.config, overrides=flags)
-        spec = spec_from_config(
-            cfg,
-            local=ns.local,
-            resume_from=ns.resume_from,
-            bf16=ns.bf16,
-            activation_checkpointing=ns.activation_checkpointing,
-            preflight=ns.preflight,
-            address=None if ns.local and ns.address == "auto" else ns.address,
-        )
-        summary = run(spec, on_progress=_print_progress)
+        overrides: dict[str, Any] = parse_assignments(ns.assignments)
+        overrides.update({k: v for k, v in vars(ns).items() if k.isupper() and v is not None})
+        cfg = load_config(ns.config, overrides=overrides)
+        address = None if ns.local and ns.address == "auto" else ns.address
+        summary = launch.run(launch.settings(cfg, local=ns.local), launch.target(cfg, local=ns.local, address=address), on_progress=_print_progress)
     except RaydlcError as e:
         err_console.print(f"error: {e}", highlight=False)
         return e.exit_code

@@ -103,17 +103,36 @@ def verify(directory: str | Path) -> Manifest:
     return m
 
 
-def latest(storage: str | Path) -> Path | None:
-    """The newest checkpoint directory of the newest run under `storage` that has one."""
-    root = Path(storage)
-    if not root.is_dir():
-        return None
-    for run in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
-        steps = sorted(
-            ((int(m.group(1)), p) for p in run.iterdir() if p.is_dir() and (m := _NAME.match(p.name))), reverse=True
-        )
+def verify_remote(uri: str) -> Manifest:
+    """A checkpoint in remote storage, checked without downloading it: the manifest and every
+    file's size. The SHA-256s are checked by each worker after its download (`load`)."""
+    from raydlc import storage
+
+    hint = "resume from an earlier checkpoint (RESUME_FROM), or start without --resume"
+    try:
+        raw = json.loads(storage.read_text(storage.join(uri, MANIFEST)))
+        m = Manifest(int(raw["step"]), int(raw["world_size"]), dict(raw["files"]), dict(raw.get("meta", {})))
+        sizes = storage.file_sizes(uri)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {uri} is partial or unreadable: {e}", hint=hint) from e
+    for name, want in sorted(m.files.items()):
+        if name not in sizes:
+            raise CheckpointError(f"checkpoint {uri} is partial: {name} is missing", hint=hint)
+        if sizes[name] != want["size"]:
+            raise CheckpointError(f"checkpoint {uri} is corrupt: {name} has {sizes[name]} bytes, the manifest says {want['size']}", hint=hint)
+    return m
+
+
+def latest(storage_path: str | Path) -> str | None:
+    """The newest checkpoint of the newest run under `storage_path` that has one (a path or a URI)."""
+    from raydlc import storage
+
+    root = str(storage_path)
+    for run in reversed(storage.list_dirs(root)):
+        steps = sorted(((int(m.group(1)), name) for name in storage.list_dirs(storage.join(root, run)) if (m := _NAME.match(name))), reverse=True)
         if steps:
-            return steps[0][1]
+            found = storage.join(root, run, steps[0][1])
+            return found if storage.is_uri(found) else str(Path(found))
     return None
 
 
@@ -174,12 +193,25 @@ def save(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
 
 
 def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> dict[str, Any]:
-    """Verify, then load model + optimizer shards (resharding if the world size changed) and this rank's extras."""
+    """Verify, then load model + optimizer shards (resharding if the world size changed) and this rank's extras.
+
+    A URI (s3://…) is downloaded to a local folder first, then verified like any other.
+    """
+    import tempfile
+
+    from raydlc import storage
+
+    if storage.is_uri(str(directory)):
+        with tempfile.TemporaryDirectory(prefix="raydlc-resume-") as tmp:
+            return _load_local(storage.download(str(directory), Path(tmp)), model, optimizer, rank=rank)
+    return _load_local(Path(directory), model, optimizer, rank=rank)
+
+
+def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    d = Path(directory)
     m = verify(d)
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}

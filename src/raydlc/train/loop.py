@@ -1,9 +1,11 @@
-"""`train_func`: the per-worker loop Ray Train's TorchTrainer runs, on CPUs here and GPUs there.
+"""The per-worker program Ray Train's TorchTrainer runs, in named parts: build, step, evaluate,
+checkpoint, finalize. `run_loop` strings them together; the benchmark times `train_step` itself.
 
 The loss is normalised by the global number of target tokens (an all-reduce of one count per
 step), so the gradient equals the gradient of the global mean whatever the number of ranks:
 1 worker with batch 2B and 2 workers with batch B take the same steps. Ray's report is a
-barrier with a cost, so metrics go up every `report_every` steps and with each checkpoint.
+barrier with a cost, so metrics go up every `report_every` steps and with each checkpoint;
+progress goes to the driver every step through an actor, which is not a barrier.
 """
 
 from __future__ import annotations
@@ -15,10 +17,20 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from raydlc.train.runspec import RunSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from raydlc.config import TrainConfig
+    from raydlc.train.layout import Mesh
 
 
 def lr_at(step: int, base: float, warmup: int) -> float:
@@ -31,27 +43,18 @@ def batch_fingerprint(indices: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def publish(local: Path, dest: str) -> None:
-    """Copy a finished local folder to the run directory (a path, or a URI such as s3://)."""
-    if "://" in dest:
-        import pyarrow.fs
-
-        fs, path = pyarrow.fs.FileSystem.from_uri(dest)
-        fs.create_dir(path, recursive=True)
-        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
-    else:
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        shutil.copytree(local, dest, dirs_exist_ok=True)
+# ---- sessions: what the launcher provides -----------------------------------------------------
 
 
 class RaySession:
-    """Ray Train's view of the worker: ranks, the restored checkpoint, and report (a barrier)."""
+    """Ray Train's view of the worker: ranks, the restored checkpoint, report (a barrier), progress."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Any = None) -> None:
         import ray.train
 
         ctx = ray.train.get_context()
         self.rank, self.world, self.local_world = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_world_size()
+        self._progress = progress
 
     def device(self) -> Any:
         import ray.train.torch
@@ -79,6 +82,17 @@ class RaySession:
             ray.train.report(metrics)
         else:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir), checkpoint_dir_name=name)
+
+    def progress(self, records: list[dict[str, Any]], *, wait: bool = False) -> None:
+        """Rank 0's new records to the driver's mailbox: fire and forget, except with `wait`,
+        which returns once everything posted so far has arrived (calls from one caller keep order)."""
+        if self._progress is None or not (records or wait):
+            return
+        ref = self._progress.put.remote(records)
+        if wait:
+            import ray
+
+            ray.get(ref)
 
 
 class TorchrunSession:
@@ -115,132 +129,279 @@ class TorchrunSession:
             shutil.copytree(checkpoint_dir, Path(self.run_dir) / name, dirs_exist_ok=True)
         dist.barrier()
 
-
-def train_func(config: dict[str, Any]) -> None:
-    """Ray Train's entry point."""
-    run_loop(config, RaySession())
+    def progress(self, records: list[dict[str, Any]], *, wait: bool = False) -> None:
+        pass
 
 
-def run_loop(config: dict[str, Any], session: Any) -> None:
+# ---- build -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trainer:
+    """One worker's built state: the sharded model, its optimizer, and where it runs."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    world: int
+    mesh: Any  # torch's DeviceMesh
+    settings: TrainConfig
+
+
+def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (β2 0.95), fused on CUDA; the learning rate is set by `train_step` each step."""
     import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
+
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=settings.learning_rate,
+        betas=(0.9, 0.95),
+        weight_decay=settings.weight_decay,
+        fused=True if device.type == "cuda" else None,
+    )
+
+
+def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.device, bf16: bool) -> Trainer:
+    """Model (a built-in spec at random init, or loaded), FSDP2 over the planned mesh, optimizer.
+
+    Needs the process group: the mesh is built over it.
+    """
+    import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from raydlc.models import get_spec
+    from raydlc.train.model import apply_fsdp, build_model, load_pretrained
+
+    torch.manual_seed(settings.seed)
+    np.random.seed(settings.seed)
+    model = build_model(get_spec(spec), device=device, seed=settings.seed) if spec else load_pretrained(settings.model_id).to(device)
+    device_mesh = init_device_mesh(device.type, mesh.shape, mesh_dim_names=mesh.dim_names)
+    apply_fsdp(
+        model,
+        mesh=device_mesh,
+        param_dtype=torch.bfloat16 if bf16 else None,
+        reduce_dtype=torch.float32 if bf16 else None,
+        activation_checkpointing=settings.activation_checkpointing,
+        compile=settings.compile,
+    )
+    return Trainer(model, make_optimizer(model, settings, device), device, mesh.world_size, device_mesh, settings)
+
+
+# ---- step --------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepOutput:
+    """Device tensors: reading them is the caller's host sync, not the step's."""
+
+    loss: torch.Tensor  # the global mean over target tokens (float64)
+    grad_norm: torch.Tensor
+    tokens: torch.Tensor  # target tokens in the global batch
+
+
+def to_batch(ids: np.ndarray, labels: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    return torch.as_tensor(ids, dtype=torch.long, device=device), torch.as_tensor(labels, dtype=torch.long, device=device)
+
+
+def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy (fp32) and the number of target tokens it covers."""
+    import torch.nn.functional as F
+
+    from raydlc.train.data import IGNORE
+
+    y = labels[:, 1:]
+    logits = model(input_ids=ids).logits[:, :-1]
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return total, (y != IGNORE).sum()
+
+
+def target_tokens(t: Trainer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Target tokens of the global batch (every rank's, every micro-batch's): the loss's denominator.
+
+    Known from the labels before any forward, so each micro-batch's backward can be scaled right.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from raydlc.train.data import IGNORE
+
+    n = torch.stack([(labels[:, 1:] != IGNORE).sum() for _, labels in batches]).sum()
+    dist.all_reduce(n)
+    return n
+
+
+def forward_backward(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor], n_global: torch.Tensor) -> torch.Tensor:
+    """One micro-batch's forward and backward, scaled so the gradients add up to those of the
+    global token mean (FSDP averages gradients over ranks, hence the `world` factor); returns its
+    summed loss. Gradient accumulation is this, once per micro-batch, before one optimizer step."""
+    total, _ = loss_sum(t.model, *batch)
+    (total * t.world / n_global.clamp(min=1)).backward()
+    return total.detach()
+
+
+def optimizer_step(t: Trainer, lr: float) -> torch.Tensor:
+    """Clip the global gradient norm, apply AdamW at `lr`, clear the gradients; returns the norm."""
+    import torch
+
+    grad_norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.settings.max_grad_norm)
+    for g in t.optimizer.param_groups:
+        g["lr"] = lr
+    t.optimizer.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def train_step(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> StepOutput:
+    """The product's training step: forward, backward, clip, AdamW; no host sync inside."""
+    import torch.distributed as dist
+
+    n_global = target_tokens(t, [batch])
+    total = forward_backward(t, batch, n_global).double()
+    grad_norm = optimizer_step(t, lr)
+    dist.all_reduce(total)
+    return StepOutput(loss=total / n_global.clamp(min=1), grad_norm=grad_norm, tokens=n_global)
+
+
+# ---- evaluate ----------------------------------------------------------------------------------
+
+
+def evaluate(t: Trainer, ids: np.ndarray, labels: np.ndarray, *, rank: int, batch_size: int) -> float:
+    """Mean eval loss over every rank's equal share of the held-out sequences."""
+    import torch
+    import torch.distributed as dist
+
+    from raydlc.train.data import eval_slice
+
+    t.model.eval()
+    idx = eval_slice(len(ids), rank, t.world)
+    tot = torch.zeros(2, dtype=torch.float64, device=t.device)
+    with torch.no_grad():
+        for i in range(0, len(idx), batch_size):
+            part = idx[i : i + batch_size]
+            s, n = loss_sum(t.model, *to_batch(ids[part], labels[part], t.device))
+            tot += torch.stack([s.double(), n.double()])
+    dist.all_reduce(tot)
+    t.model.train()
+    return float(tot[0] / tot[1])
+
+
+# ---- checkpoint --------------------------------------------------------------------------------
+
+
+def restore(t: Trainer, run: RunSpec, session: Any, rank: int) -> tuple[int, list[dict[str, Any]]]:
+    """(step to continue after, metrics so far): Ray's restart checkpoint first, else RESUME_FROM."""
+    from raydlc.train import checkpoint as ckpt
+
+    source: str | None = None
+    extra: dict[str, Any] = {}
+    with session.restored() as d:
+        if d is not None:
+            extra = ckpt.load(d, t.model, t.optimizer, rank=rank)
+            source = str(d)
+    if source is None and run.resume_from:
+        extra = ckpt.load(run.resume_from, t.model, t.optimizer, rank=rank)
+        source = run.resume_from
+    if source is None:
+        return 0, []
+    ckpt.set_rng_state(extra["rng"])
+    if rank == 0:
+        print(f"[raydlc] resumed at step {int(extra['step'])} from {source}", flush=True)
+    return int(extra["step"]), list(extra.get("history", []))
+
+
+def save_checkpoint(t: Trainer, session: Any, *, step: int, rank: int, history: list[dict[str, Any]], meta: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """Collective: every rank stages its shards, then one report registers them as one checkpoint."""
+    from raydlc.train import checkpoint as ckpt
+
+    with tempfile.TemporaryDirectory(prefix=f"raydlc-ckpt-r{rank}-") as tmp:
+        ckpt.save(Path(tmp), t.model, t.optimizer, step=step, rank=rank, world_size=t.world, extra={"history": history}, meta=meta)
+        session.report(metrics, tmp, ckpt.dir_name(step))
+
+
+# ---- finalize ----------------------------------------------------------------------------------
+
+
+def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int) -> None:
+    """Export, metrics, plot, summary and the run's settings into the run directory; then drop the FSDP state.
+
+    The export and the metrics files are the run's products; a restart after the last
+    checkpoint lands here directly (no steps left) and writes them again, identically.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from raydlc import storage
     from raydlc.train import checkpoint as ckpt
     from raydlc.train import metrics as mx
-    from raydlc.train.data import IGNORE, eval_slice, global_batch, rank_slice
-    from raydlc.train.launch import mesh_shape
-    from raydlc.train.model import apply_fsdp, build_model, get_spec, load_pretrained
-    from raydlc.train.tokenizer import TokenizerInfo, to_hf
+    from raydlc.train.tokenizer import to_hf
 
-    rank, world, local_world = session.rank, session.world, session.local_world
-    use_gpu = torch.cuda.is_available() and config.get("use_gpu", False)
+    tok = to_hf(run.tokenizer) if rank == 0 else None
+    with tempfile.TemporaryDirectory(prefix="raydlc-export-") as tmp:
+        out = Path(tmp)
+        ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32)
+        if rank == 0:
+            mx.write_jsonl(history, out / "metrics.jsonl")
+            mx.plot(history, out / "loss.png", title=f"{run.train.model_id}: {t.world} worker(s), global batch {run.global_batch} x {run.train.seq_len}")
+            (out / "summary.json").write_text(json.dumps(mx.summarize(history), indent=1))
+            (out / "run.json").write_text(run.model_dump_json(indent=1))  # the settings as this worker validated them
+            storage.publish(out, run.run_dir)
+    # bf16 on gloo aborts at exit unless every rank drops its FSDP state before the group goes.
+    t.model = t.optimizer = None  # type: ignore[assignment]
+    gc.collect()
+    dist.barrier()
+
+
+# ---- the loop ----------------------------------------------------------------------------------
+
+
+def train_func(config: dict[str, Any]) -> None:
+    """Ray Train's entry point: the RunSpec as JSON, the data's object ref, the progress mailbox."""
+    run_loop(RunSpec.from_wire(config["run"]), RaySession(config.get("progress")), config["data"])
+
+
+def run_loop(run: RunSpec, session: Any, data: Any) -> None:
+    import torch
+
+    from raydlc.train import metrics as mx
+    from raydlc.train.data import global_batch, rank_slice
+    from raydlc.train.layout import check_placement
+
+    s = run.train
+    rank, world = session.rank, session.world
+    check_placement(run.mesh, world_size=world, local_world_size=session.local_world)
+    use_gpu = torch.cuda.is_available() and run.use_gpu
     if use_gpu:
         device = session.device()
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    seed = int(config["seed"])
-    steps, batch, seq_len = int(config["steps"]), int(config["batch_size"]), int(config["seq_len"])
-    global_size = batch * world
-    bf16 = bool(config["bf16"])
+    steps, batch, seq_len = s.steps, s.batch_size, s.seq_len
+    global_size = run.global_batch
 
-    data = session.fetch(config["data"])
-    train_ids, train_labels = data["train_input_ids"], data["train_labels"]
-    eval_ids, eval_labels = data["eval_input_ids"], data["eval_labels"]
+    arrays = session.fetch(data)
+    train_ids, train_labels = arrays["train_input_ids"], arrays["train_labels"]
+    eval_ids, eval_labels = arrays["eval_input_ids"], arrays["eval_labels"]
 
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    if config.get("spec"):
-        model = build_model(get_spec(config["spec"]), device=device, seed=seed)
-    else:
-        model = load_pretrained(config["model"]).to(device)
-    shape = mesh_shape(config["sharding"], world, local_world, config.get("hsdp_replicas"))
-    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-    apply_fsdp(
-        model,
-        mesh=mesh,
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-        activation_checkpointing=bool(config.get("activation_checkpointing")),
-    )
-    base_lr = float(config["learning_rate"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=base_lr, betas=(0.9, 0.95), weight_decay=float(config.get("weight_decay", 0.0)))
+    t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
+    start_step, history = restore(t, run, session, rank)
+    report_every = s.report_every
+    eval_every = s.eval_every or s.checkpoint_every
+    meta = run.checkpoint_meta()
+    mesh_shape = list(t.mesh.shape)
 
-    history: list[dict[str, Any]] = []
-    start_step = 0
-    source: str | None = None
-    with session.restored() as d:
-        if d is not None:
-            extra = ckpt.load(d, model, optimizer, rank=rank)
-            source = str(d)
-    if source is None and config.get("resume_from"):
-        extra = ckpt.load(config["resume_from"], model, optimizer, rank=rank)
-        source = str(config["resume_from"])
-    if source is not None:
-        start_step = int(extra["step"])
-        history = list(extra.get("history", []))
-        ckpt.set_rng_state(extra["rng"])
-        if rank == 0:
-            print(f"[raydlc] resumed at step {start_step} from {source}", flush=True)
-
-    report_every = max(1, int(config["report_every"]))
-    checkpoint_every = int(config["checkpoint_every"])
-    eval_every = int(config.get("eval_every") or checkpoint_every)
-    max_grad_norm = float(config.get("max_grad_norm", 1.0))
-    crash = config.get("crash")
-    progress = Path(config["progress_path"]) if config.get("progress_path") and rank == 0 else None
-    run_dir = str(config["run_dir"])
-    meta = {"model": config["model"], "spec": config.get("spec"), "seq_len": seq_len, "global_batch": global_size, "seed": seed, "data": config.get("data_digest")}
-
-    def loss_parts(ids: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.as_tensor(ids, dtype=torch.long, device=device)
-        y = torch.as_tensor(labels, dtype=torch.long, device=device)[:, 1:]
-        logits = model(input_ids=x).logits[:, :-1]
-        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
-        return loss_sum, (y != IGNORE).sum()
-
-    def evaluate() -> float:
-        model.eval()
-        idx = eval_slice(len(eval_ids), rank, world)
-        tot = torch.zeros(2, dtype=torch.float64, device=device)
-        with torch.no_grad():
-            for i in range(0, len(idx), batch):
-                part = idx[i : i + batch]
-                s, n = loss_parts(eval_ids[part], eval_labels[part])
-                tot += torch.stack([s.double(), n.double()])
-        dist.all_reduce(tot)
-        model.train()
-        return float(tot[0] / tot[1])
-
-    def save_and_report(step: int, metrics: dict[str, Any]) -> None:
-        with tempfile.TemporaryDirectory(prefix=f"raydlc-ckpt-r{rank}-") as tmp:
-            ckpt.save(Path(tmp), model, optimizer, step=step, rank=rank, world_size=world, extra={"history": history}, meta=meta)
-            session.report(metrics, tmp, ckpt.dir_name(step))
-
-    model.train()
+    t.model.train()
     for step in range(start_step + 1, steps + 1):
-        if crash and start_step == 0 and step == int(crash["step"]) and rank == int(crash["rank"]):
+        if run.crash and start_step == 0 and step == run.crash.step and rank == run.crash.rank:
             print(f"[raydlc] injected failure: rank {rank} exits at step {step}", flush=True)
             os._exit(1)
         t0 = time.perf_counter()
-        lr = lr_at(step, base_lr, int(config.get("warmup_steps", 0)))
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        gidx = global_batch(step, len(train_ids), global_size, seed)
+        lr = lr_at(step, s.learning_rate, s.warmup_steps)
+        gidx = global_batch(step, len(train_ids), global_size, s.seed)
         mine = rank_slice(gidx, rank, world)
-        loss_sum, n_tok = loss_parts(train_ids[mine], train_labels[mine])
-        n_global = n_tok.detach().clone()
-        dist.all_reduce(n_global)
-        (loss_sum * world / n_global.clamp(min=1)).backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        total = loss_sum.detach().double()
-        dist.all_reduce(total)
-        loss = float(total / n_global.clamp(min=1))
+        out = train_step(t, to_batch(train_ids[mine], train_labels[mine], device), lr)
+        loss = float(out.loss)
         if use_gpu:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -248,7 +409,7 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
             "step": step,
             "loss": loss,
             "lr": lr,
-            "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+            "grad_norm": float(out.grad_norm.full_tensor() if hasattr(out.grad_norm, "full_tensor") else out.grad_norm),
             "tokens": global_size * seq_len,
             "step_time_s": dt,
             "time": time.time(),
@@ -259,16 +420,11 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
         first_new = len(history)
         history.append(rec)
         last = step == steps
-        is_ckpt = last or (checkpoint_every > 0 and step % checkpoint_every == 0)
+        is_ckpt = last or (s.checkpoint_every > 0 and step % s.checkpoint_every == 0)
         if last or (eval_every > 0 and step % eval_every == 0):
-            history.append({"step": step, "eval_loss": evaluate()})
-        if progress is not None:
-            try:
-                progress.parent.mkdir(parents=True, exist_ok=True)
-                with progress.open("a") as f:
-                    f.write("".join(json.dumps(r) + "\n" for r in history[first_new:]))
-            except OSError:  # a display aid only; never a reason to fail a run
-                progress = None
+            history.append({"step": step, "eval_loss": evaluate(t, eval_ids, eval_labels, rank=rank, batch_size=batch)})
+        if rank == 0:
+            session.progress(history[first_new:])
         if is_ckpt or step % report_every == 0:
             window = [r for r in history if "loss" in r][-report_every:]
             metrics = {
@@ -277,26 +433,15 @@ def run_loop(config: dict[str, Any], session: Any) -> None:
                 "tokens_per_s": sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window),
                 "step_time_s": sum(r["step_time_s"] for r in window) / len(window),
                 "peak_mem_mb": rec["peak_mem_mb"],
+                "mesh_shape": mesh_shape,
             }
             if last:
                 metrics.update({f"summary_{k}": v for k, v in mx.summarize(history).items() if v is not None})
             if is_ckpt:
-                save_and_report(step, metrics)
+                save_checkpoint(t, session, step=step, rank=rank, history=history, meta=meta, metrics=metrics)
             else:
                 session.report(metrics)
 
-    # The export and the metrics files are the run's products; a restart after the last
-    # checkpoint lands here directly (empty loop) and writes them again, identically.
-    tok = to_hf(TokenizerInfo(**config["tokenizer"])) if rank == 0 else None
-    with tempfile.TemporaryDirectory(prefix="raydlc-export-") as tmp:
-        out = Path(tmp)
-        ckpt.export_hf(model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if bf16 else torch.float32)
-        if rank == 0:
-            mx.write_jsonl(history, out / "metrics.jsonl")
-            mx.plot(history, out / "loss.png", title=f"{config['model']}: {world} worker(s), global batch {global_size} x {seq_len}")
-            (out / "summary.json").write_text(json.dumps(mx.summarize(history), indent=1))
-            publish(out, run_dir)
-    # bf16 on gloo aborts at exit unless every rank drops its FSDP state before the group goes.
-    model = optimizer = None
-    gc.collect()
-    dist.barrier()
+    if rank == 0:
+        session.progress([], wait=True)
+    finalize(t, run, history, rank=rank)

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydlc.output import console, err_console
 
+if TYPE_CHECKING:
+    from raydlc.config import TrainConfig
+    from raydlc.train.launch import Target
 
-def run_with_progress(run: Callable[..., dict[str, Any]], spec: Any, *, quiet: bool) -> dict[str, Any]:
+
+def run_with_progress(run: Callable[..., dict[str, Any]], settings: TrainConfig, where: Target, *, quiet: bool, debug: bool) -> dict[str, Any]:
     """Run with a live bar on stderr (stdout stays clean for --json); Ray's worker logs only with --debug."""
-    import os
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    debug = os.environ.get("RAYDLC_DEBUG") in ("1", "true")
-    spec = replace(spec, log_to_driver=debug)
+    where = replace(where, log_to_driver=debug)
     if quiet and not err_console.is_terminal:
-        return run(spec)
+        return run(settings, where)
     bar = Progress(
         TextColumn("[bold]train[/]"),
         BarColumn(),
@@ -30,7 +31,7 @@ def run_with_progress(run: Callable[..., dict[str, Any]], spec: Any, *, quiet: b
         transient=quiet,
     )
     with bar:
-        task = bar.add_task("train", total=spec.steps, loss="-", eval="-", tps="-")
+        task = bar.add_task("train", total=settings.steps, loss="-", eval="-", tps="-")
 
         def on_progress(rec: dict[str, Any]) -> None:
             if "eval_loss" in rec:
@@ -38,7 +39,7 @@ def run_with_progress(run: Callable[..., dict[str, Any]], spec: Any, *, quiet: b
             elif "loss" in rec:
                 bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.3f}", tps=f"{rec['tokens_per_s']:,.0f}")
 
-        return run(spec, on_progress=on_progress)
+        return run(settings, where, on_progress=on_progress)
 
 
 def print_summary(s: dict[str, Any]) -> None:

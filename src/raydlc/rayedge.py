@@ -1,0 +1,295 @@
+"""The one place raydlc starts or joins Ray, and where Ray's errors become raydlc's.
+
+Training, the preflight and (later) job submission all reach Ray through here: join an
+address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an in-process local Ray,
+with the workers' environment and the log settings decided once. A Ray started here is shut
+down here; one already running in the process is used as it is. `LocalHead` starts a real
+head as a subprocess (`ray start --head --block`) on explicit free ports, so a driver in
+another process can join it by address, as it would join a cluster's head through a
+port-forward; it is ended by its own PID, never by `ray stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydlc.errors import InputError, RaydlcError, RayError, TrainError
+
+# Ray Train's controller polls its workers at this interval and a report waits for the poll:
+# at the default 2 s a report costs ~1.3 s. 1 s keeps reports every N steps from waiting
+# without polling a 2-core machine four times a second. A value in the environment wins.
+WORKER_ENV: dict[str, str] = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1.0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every Ray worker raydlc starts: WORKER_ENV, the caller's values, `extra`."""
+    base = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
+    return {**base, **(extra or {})}
+
+
+def address_from_env() -> str | None:
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+@contextlib.contextmanager
+def connected(
+    address: str | None = None,
+    *,
+    workers: int = 0,
+    log_to_driver: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[None]:
+    """Ray for the duration of the block: the running one, `address` (or RAY_ADDRESS), or a local one.
+
+    A local Ray gets at least one CPU per worker (`workers`), no dashboard, and the workers'
+    environment as its job runtime env; it is shut down when the block ends.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = address or address_from_env()
+    env_vars = worker_env(env)
+    for k, v in env_vars.items():
+        os.environ.setdefault(k, v)
+    kw: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": log_to_driver}
+    if not log_to_driver:
+        kw["logging_level"] = logging.WARNING
+    if address:
+        check_reachable(address)
+    try:
+        if address:
+            ray.init(address=address, **kw)
+        else:
+            # "local": a new instance even when a `ray start` head on this machine is recorded in
+            # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, **kw)
+    except Exception as e:
+        raise connect_error(e, address) from e
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def check_reachable(address: str) -> None:
+    """A host:port that nothing answers on fails here at once: ray.init would wait for it forever."""
+    from raydlc.storage import is_uri
+
+    if address == "auto" or is_uri(address):  # ray://… goes through Ray Client and its own timeout
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"Ray address {address!r} is not host:port", hint="give the head's GCS address, e.g. 127.0.0.1:6379, or ray://host:10001")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as e:
+        raise RayError(
+            f"cannot reach Ray at {address}: {e.strerror or e}",
+            hint="check that the head is running and the address (host:port of its GCS) is right; through a port-forward, that it is open",
+        ) from e
+
+
+def connect_error(e: BaseException, address: str | None) -> RaydlcError:
+    """ray.init's failures, as one message a person can act on."""
+    cause = root_cause(e)
+    if address is None:
+        return RayError(f"cannot start a local Ray: {cause}", hint="see Ray's logs under /tmp/ray/session_latest/logs")
+    if isinstance(e, ValueError) and "address" in str(e).lower():
+        return InputError(f"Ray address {address!r}: {cause}", hint="give the head's host:port (GCS, e.g. 127.0.0.1:6379) or ray://host:10001")
+    return RayError(
+        f"cannot reach Ray at {address}: {cause}",
+        hint="check that the head is running and the address (host:port of its GCS) is right; through a port-forward, that it is open",
+    )
+
+
+def run_error(e: BaseException, what: str, hint: str) -> TrainError:
+    """A failed Ray Train run (Ray wraps worker errors in its own types) as a TrainError.
+
+    A raydlc error raised on a worker keeps its own message.
+    """
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, RaydlcError):
+            return TrainError(f"{what} failed: {seen.message}", hint=seen.hint or hint)
+        seen = seen.__cause__
+    return TrainError(f"{what} failed: {root_cause(e)}", hint=hint)
+
+
+def root_cause(e: BaseException) -> str:
+    """The last line of the innermost cause: what actually went wrong, without Ray's wrapping."""
+    seen = e
+    while seen.__cause__ is not None:
+        seen = seen.__cause__
+    text = str(seen).strip().splitlines()
+    return text[-1] if text else type(seen).__name__
+
+
+def cluster_resources() -> dict[str, float]:
+    import ray
+
+    return dict(ray.cluster_resources())
+
+
+def node_capacities(resource: str, *, at_least: int = 0, wait_s: float = 0.0) -> list[int]:
+    """How many of `resource` (GPU, CPU) each alive node has: the worker slots Ray can grant.
+
+    With `wait_s`, waits until the nodes together have `at_least` (pods of a new cluster join
+    one by one) or the time is up, then answers with what there is.
+    """
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        caps = [int(n["Resources"].get(resource, 0)) for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) >= 1]
+        if sum(caps) >= at_least or time.monotonic() >= deadline:
+            return caps
+        time.sleep(2.0)
+
+
+# ---- a mailbox actor: workers post, the driver drains ------------------------------------------------
+
+
+class _Mailbox:
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+
+    def put(self, items: list[Any]) -> None:
+        self._items.extend(items)
+
+    def drain(self) -> list[Any]:
+        out, self._items = self._items, []
+        return out
+
+
+def mailbox() -> Any:
+    """An actor owned by the driver that workers on any node post to (`put.remote([...])`).
+
+    Ray Train V2 keeps only the metrics reported with a checkpoint, and a file is on one
+    machine's disk; this needs neither, and lives as long as the driver holds it.
+    """
+    import ray
+
+    return ray.remote(num_cpus=0)(_Mailbox).remote()
+
+
+def drain(box: Any) -> list[Any]:
+    import ray
+
+    return list(ray.get(box.drain.remote()))
+
+
+# ---- a local head in its own process ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalHead:
+    """A Ray head started by `start_head`; `address` is what `connected(address=...)` joins."""
+
+    process: subprocess.Popen[bytes]
+    address: str
+    dashboard_url: str
+    log: Path
+    temp_dir: Path
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the head and everything it started, by PID: first `ray start --block` itself (it stops
+        its processes), then whatever is left in its own process group (the dashboard's modules)."""
+        pgid = self.process.pid
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout)
+        sig, deadline = signal.SIGTERM, time.monotonic() + timeout
+        while _group_alive(pgid) and time.monotonic() < deadline + timeout:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+            if time.monotonic() > deadline:
+                sig = signal.SIGKILL
+            self.process.poll()
+            time.sleep(0.2)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalHead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> LocalHead:
+    """`ray start --head --block` on free 127.0.0.1 ports, ready when its dashboard answers.
+
+    Every port is chosen here so heads of different people on one machine never collide, and
+    its own temp dir keeps it out of /tmp/ray/ray_current_cluster, where a plain `ray.init()`
+    elsewhere on the machine would find and join it; token auth is off explicitly (a
+    `~/.ray/auth_token` would otherwise switch it on).
+    """
+    ray_bin = Path(sys.executable).with_name("ray")
+    exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray")
+    if exe is None:
+        raise RayError("the `ray` command is not installed next to this Python", hint="pip install 'ray[default]'")
+    names = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+             "runtime-env-agent-port", "metrics-export-port", "node-manager-port", "object-manager-port")
+    ports = {name: free_port() for name in names}
+    temp_dir = Path(tempfile.mkdtemp(prefix="raydlc-head-", dir="/tmp"))  # short: Ray's socket paths live under it
+    cmd = [exe, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}",
+           "--include-dashboard=true", "--disable-usage-stats", f"--num-cpus={num_cpus}", "--num-gpus=0",
+           *(f"--{name}={port}" for name, port in ports.items())]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "ray-head.log"
+    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", **worker_env(), **(env or {})}
+    child_env.pop("RAY_ADDRESS", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+    head = LocalHead(proc, f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard-port']}", log, temp_dir, ports)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            head.stop()
+            raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
+        try:
+            with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
+                if r.status == 200:
+                    return head
+        except OSError:
+            pass
+        time.sleep(0.5)
+    head.stop()
+    raise RayError(f"the local Ray head did not answer on {head.dashboard_url} within {timeout:.0f} s", hint=f"see {log}")

@@ -1,0 +1,82 @@
+"""The one Ray edge: addresses, errors, the workers' environment, and a real head joined by address."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydlc import rayedge
+from raydlc.errors import CheckpointError, InputError, RayError, TrainError
+from raydlc.train import metrics as M
+
+
+def test_an_address_nothing_answers_fails_at_once_instead_of_waiting_forever() -> None:
+    port = rayedge.free_port()
+    with pytest.raises(RayError, match=f"cannot reach Ray at 127.0.0.1:{port}"):
+        rayedge.check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(InputError, match="not host:port"):
+        rayedge.check_reachable("nonsense")
+    rayedge.check_reachable("auto")  # resolved by Ray inside a job
+    rayedge.check_reachable("ray://head:10001")  # Ray Client: its own timeout
+
+
+def test_run_errors_keep_raydlcs_own_message_or_name_the_root_cause() -> None:
+    try:
+        try:
+            raise CheckpointError("checkpoint x is corrupt", hint="resume from an earlier one")
+        except CheckpointError as inner:
+            raise RuntimeError("Training failed due to worker errors") from inner
+    except RuntimeError as e:
+        mapped = rayedge.run_error(e, "training run r", "see the logs")
+    assert isinstance(mapped, TrainError) and mapped.message == "training run r failed: checkpoint x is corrupt"
+    assert mapped.hint == "resume from an earlier one"
+    try:
+        try:
+            raise ValueError("first line\nNCCL error: unhandled system error")
+        except ValueError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as e:
+        assert rayedge.run_error(e, "preflight", "h").message == "preflight failed: NCCL error: unhandled system error"
+
+
+def test_worker_env_is_decided_once_and_the_callers_value_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    assert rayedge.worker_env() == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1.0", "TOKENIZERS_PARALLELISM": "false"}
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    assert rayedge.worker_env({"X": "1"}) == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "TOKENIZERS_PARALLELISM": "false", "X": "1"}
+
+
+@pytest.mark.slow
+def test_a_head_in_its_own_process_is_joined_by_address_and_streams_progress(tmp_path: Path) -> None:
+    """The cluster entrypoint against a real head, as on a cluster: settings from the command line
+    reach the workers, and each step's progress reaches the driver through Ray, not a file."""
+    out = tmp_path / "out"
+    with rayedge.start_head(num_cpus=3, log_dir=tmp_path / "head") as head:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_") and k != "RAY_ADDRESS"}
+        env["RAYDLC_WEIGHT_DECAY"] = "0.01"
+        r = subprocess.run(
+            [sys.executable, "-m", "raydlc.train", "--address", head.address, "--model", "tiny", "--steps", "4", "--seq-len", "32",
+             "--batch-size", "2", "--workers", "2", "--lr", "2e-3", "--storage-path", str(out), "--set", "WARMUP_STEPS=2"],
+            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
+        )
+        group = head.process.pid
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines if ": loss" in line] == ["step 1", "step 2", "step 3", "step 4"]
+    assert "step 4: eval loss" in r.stdout
+    summary = json.loads(lines[-1])
+    assert summary["steps"] == 4 and summary["mesh"]["built"] == [2]
+    run_dir = Path(summary["run_dir"])
+    progress = M.read_jsonl(run_dir / "progress.jsonl")  # the driver's copy of what the mailbox brought
+    assert [rec["step"] for rec in progress if "loss" in rec] == [1, 2, 3, 4]
+    seen = json.loads((run_dir / "run.json").read_text())["train"]  # written by rank 0 from the spec it validated
+    assert (seen["warmup_steps"], seen["weight_decay"], seen["steps"]) == (2, 0.01, 4)
+    lrs = [rec["lr"] for rec in M.read_jsonl(run_dir / "metrics.jsonl") if "loss" in rec]
+    assert lrs == [1e-3, 2e-3, 2e-3, 2e-3]  # WARMUP_STEPS=2 took effect inside the workers
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)  # the head and everything it started are gone

@@ -1,0 +1,102 @@
+"""The parallel layout decided once on the driver, and the RunSpec every worker re-validates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from raydlc.config import TrainConfig
+from raydlc.errors import InputError, TrainError
+from raydlc.train import launch as L
+from raydlc.train.layout import Mesh, check_placement, placement, plan_mesh
+from raydlc.train.runspec import Crash, RunSpec
+from raydlc.train.tokenizer import TokenizerInfo
+
+
+def test_placement_fills_the_largest_nodes_first_as_ray_packs_them() -> None:
+    assert placement([4, 4], 8) == [4, 4]
+    assert placement([4, 4, 0], 4) == [4]  # one node holds them all; the CPU-only head has no GPU
+    assert placement([4, 4], 6) == [4, 2]
+    assert placement([2, 8], 4) == [4]
+    with pytest.raises(InputError, match="3 workers need 3 worker slots and the Ray cluster has 2"):
+        placement([2], 3)
+
+
+def test_hsdp_is_refused_when_it_would_not_be_hsdp() -> None:
+    with pytest.raises(InputError, match=r"at least 2 replicas.*1 node.*which is FSDP"):
+        plan_mesh("hsdp", [2])  # the local 2-worker run that used to be validated (2, 1) and built (1, 2)
+    with pytest.raises(InputError, match="one rank per node shards nothing"):
+        plan_mesh("hsdp", [1, 1])
+    with pytest.raises(InputError, match="cross nodes"):
+        plan_mesh("hsdp", [4, 2])  # 2 replicas of 3 ranks: a shard group would span both nodes
+    with pytest.raises(InputError, match="do not split into 4 replicas"):
+        plan_mesh("hsdp", [6], hsdp_replicas=4)
+    asked = plan_mesh("hsdp", [1, 1], hsdp_replicas=2)  # plain replication, asked for explicitly
+    assert (asked.shape, asked.replicas, asked.shard) == ((2, 1), 2, 1)
+    two_per_node = plan_mesh("hsdp", [4, 4], hsdp_replicas=4)
+    assert (two_per_node.shape, two_per_node.dim_names) == ((4, 2), ("replicate", "shard"))
+    fsdp = plan_mesh("fsdp", [4, 2])
+    assert (fsdp.shape, fsdp.dim_names, fsdp.nodes) == ((6,), ("shard",), 2)
+
+
+def test_a_local_hsdp_run_is_refused_before_ray_starts(tmp_path: Path) -> None:
+    train = TrainConfig(model_id="tiny", num_workers=2, seq_len=32, batch_size=2, sharding="hsdp", storage_path=str(tmp_path))
+    with pytest.raises(InputError, match="at least 2 replicas"):
+        L.prepare(train, L.Target())
+    assert not list(tmp_path.iterdir())
+
+
+def test_workers_refuse_a_placement_other_than_the_planned_one() -> None:
+    mesh = plan_mesh("hsdp", [4, 4])
+    check_placement(mesh, world_size=8, local_world_size=4)
+    with pytest.raises(TrainError, match="Ray placed 2 of 8 workers"):
+        check_placement(mesh, world_size=8, local_world_size=2)
+    with pytest.raises(TrainError, match="planned for 8"):
+        check_placement(mesh, world_size=6, local_world_size=4)
+
+
+def spec(**kw: object) -> RunSpec:
+    base: dict[str, object] = dict(
+        train=TrainConfig(model_id="tiny", num_workers=2, steps=7, weight_decay=0.1, warmup_steps=3),
+        spec="tiny",
+        mesh=plan_mesh("hsdp", [2], hsdp_replicas=2),
+        use_gpu=False,
+        bf16=False,
+        run_name="run-x",
+        run_dir="/tmp/out/run-x",
+        tokenizer=TokenizerInfo(eos_id=0, vocab_size=10, tokenizer_json="{}"),
+        data_digest="abc",
+        crash=Crash(rank=1, step=5),
+    )
+    return RunSpec(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_runspec_round_trips_through_json_and_is_validated_again_on_the_worker_side() -> None:
+    s = spec()
+    back = RunSpec.from_wire(s.to_wire())
+    assert back == s and isinstance(back.mesh, Mesh) and back.mesh.shape == (2, 1)
+    assert (back.train.weight_decay, back.train.warmup_steps, back.crash) == (0.1, 3, Crash(rank=1, step=5))
+    assert back.checkpoint_meta() == {"model": "tiny", "spec": "tiny", "seq_len": 128, "global_batch": 2, "seed": 0, "data": "abc"}
+    wire = json.loads(s.to_wire())
+    wire["train"]["steps"] = 0
+    with pytest.raises(ValidationError, match="at least 1"):
+        RunSpec.from_wire(json.dumps(wire))
+    wire["train"]["steps"], wire["train"]["no_such_knob"] = 7, 1
+    with pytest.raises(ValidationError, match="no_such_knob"):
+        RunSpec.from_wire(json.dumps(wire))
+
+
+def test_a_layout_on_several_nodes_needs_storage_every_node_sees(tmp_path: Path) -> None:
+    from raydlc.errors import ConfigError
+
+    train = TrainConfig(model_id="tiny", num_workers=8, storage_path=str(tmp_path))
+    two_nodes = L.plan_layout(train, [4, 4, 0], model=None, instance_type=None)
+    assert two_nodes.nodes == 2
+    with pytest.raises(ConfigError, match="STORAGE_PATH: 2 nodes need storage every node sees"):
+        L.check_storage(train, two_nodes)
+    L.check_storage(train.updated(storage_shared=True), two_nodes)
+    L.check_storage(train.updated(storage_path="s3://bucket/runs"), two_nodes)
+    L.check_storage(train, L.plan_layout(train, [8], model=None, instance_type=None))  # one node: its disk will do
