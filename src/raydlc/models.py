@@ -46,7 +46,7 @@ class ModelSpec:
     qkv_bias: bool = True  # Qwen2: q/k/v projections carry biases
     o_bias: bool = False
     mlp_bias: bool = False
-    rope_scaling: tuple[tuple[str, Any], ...] = ()  # e.g. Llama 3.1's ("rope_type", "llama3"), ("factor", 8.0), ...
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. Llama 3.1's ("factor", 8.0), ..., ("rope_type", "llama3")
     source: str | None = None  # the config.json it was read from; None for a built-in
 
     def __post_init__(self) -> None:
@@ -81,7 +81,8 @@ def _qwen(name: str, hub: str, h: int, layers: int, heads: int, kv: int, inter: 
 
 # Llama 3.1/3.2 extend the context with the "llama3" RoPE scaling; the factor differs by release.
 def _llama3_rope(factor: float) -> tuple[tuple[str, Any], ...]:
-    return (("rope_type", "llama3"), ("factor", factor), ("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    return tuple(sorted(scaling.items()))  # sorted, as the config reader keeps them
 
 
 def _llama(name: str, hub: str, h: int, layers: int, heads: int, kv: int, inter: int, tied: bool, rope_factor: float) -> ModelSpec:

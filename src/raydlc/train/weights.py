@@ -101,6 +101,8 @@ def load_shards(model: nn.Module, directory: Path) -> dict[str, Any]:
     in_files = checkpoint_keys(files)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     if tied:
+        if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:  # type: ignore[operator]
+            raise TrainError("the tied head is not the embedding any more (to_empty unties a plain model: call tie_weights() first)")
         for k in [k for k in sd if k not in in_files and k.endswith("lm_head.weight")]:
             del sd[k]  # the embedding under another name: loaded through it
     missing = sorted(k for k in sd if k not in in_files)
@@ -134,9 +136,7 @@ def build_sharded(model_id: str, *, device: torch.device, shard: Callable[[nn.Mo
     model = shard(model)
     model.to_empty(device=device)
     reset_computed_buffers(model, device)
-    stats = load_shards(model, directory)
-    if getattr(model.config, "tie_word_embeddings", False) and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
-        raise TrainError(f"{model_id}: the tied head lost its tie to the embedding while sharding")
+    stats = load_shards(model, directory)  # FSDP2 keeps a tied head tied through to_empty; load_shards checks
     if log:
         print(
             f"[raydlc] loaded {stats['tensors']} tensors from {len(list(directory.glob('*' + SUFFIX)))} safetensors file(s) in "
