@@ -274,7 +274,7 @@ def nccl(
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
+    model: str | None = typer.Option(None, "--model", help="Built-in spec (qwen2.5-0.5b…72b, llama-3.2-1b…llama-3.3-70b, tiny), its hub id, or a dir with config.json [MODEL_ID]."),
     nodes: int | None = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", max=16, help="GPUs per node (what-if; default GPUS_PER_NODE)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
@@ -361,7 +361,7 @@ def preflight_cmd(
 @app.command("train")
 def train(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [MODEL_ID; local default: tiny]."),
+    model: str | None = typer.Option(None, "--model", help="Built-in spec (random init), hub id or local dir (weights loaded shard by shard) [MODEL_ID; local default: tiny]."),
     data: str | None = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [DATA; default: bundled stdlib-docstring corpus]."),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps [STEPS; local default: 300]."),
     workers: int | None = typer.Option(None, "--workers", help="Ray Train workers [NUM_WORKERS; local default: 2]."),
