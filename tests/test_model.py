@@ -195,3 +195,15 @@ def test_paths_that_are_not_model_directories(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a model config"):
         spec_for(str(tmp_path / "big"))
     assert spec_for("someone/else") is None
+
+
+def test_plan_reads_a_model_directory_and_the_72b_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from raydlc.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_JSON))
+    assert main(["plan", "--model", str(tmp_path), "--nodes", "2", "--gpus-per-node", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["params"] == PUBLISHED["llama-3.2-1b"] and doc["model"] == str(tmp_path)
+    assert main(["plan", "--model", "qwen2.5-72b", "--nodes", "16", "--gpus-per-node", "8", "--gpu", "h100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["params"] == PUBLISHED["qwen2.5-72b"] and doc["fits"] and doc["recommendation"]["micro_batch"] >= 1

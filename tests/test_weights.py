@@ -196,8 +196,8 @@ def ray_sharded_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     # Import what the load imports (transformers' modelling code, DCP, FSDP) first: the figure is
     # the memory the weights cost, not the libraries.
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.checkpoint
+    import torch.distributed.fsdp
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -267,3 +267,42 @@ def test_two_ray_workers_load_a_300mb_model_shard_by_shard_with_half_the_memory(
         assert meta["local_bytes"] == pytest.approx(full_fp32 / 2, rel=0.02), msg
         assert grew < 0.7 * full_fp32, msg  # about its half, never the whole
         assert grew < 0.75 * full_peak, msg
+
+
+@pytest.mark.slow
+def test_a_run_from_a_model_directory_starts_from_its_weights(ray_local: Any, tmp_path: Path) -> None:
+    """`MODEL_ID=<dir>` end to end: the driver reads its config.json and tokenizer, the workers load
+    the weights shard by shard, and step 1's loss is the loss the full-loaded model gives that batch."""
+    import numpy as np
+    from transformers import PreTrainedTokenizerFast
+
+    from raydlc.config import TrainConfig
+    from raydlc.train import data as D
+    from raydlc.train import tokenizer as T
+    from raydlc.train.launch import Target, prepare, run
+    from raydlc.train.loop import loss_sum, to_batch
+
+    spec = TINY["llama-tied"]
+    directory = export(spec, tmp_path / "model", "60KB")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(d.text for d in D.bundled_corpus(max_chars=60_000)))
+    bpe = T.train_bpe([corpus.read_text()], spec.vocab_size)
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=T.EOS, pad_token=T.EOS).save_pretrained(directory)
+
+    train = TrainConfig(model_id=str(directory), data=str(corpus), steps=2, seq_len=32, batch_size=2, num_workers=2,
+                        learning_rate=1e-3, storage_path=str(tmp_path / "runs"), warmup_steps=0)
+    summary = run(train, Target(log_to_driver=False))
+    assert summary["steps"] == 2 and summary["model"] == str(directory)
+
+    p = prepare(train)
+    ids = np.asarray(p.arrays["train_input_ids"])
+    labels = np.asarray(p.arrays["train_labels"])
+    batch = D.global_batch(1, len(ids), train.batch_size * train.num_workers, train.seed)
+    ref = full_load(directory)
+    with torch.no_grad():
+        total, n = loss_sum(ref, *to_batch(ids[batch], labels[batch], torch.device("cpu")))
+    assert summary["first_loss"] == pytest.approx(float(total / n), abs=1e-4)
+    # A random model of this vocabulary scores about ln(1000) = 6.9 nats; the export is its trained continuation.
+    assert abs(summary["first_loss"] - np.log(spec.vocab_size)) < 1.0
+    exported = full_load(Path(summary["export"]))
+    assert exported.config.tie_word_embeddings and sum(p.numel() for p in exported.parameters()) == spec.param_count()
