@@ -231,6 +231,18 @@ def micro_batches(ids: np.ndarray, labels: np.ndarray, rows: np.ndarray, micro_b
     return [to_batch(ids[rows[i : i + micro_batch]], labels[rows[i : i + micro_batch]], device) for i in range(0, len(rows), micro_batch)]
 
 
+def causal_masks(model: nn.Module) -> dict[str, None] | None:
+    """Packed blocks need only the plain causal mask, which SDPA applies itself when given none.
+
+    Handed `None`, transformers builds the mask and first looks for packed sequences in the
+    position ids with a `.all()` that waits for the GPU on every forward; a ready mask mapping
+    (what `generate` passes) skips that. Only for models whose layers all attend fully: a
+    sliding window needs its mask built.
+    """
+    kinds = getattr(model.config, "layer_types", None) or ["full_attention"]
+    return {"full_attention": None} if all(k == "full_attention" for k in kinds) else None
+
+
 def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (fp32) and the number of target tokens it covers."""
     import torch.nn.functional as F
@@ -238,7 +250,7 @@ def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple
     from raydlc.train.data import IGNORE
 
     y = labels[:, 1:]
-    logits = model(input_ids=ids).logits[:, :-1]
+    logits = model(input_ids=ids, attention_mask=causal_masks(model)).logits[:, :-1]
     total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return total, (y != IGNORE).sum()
 
