@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = "raydlc-out"
 NODE_WAIT_S = 600.0  # on a cluster, how long to wait for worker nodes still joining before refusing the run
+PROGRESS_EVERY_S = 1.0  # how often the driver drains rank 0's progress (rank 0 posts at most this often too)
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,7 @@ def _follow(box: Any, on_progress: ProgressFn | None, path: Path | None, stop: t
     failure here never fails the run.
     """
     while True:
-        last = stop.wait(0.3)
+        last = stop.wait(PROGRESS_EVERY_S)
         try:
             records = rayedge.drain(box)
         except Exception:

@@ -10,8 +10,8 @@ gradient collectives run on which micro-batch is FSDP2's switches (`Trainer.sync
 On a GPU nothing is read back to the host between reads: losses, norms and token counts stay
 on the device, and the loop reads them (one copy) every `report_every` steps and at evals and
 checkpoints. Ray's report is a barrier with a cost, so metrics go up at those steps too;
-progress goes to the driver with each read through an actor, which is not a barrier. On a CPU
-a read costs nothing, so every step is read at once.
+progress goes to the driver through an actor (not a barrier), at most once a second and at
+each report. On a CPU a read costs nothing, so every step is read at once.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
     from raydlc.config import TrainConfig
     from raydlc.train.layout import Mesh
+
+
+PROGRESS_EVERY_S = 1.0  # rank 0 posts progress at most this often, and at every report and eval
 
 
 def lr_at(step: int, base: float, warmup: int) -> float:
@@ -485,6 +488,8 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     # has to report anyway; on a CPU there is nothing to wait for, so every step.
     read_every = report_every if device.type == "cuda" else 1
     unread: Unread | None = None
+    unposted: list[dict[str, Any]] = []  # rank 0's records not yet sent to the driver: at most one post a second
+    posted = time.monotonic()
     for step in range(start_step + 1, steps + 1):
         if run.crash and start_step == 0 and step == run.crash.step and rank == run.crash.rank:
             print(f"[raydlc] injected failure: rank {rank} exits at step {step}", flush=True)
@@ -509,7 +514,10 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
         if is_eval:
             history.append({"step": step, "eval_loss": evaluate(t, eval_ids, eval_labels, rank=rank, batch_size=batch)})
         if rank == 0:
-            session.progress(history[first_new:])
+            unposted += history[first_new:]
+            if is_report or is_eval or time.monotonic() - posted >= PROGRESS_EVERY_S:
+                session.progress(unposted)
+                unposted, posted = [], time.monotonic()
         if is_report:
             window = [r for r in history if "loss" in r][-report_every:]
             metrics = {
@@ -528,5 +536,5 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
                 session.report(metrics)
 
     if rank == 0:
-        session.progress([], wait=True)
+        session.progress(unposted, wait=True)
     finalize(t, run, history, rank=rank)
