@@ -65,6 +65,7 @@ with rayedge.connected(workers=1, log_to_driver=False):
         return {k: os.environ.get(k) for k in rayedge.LOCAL_ENV}
     seen = {"config": ray._private.state.state.get_system_config(), "actor_env": ray.get(env.remote())}
 seen["driver_env_after"] = {k: os.environ.get(k) for k in rayedge.LOCAL_ENV}
+seen["table_after"] = rayedge.LOCAL_SYSTEM_CONFIG  # Ray adds keys to the dict it is given: a second start must not inherit them
 print(json.dumps(seen))
 """
     env = {k: v for k, v in os.environ.items() if k not in rayedge.LOCAL_ENV and k != "RAY_ADDRESS"}
@@ -74,6 +75,7 @@ print(json.dumps(seen))
     assert {k: seen["config"][k] for k in rayedge.LOCAL_SYSTEM_CONFIG} == rayedge.LOCAL_SYSTEM_CONFIG
     assert seen["actor_env"] == rayedge.LOCAL_ENV
     assert seen["driver_env_after"] == dict.fromkeys(rayedge.LOCAL_ENV)
+    assert seen["table_after"] == rayedge.LOCAL_SYSTEM_CONFIG
 
 
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def connected(
                 # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
                 ray.init(
                     address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False,
-                    _system_config=LOCAL_SYSTEM_CONFIG, **kw,
+                    _system_config=dict(LOCAL_SYSTEM_CONFIG), **kw,  # a copy: Ray adds its own keys to the dict
                 )
         except Exception as e:
             raise connect_error(e, address) from e
