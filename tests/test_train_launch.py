@@ -99,6 +99,8 @@ def test_cluster_spec_carries_the_gpu_type_for_the_planner(clean_env: Path) -> N
     cfg = load_config(env={})
     assert L.target(cfg, local=False).instance_type == "g6.12xlarge"
     assert L.target(cfg, local=True).instance_type is None
+    # `raydlc train --address` keeps the local defaults but joins the cluster: it plans with its GPU type.
+    assert L.target(cfg, local=True, address="127.0.0.1:6379").instance_type == "g6.12xlarge"
 
 
 def test_mesh_shape_replicates_across_nodes_and_shards_within() -> None:

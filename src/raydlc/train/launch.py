@@ -57,7 +57,10 @@ def settings(cfg: Config, *, local: bool) -> TrainConfig:
 
 
 def target(cfg: Config, *, local: bool, address: str | None = None) -> Target:
-    return Target(address=address, instance_type=None if local else cfg.gpu_nodes.instance_type)
+    """Where the run goes; a run that joins a cluster (not local, or given an address) plans with
+    the config's GPU node type, which a local Ray does not have."""
+    where = Target(address=address)
+    return where if local and where.local else replace(where, instance_type=cfg.gpu_nodes.instance_type)
 
 
 def new_run_name() -> str:
