@@ -96,7 +96,7 @@ def decide(
     if model is None:
         why_not = "no known architecture to plan with"
     elif it is None or it.gpu is None:
-        why_not = "no known GPU type to plan with (a local run)"
+        why_not = "no known GPU type to plan with, as in a local run"
     elif len(set(counts)) != 1:
         why_not = f"ranks per node differ ({' + '.join(map(str, counts))})"
     elif requested == "hsdp" and train.hsdp_replicas not in (0, nodes):
