@@ -225,15 +225,51 @@ class LocalHead:
             self.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout)
-        sig, deadline = signal.SIGTERM, time.monotonic() + timeout
-        while _group_alive(pgid) and time.monotonic() < deadline + timeout:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            if time.monotonic() > deadline:
-                sig = signal.SIGKILL
-            self.process.poll()
-            time.sleep(0.2)
+        _end_group(pgid, timeout, self.process.poll)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> None:
+    """End a head `start_head` started in an earlier process, known only by its PID (which leads its
+    own process group): `ray start --block` first, then whatever is left in the group."""
+
+    def reap() -> None:  # our own child when the same process started it; otherwise init reaps it
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.2)
+    _end_group(pid, timeout, reap)
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _end_group(pgid: int, timeout: float, reap: Any) -> None:
+    sig, deadline = signal.SIGTERM, time.monotonic() + timeout
+    while _group_alive(pgid) and time.monotonic() < deadline + timeout:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        if time.monotonic() > deadline:
+            sig = signal.SIGKILL
+        reap()
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited: only its parent's wait is missing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
     def __enter__(self) -> LocalHead:
         return self
@@ -252,7 +288,9 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> LocalHead:
+def start_head(
+    *, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> LocalHead:
     """`ray start --head --block` on free 127.0.0.1 ports, ready when its dashboard answers.
 
     Every port is chosen here so heads of different people on one machine never collide, and
@@ -276,20 +314,24 @@ def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Map
     child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)
     head = LocalHead(proc, f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard-port']}", log, temp_dir, ports)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            head.stop()
-            raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
-        try:
-            with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
-                if r.status == 200:
-                    return head
-        except OSError:
-            pass
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+                head.stop()
+                raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
+            try:
+                with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
+                    if r.status == 200:
+                        return head
+            except OSError:
+                pass
+            time.sleep(0.5)
+    except BaseException:  # Ctrl-C while it starts: no half-started head is left behind
+        head.stop()
+        raise
     head.stop()
     raise RayError(f"the local Ray head did not answer on {head.dashboard_url} within {timeout:.0f} s", hint=f"see {log}")
