@@ -49,7 +49,7 @@ class Run:
         if self.command == "down":
             lines = [n for step in self.notes.values() for n in step]
             doc["removed"] = [n.split(" ", 1)[1] for n in lines if n.split(" ", 1)[0] in ("removed", "released", "cancelled")]
-            doc["absent"] = [r.reason for r in self.results if r.action == "none" and r.outcome == "done"]
+            doc["absent"] = [r.found for r in self.results if r.action == "none" and r.outcome == "done"]
         return doc
 
 
@@ -88,8 +88,7 @@ def down(
     reporter: Reporter | None = None, timings: Timings | None = None, runner: Runner | None = None,
 ) -> Run:
     from raydlc.errors import InputError
-    from raydlc.lifecycle import cloud
-    from raydlc.lifecycle import down_steps
+    from raydlc.lifecycle import cloud, down_steps
     from raydlc.lifecycle.steps import order, plan_all, run_all
     from raydlc.render.eksctl import OWNER_TAG
 
@@ -109,6 +108,6 @@ def down(
 
 
 def status(cfg: Config, *, timings: Timings | None = None, runner: Runner | None = None) -> dict[str, Any]:
-    from raydlc.lifecycle.status import report
+    from raydlc.lifecycle.report import report
 
     return report(_context(cfg, dry_run=True, force=False, reporter=None, timings=timings, runner=runner))

@@ -141,11 +141,11 @@ class Context:
 
     # ------------------------------------------------------------------ documents
 
-    def documents(self, zones: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Every rendered document for the cluster (schema-checked by render)."""
+    def documents(self, only: str, zones: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The rendered documents of one kind (schema-checked by render); eksctl's need the zones."""
         from raydlc.render import render_all
 
-        return render_all(self.cfg, list(zones) if zones is not None else self.zones)
+        return render_all(self.cfg, list(zones) if zones is not None else self.zones, only=only)
 
     def path_of(self, name: str) -> Path:
         return self.dir / name

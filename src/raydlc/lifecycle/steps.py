@@ -85,12 +85,13 @@ class StepResult:
     commands: list[str] = field(default_factory=list)
     state_before: str = ""
     elapsed_s: float = 0.0
+    found: str = ""  # what `check` saw, before any action
     error: BaseException | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step, "outcome": self.outcome, "action": self.action, "reason": self.reason,
-            "state_before": self.state_before, "elapsed_s": round(self.elapsed_s, 3), "commands": list(self.commands),
+            "state_before": self.state_before, "found": self.found, "elapsed_s": round(self.elapsed_s, 3), "commands": list(self.commands),
         }
 
 
@@ -193,7 +194,8 @@ def plan_all(steps: Sequence[Step], ctx: Context, selected: Iterable[str]) -> li
         t0 = time.monotonic()
         obs = s.check(ctx)
         p = s.plan(ctx, obs)
-        out.append(StepResult(s.name, "planned", p.action, p.reason, list(p.commands), obs.state, time.monotonic() - t0))
+        out.append(StepResult(s.name, "planned", p.action, p.reason, list(p.commands), obs.state, time.monotonic() - t0,
+                              found=obs.reason))
     return out
 
 
@@ -211,7 +213,8 @@ def _run_one(step: Step, ctx: Context) -> StepResult:
         reason = step.verify(ctx)
         if p.acts:
             reason = f"{p.reason}; {reason}" if p.action != "wait" else reason
-        result = StepResult(step.name, "done", p.action, reason, list(p.commands), obs.state, time.monotonic() - t0)
+        result = StepResult(step.name, "done", p.action, reason, list(p.commands), obs.state, time.monotonic() - t0,
+                            found=obs.reason)
     except Cancelled as e:
         result = StepResult(step.name, "interrupted", p.action if p else "", e.message, [], obs.state if obs else "",
                             time.monotonic() - t0, e)

@@ -251,7 +251,8 @@ def _cluster_plan(ctx: Context, obs: Observation) -> Plan:
 
 
 def _write_eksctl(ctx: Context, zones: list[str] | None = None) -> None:
-    docs = ctx.documents(zones)
+    decide_zones(ctx)
+    docs = ctx.documents("eksctl", zones)
     ctx.write({FILES["eksctl"]: docs[FILES["eksctl"]]})
 
 
@@ -541,7 +542,7 @@ def _install(ctx: Context, step: str, r: helm_render.Release) -> None:
     if state.status.startswith("pending") or state.status == "uninstalling":
         ctx.reporter.line(step, f"release {r.name} is {state.status} (an interrupted helm run); uninstalling it first")
         ctx.tool(step, commands.uninstall(ctx, r), timeout=ctx.timings.helm_s)
-    docs = ctx.documents()
+    docs = ctx.documents("helm")
     ctx.write({r.filename: docs[r.filename]})
     ctx.tool(step, commands.install(ctx, r), timeout=ctx.timings.helm_s + 60)
 
@@ -709,7 +710,6 @@ def desired_objects(ctx: Context) -> list[dict[str, Any]]:
     cfg = ctx.cfg
     ns = cfg.cluster.namespace
     labels = {**MANAGED_BY, OWNER_TAG: cfg.cluster.name}
-    docs = ctx.documents()
     out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}]
     token = _hf_token()
     if token:
@@ -718,8 +718,8 @@ def desired_objects(ctx: Context) -> list[dict[str, Any]]:
             "metadata": {"name": SECRET_NAME, "namespace": ns, "labels": labels},
             "data": {key: base64.b64encode(token.encode()).decode() for key in SECRET_KEYS[:1]},
         })
-    out.extend(docs[FILES["netpol"]]["items"])
-    out.append(docs[FILES["raycluster"]])
+    out.extend(ctx.documents("netpol")[FILES["netpol"]]["items"])
+    out.append(ctx.documents("raycluster")[FILES["raycluster"]])
     return out
 
 
