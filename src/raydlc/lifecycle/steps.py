@@ -176,9 +176,9 @@ def critical_path(steps: Sequence[Step], durations: Mapping[str, float]) -> tupl
     """The longest chain of needs by duration: the least time a concurrent run can take."""
     best: dict[str, tuple[float, list[str]]] = {}
     for s in order(steps):
-        before = max((best[n] for n in s.needs if n in best), key=lambda t: t[0], default=(0.0, []))
+        before = max((best[n] for n in s.needs if n in best), key=lambda t: (t[0], len(t[1])), default=(0.0, []))
         best[s.name] = (before[0] + durations.get(s.name, 0.0), [*before[1], s.name])
-    return max(best.values(), key=lambda t: t[0], default=(0.0, []))
+    return max(best.values(), key=lambda t: (t[0], len(t[1])), default=(0.0, []))
 
 
 # ---------------------------------------------------------------------- running
