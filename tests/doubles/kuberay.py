@@ -31,9 +31,11 @@ def _requests(spec: dict[str, Any]) -> dict[str, float]:
 
 
 class Operator:
-    def __init__(self, url: str, interval: float = 0.1) -> None:
+    def __init__(self, url: str, interval: float = 0.1, pod_delay: float = 0.0) -> None:
         self.kube = Kube(url)
         self.interval = interval
+        self.pod_delay = pod_delay  # how long the pods take to appear (image pull, container start)
+        self.first_seen: dict[tuple[str, str], float] = {}
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="kuberay-emulator", daemon=True)
         self.errors: list[str] = []
@@ -81,6 +83,8 @@ class Operator:
 
     def _reconcile(self, rc: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         ns, name = rc["metadata"]["namespace"], rc["metadata"]["name"]
+        if time.monotonic() - self.first_seen.setdefault((ns, name), time.monotonic()) < self.pod_delay:
+            return
         spec = rc["spec"]
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("ray.io/cluster") == name
                 and p["metadata"]["namespace"] == ns]

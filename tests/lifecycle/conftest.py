@@ -5,10 +5,8 @@
   ROLLBACK_COMPLETE or DELETE_FAILED), the test flips moto's backend object in this process,
   and says so. EC2 capacity reservations, which moto lacks, are answered by a botocore handler
   from a small table the test holds.
-- Kubernetes: kmock on 127.0.0.1 in a thread. Its gaps are worked around here, never in
-  raydlc: Namespace paths are parsed as the cluster-scoped resource they are, list requests
-  honour labelSelector and fieldSelector, and every resource raydlc lists is declared (a real
-  server answers an empty list, not 404).
+- Kubernetes: kmock on 127.0.0.1 in a thread, its gaps filled in tests/doubles/servers.py,
+  never in raydlc.
 - Tools: `eksctl` and `helm` on PATH are the recorded doubles in tests/doubles/, first on PATH
   ahead of any real tool; KUBECONFIG points nowhere and HOME is the test's own, so nothing
   can reach a real cluster or a real account.
@@ -17,11 +15,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,109 +28,24 @@ import pytest
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 sys.path.insert(0, str(DOUBLES))
 
+import servers  # noqa: E402
 from kuberay import Operator  # noqa: E402
+from servers import KubeServer  # noqa: E402
 
 REGION = "us-east-2"
 ACCOUNT = "123456789012"
-RESOURCES = [
-    "v1/namespaces", "v1/nodes", "v1/pods", "v1/secrets", "v1/events", "v1/serviceaccounts", "v1/configmaps",
-    "apps/v1/deployments", "apps/v1/daemonsets", "networking.k8s.io/v1/networkpolicies",
-    "apiextensions.k8s.io/v1/customresourcedefinitions", "ray.io/v1/rayclusters", "ray.io/v1/rayjobs",
-]
 
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-# ---------------------------------------------------------------------- kmock, with its gaps filled
-
-
-def _parse_path_with_namespaces(original: Callable[[str], Any]) -> Callable[[str], Any]:
-    """kmock 0.8 reads /api/v1/namespaces[/NAME] as a namespaced path and fails; it is a cluster-scoped kind."""
-    from kmock._internal.parsing import ParsedPath
-
-    def parse(path: str) -> Any:
-        parts = path.strip("/").split("/")
-        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (3, 4, 5) and (len(parts) < 5 or parts[4] in ("status", "finalize")):
-            return ParsedPath(group="", version="v1", plural="namespaces", namespace=None,
-                              name=parts[3] if len(parts) > 3 else None, subresource=parts[4] if len(parts) > 4 else None)
-        return original(path)
-
-    return parse
-
-
-def _selected(obj: dict[str, Any], labels: str | None, fields: str | None) -> bool:
-    meta = obj.get("metadata") or {}
-    for term in filter(None, (labels or "").split(",")):
-        key, _, value = term.partition("=")
-        if (meta.get("labels") or {}).get(key) != value:
-            return False
-    for term in filter(None, (fields or "").split(",")):
-        path, _, value = term.partition("=")
-        node: Any = obj
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if str(node) != value:
-            return False
-    return True
-
-
-@dataclass
-class KubeServer:
-    url: str
-    handler: Any
-    loop: asyncio.AbstractEventLoop
-
-    def snapshot(self) -> dict[str, Any]:
-        """Every live object, keyed by resource/namespace/name: compared before and after a dry run."""
-
-        async def read() -> dict[str, Any]:
-            return {f"{r.group}/{r.version}/{r.plural}/{ns}/{name}": obj.raw
-                    for (r, ns, name), obj in self.handler.objects.items() if not obj.deleted}
-
-        return asyncio.run_coroutine_threadsafe(read(), self.loop).result(10)
+    with servers.moto_server() as url:
+        yield url
 
 
 @pytest.fixture
 def kube_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeServer]:
-    from kmock import KubernetesEmulator, Server
-    from kmock._internal import parsing
-
-    monkeypatch.setattr(parsing, "parse_path", _parse_path_with_namespaces(parsing.parse_path))
-
-    class Emulator(KubernetesEmulator):  # type: ignore[misc]
-        async def _serve_list(self, request: Any) -> Any:
-            payload = await super()._serve_list(request)
-            labels, fields = request.params.get("labelSelector"), request.params.get("fieldSelector")
-            payload["items"] = [o for o in payload["items"] if _selected(o, labels, fields)]
-            return payload
-
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def serve() -> None:
-        async with Emulator() as handler, Server(handler) as srv:
-            for r in RESOURCES:
-                handler.resources[r] = {}
-            box.update(handler=handler, url=str(srv.url).rstrip("/"), stop=asyncio.Event())
-            ready.set()
-            await box["stop"].wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), name="kmock", daemon=True)
-    thread.start()
-    assert ready.wait(10), "kmock did not start"
-    yield KubeServer(box["url"], box["handler"], loop)
-    loop.call_soon_threadsafe(box["stop"].set)
-    thread.join(10)
+    with servers.kube_server(monkeypatch.setattr) as server:
+        yield server
 
 
 # ---------------------------------------------------------------------- the world
@@ -318,11 +229,9 @@ def _reservation_handlers(world: World) -> dict[str, Callable[..., Any]]:
 
 @pytest.fixture
 def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[World]:
-    import urllib.request
-
     import raydlc.aws
 
-    urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/reset", data=b"", method="POST"), timeout=30).read()
+    servers.reset_moto(moto_server)
     for k in list(os.environ):
         if k.startswith(("RAYDLC_", "AWS_", "DOUBLES_", "KUBECONFIG", "HF_")):
             monkeypatch.delenv(k)
@@ -330,10 +239,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
     home.mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("eksctl", "helm"):
-        shim = bin_dir / tool
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{DOUBLES / (tool + ".py")}" "$@"\n')
-        shim.chmod(0o755)
+    servers.install_doubles(bin_dir, sys.executable)
     w = World(tmp_path, moto_server, kube_server, monkeypatch, tmp_path / "calls.jsonl", tmp_path / "scenario.json")
     w.scenario_file.write_text("{}")
     env = {

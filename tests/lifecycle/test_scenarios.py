@@ -82,7 +82,7 @@ FULL = {
 # ---------------------------------------------------------------------- up
 
 
-def test_fresh_up_runs_every_step_in_dependency_order(world) -> None:
+def test_fresh_up_runs_every_step_in_dependency_order_and_a_second_acts_on_nothing(world) -> None:
     rec = Recorder()
     run = lifecycle.up(world.config(), timings=FAST, reporter=rec)
     assert run.ok, [(r.step, r.reason) for r in run.failed]
@@ -107,18 +107,14 @@ def test_fresh_up_runs_every_step_in_dependency_order(world) -> None:
     ns = world.kube.snapshot()["/v1/namespaces/None/ray-train"]
     assert ns["metadata"]["labels"]["raydlc.io/cluster"] == CLUSTER
 
-
-def test_second_up_acts_on_nothing(world) -> None:
-    assert lifecycle.up(world.config(), timings=FAST).ok
     before_calls = len(world.calls())
-    before = inventory(world)
-    run = lifecycle.up(world.config(), timings=FAST)
-    assert run.ok
-    assert {r.step: r.action for r in run.results} == dict.fromkeys(UP_ORDER, "none")
-    again = world.calls()[before_calls:]
-    assert again, "the second up still looks (helm status, versions)"
-    assert all(a[0] in ("version", "status", "get") for a in again), again
-    assert inventory(world) == before
+    again = lifecycle.up(world.config(), timings=FAST)
+    assert again.ok
+    assert {r.step: r.action for r in again.results} == dict.fromkeys(UP_ORDER, "none")
+    looked = world.calls()[before_calls:]
+    assert looked, "the second up still looks (helm status, versions)"
+    assert all(a[0] in ("version", "status", "get") for a in looked), looked
+    assert inventory(world) == FULL
 
 
 @pytest.mark.parametrize("step", UP_ORDER[:-1])
@@ -130,8 +126,8 @@ def test_up_interrupted_after_each_step_then_rerun_completes_without_duplicates(
     assert e.value.exit_code == 130 and "re-run the same command" in e.value.message
     run = lifecycle.up(world.config(), timings=FAST)
     assert run.ok, [(r.step, r.reason) for r in run.failed]
-    for s in UP_ORDER[: UP_ORDER.index(step) + 1]:
-        if s != "kuberay" or first.get("kuberay") == "done":
+    for s, outcome in first.items():  # what finished stays finished; what was cut off is resumed
+        if outcome == "done":
             assert by_step(run)[s].action == "none", (s, by_step(run)[s].reason)
     assert inventory(world) == FULL
 
@@ -288,16 +284,23 @@ def test_down_after_a_partial_up_removes_what_exists_and_reports_what_was_absent
     assert world.tagged(CLUSTER) == {}
 
 
-def test_down_leaves_nothing_tagged_for_the_cluster(world) -> None:
+def test_down_interrupted_then_rerun_leaves_nothing_tagged_for_the_cluster(world) -> None:
     world.reservations.append({"CapacityReservationId": "cr-0probe", "State": "active",
                                "Tags": [{"Key": "raydlc:capacity-probe", "Value": "t"}]})
     assert lifecycle.up(world.config(), timings=FAST).ok
     kubeconfig = Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig"
     assert kubeconfig.is_file() and world.tagged(CLUSTER)
+    with pytest.raises(Interrupted) as e:
+        lifecycle.down(world.config(), timings=FAST, reporter=Recorder(interrupt_after="gpu-nodegroup"))
+    first = by_step(lifecycle.Run("down", False, e.value.results))
+    assert first["gpu-nodegroup"].outcome == "done" and first["capacity"].outcome != "done"
+    assert world.tagged(CLUSTER)
     run = lifecycle.down(world.config(), timings=FAST)
     assert run.ok, [(r.step, r.reason) for r in run.failed]
     assert [r.step for r in run.results] == ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"]
-    assert all(r.action == "delete" for r in run.results)
+    assert {r.step: r.action for r in run.results} == {
+        **dict.fromkeys(["raycluster", "device-plugins", "kuberay", "gpu-nodegroup"], "none"), "cluster": "delete",
+        "capacity": "delete"}
     assert world.tagged(CLUSTER) == {}
     assert not kubeconfig.exists()
     assert "capacity reservation cr-0probe" in " ".join(run.to_dict()["removed"])
@@ -313,16 +316,6 @@ def test_down_removes_what_a_failed_cluster_delete_left_billing(world) -> None:
     assert run.ok, [(r.step, r.reason) for r in run.failed]
     removed = " ".join(run.to_dict()["removed"])
     assert "NAT gateway nat-" in removed and "Elastic IP eipalloc-" in removed and f"stack eksctl-{CLUSTER}-cluster" in removed
-    assert world.tagged(CLUSTER) == {}
-
-
-def test_down_interrupted_then_rerun_finishes_the_job(world) -> None:
-    assert lifecycle.up(world.config(), timings=FAST).ok
-    with pytest.raises(Interrupted):
-        lifecycle.down(world.config(), timings=FAST, reporter=Recorder(interrupt_after="gpu-nodegroup"))
-    assert world.tagged(CLUSTER)
-    run = lifecycle.down(world.config(), timings=FAST)
-    assert run.ok and by_step(run)["gpu-nodegroup"].action == "none"
     assert world.tagged(CLUSTER) == {}
 
 
@@ -381,20 +374,6 @@ def test_dry_run_on_a_fresh_account_lists_the_steps_and_changes_nothing(world, c
         assert all(s["action"] == "none" for s in doc["steps"])
 
 
-def test_dry_run_on_a_running_cluster_changes_nothing_and_plans_the_teardown(world, capsys) -> None:
-    from raydlc.cli import main
-
-    assert lifecycle.up(world.config(), timings=FAST).ok
-    assert _unchanged(world, lambda: main(["up", "--dry-run", "--json"])) == 0
-    up = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {s["action"] for s in up["steps"]} == {"none"}
-    assert _unchanged(world, lambda: main(["down", "--dry-run", "--json"])) == 0
-    down = {s["step"]: s for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
-    assert {k: v["action"] for k, v in down.items()} == {**dict.fromkeys(UP_ORDER[1:], "delete"), "capacity": "none"}
-    assert down["cluster"]["command"].startswith(f"eksctl delete cluster --name {CLUSTER} --region us-east-2 --wait")
-    assert "helm uninstall kuberay-operator --namespace kuberay-operator" in down["kuberay"]["command"]
-
-
 def test_until_and_only_run_just_those_steps(world) -> None:
     run = lifecycle.up(world.config(), until="gpu-nodegroup", timings=FAST)
     assert [r.step for r in run.results] == ["capacity", "cluster", "gpu-nodegroup"] and run.ok
@@ -409,7 +388,8 @@ def test_until_and_only_run_just_those_steps(world) -> None:
 # ---------------------------------------------------------------------- status
 
 
-def test_status_shows_steps_nodes_pods_and_the_hourly_cost(world, capsys) -> None:
+def test_status_and_dry_runs_on_a_running_cluster(world, capsys) -> None:
+    """status: each step, the nodes with GPUs/EFA, the Ray pods, the cost; dry runs change nothing."""
     from raydlc.cli import main
 
     assert lifecycle.up(world.config(), timings=FAST).ok
@@ -428,3 +408,13 @@ def test_status_shows_steps_nodes_pods_and_the_hourly_cost(world, capsys) -> Non
     assert main(["status"]) == 0
     human = capsys.readouterr().out
     assert "$9.55/h (estimate)" in human and "g6.12xlarge" in human
+
+    # the dry runs on this running cluster: up has nothing to do, down plans the teardown
+    assert _unchanged(world, lambda: main(["up", "--dry-run", "--json"])) == 0
+    up = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {s["action"] for s in up["steps"]} == {"none"}
+    assert _unchanged(world, lambda: main(["down", "--dry-run", "--json"])) == 0
+    down = {s["step"]: s for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
+    assert {k: v["action"] for k, v in down.items()} == {**dict.fromkeys(UP_ORDER[1:], "delete"), "capacity": "none"}
+    assert down["cluster"]["command"].startswith(f"eksctl delete cluster --name {CLUSTER} --region us-east-2 --wait")
+    assert "helm uninstall kuberay-operator --namespace kuberay-operator" in down["kuberay"]["command"]

@@ -111,9 +111,9 @@ class ReleaseState:
         return f"release {r.name} {r.version} deployed"
 
 
-def release_state(ctx: Context, step: str, r: Release) -> ReleaseState:
+def release_state(ctx: Context, r: Release) -> ReleaseState:
     """What helm says about a release (a read: it runs in a dry run too)."""
-    res = ctx.tool(step, _status(ctx, r), check=False)
+    res = ctx.runner.run(_status(ctx, r), check=False)  # a read: its "not found" is no news for the display
     if res.returncode != 0:
         if "not found" in res.output:
             return ReleaseState("absent")
@@ -125,7 +125,7 @@ def release_state(ctx: Context, step: str, r: Release) -> ReleaseState:
     version = ((doc.get("chart") or {}).get("metadata") or {}).get("version")
     values: dict[str, Any] | None = None
     if status == "deployed":
-        got = ctx.tool(step, _values(ctx, r), check=False)
+        got = ctx.runner.run(_values(ctx, r), check=False)
         values = _json(got.output) if got.returncode == 0 else None
     return ReleaseState(status, version, values or {})
 

@@ -145,7 +145,7 @@ def _release_step(name: str, release: Any, workload: tuple[str, str]) -> Step:
         kube = _kube_if_cluster(ctx)
         if kube is None:
             return _gone(f"the cluster is gone, and release {r.name} with it")
-        state = commands.release_state(ctx, name, r)
+        state = commands.release_state(ctx, r)
         if state.status == "absent":
             return _gone(f"release {r.name} is not installed")
         return Observation("ready", f"release {r.name} is {state.status}")
@@ -169,7 +169,7 @@ def _release_step(name: str, release: Any, workload: tuple[str, str]) -> Step:
         kube = _kube_if_cluster(ctx)
         if kube is None:
             return f"cluster gone; release {r.name} with it"
-        if commands.release_state(ctx, name, r).status != "absent":
+        if commands.release_state(ctx, r).status != "absent":
             raise StepFailed(f"release {r.name} is still installed")
         av, kind = workload
         ctx.wait(name, lambda: kube.get(av, kind, r.name, r.namespace), lambda o: o is None, timeout=ctx.timings.helm_s,

@@ -217,13 +217,13 @@ def _run_one(step: Step, ctx: Context) -> StepResult:
                             found=obs.reason)
     except Cancelled as e:
         result = StepResult(step.name, "interrupted", p.action if p else "", e.message, [], obs.state if obs else "",
-                            time.monotonic() - t0, e)
+                            time.monotonic() - t0, error=e)
     except RaydlcError as e:
         result = StepResult(step.name, "failed", p.action if p else "", e.message, list(p.commands) if p else [],
-                            obs.state if obs else "", time.monotonic() - t0, e)
+                            obs.state if obs else "", time.monotonic() - t0, error=e)
     except Exception as e:  # a bug or an unmapped library error: keep the traceback for --debug
         result = StepResult(step.name, "failed", p.action if p else "", f"{type(e).__name__}: {e}", [],
-                            obs.state if obs else "", time.monotonic() - t0, e)
+                            obs.state if obs else "", time.monotonic() - t0, error=e)
     ctx.reporter.finished(result)
     return result
 

@@ -504,7 +504,7 @@ def _gpu_verify(ctx: Context) -> str:
 # ---------------------------------------------------------------------- helm releases
 
 
-def _release_check(ctx: Context, step: str, release: Callable[[Any], helm_render.Release | None],
+def _release_check(ctx: Context, release: Callable[[Any], helm_render.Release | None],
                    extra: Callable[[k8s.Kube], Observation | None]) -> Observation:
     if _cluster_active(ctx) is None:
         return _no_cluster(ctx)
@@ -513,7 +513,7 @@ def _release_check(ctx: Context, step: str, release: Callable[[Any], helm_render
         return _no_kubeconfig(ctx)
     r = release(ctx.cfg)
     if r is not None:
-        state = commands.release_state(ctx, step, r)
+        state = commands.release_state(ctx, r)
         if not state.matches(r):
             kind = "absent" if state.status == "absent" else "degraded"
             return Observation(kind, state.describe(r), {"release": state.status})
@@ -535,12 +535,10 @@ def _release_plan(ctx: Context, obs: Observation, release: helm_render.Release |
     return Plan("wait", obs.reason)
 
 
-def _install(ctx: Context, step: str, r: helm_render.Release) -> None:
-    state = commands.release_state(ctx, step, r)
-    if state.matches(r):
-        return
-    if state.status.startswith("pending") or state.status == "uninstalling":
-        ctx.reporter.line(step, f"release {r.name} is {state.status} (an interrupted helm run); uninstalling it first")
+def _install(ctx: Context, step: str, r: helm_render.Release, obs: Observation) -> None:
+    status = str(obs.facts.get("release", ""))
+    if status.startswith("pending") or status == "uninstalling":
+        ctx.reporter.line(step, f"release {r.name} is {status} (an interrupted helm run); uninstalling it first")
         ctx.tool(step, commands.uninstall(ctx, r), timeout=ctx.timings.helm_s)
     docs = ctx.documents("helm")
     ctx.write({r.filename: docs[r.filename]})
@@ -570,7 +568,7 @@ def _kuberay_extra(ctx: Context) -> Callable[[k8s.Kube], Observation | None]:
 
 
 def _kuberay_check(ctx: Context) -> Observation:
-    return _release_check(ctx, "kuberay", helm_render.kuberay_operator, _kuberay_extra(ctx))
+    return _release_check(ctx, helm_render.kuberay_operator, _kuberay_extra(ctx))
 
 
 def _kuberay_plan(ctx: Context, obs: Observation) -> Plan:
@@ -578,7 +576,8 @@ def _kuberay_plan(ctx: Context, obs: Observation) -> Plan:
 
 
 def _kuberay_act(ctx: Context, obs: Observation) -> None:
-    _install(ctx, "kuberay", helm_render.kuberay_operator(ctx.cfg))
+    if obs.facts.get("release"):
+        _install(ctx, "kuberay", helm_render.kuberay_operator(ctx.cfg), obs)
 
 
 def _kuberay_verify(ctx: Context) -> str:
@@ -634,7 +633,7 @@ def _node_devices_text(node: dict[str, Any], gpus: int) -> str:
 
 
 def _plugins_check(ctx: Context) -> Observation:
-    return _release_check(ctx, "device-plugins", helm_render.nvidia_device_plugin, _plugins_extra(ctx))
+    return _release_check(ctx, helm_render.nvidia_device_plugin, _plugins_extra(ctx))
 
 
 def _plugins_plan(ctx: Context, obs: Observation) -> Plan:
@@ -647,8 +646,8 @@ def _plugins_plan(ctx: Context, obs: Observation) -> Plan:
 
 def _plugins_act(ctx: Context, obs: Observation) -> None:
     r = helm_render.nvidia_device_plugin(ctx.cfg)
-    if r is not None:
-        _install(ctx, "device-plugins", r)
+    if r is not None and obs.facts.get("release"):
+        _install(ctx, "device-plugins", r, obs)
 
 
 def _plugin_pod_state(kube: k8s.Kube, node: str, daemonset: str) -> str:
