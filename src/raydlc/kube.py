@@ -293,31 +293,31 @@ def wait_until(
     what: str,
     explain: Callable[[T], str] | None = None,
     cancel: threading.Event | None = None,
-    on_poll: Callable[[T], None] | None = None,
 ) -> T:
     """Poll `fetch` until `done(value)`; on timeout raise KubeTimeout with `explain(last value)`.
 
-    Generic on purpose: the same loop waits for a node group in AWS and for pods in Kubernetes.
+    The pause between polls starts short and doubles up to `interval`. Generic on purpose: the same loop waits for a node group in AWS and for pods in Kubernetes.
     `cancel` (set on Ctrl-C) ends the wait at the next poll.
     """
     from raydlc.tools import Cancelled
 
     deadline = time.monotonic() + timeout
+    pause = min(interval, 0.25)  # quick changes are seen quickly; slow ones are polled every `interval`
     while True:
         value = fetch()
-        if on_poll is not None:
-            on_poll(value)
         if done(value):
             return value
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"interrupted while waiting for {what}")
         if time.monotonic() >= deadline:
             why = explain(value) if explain is not None else ""
-            raise KubeTimeout(f"timed out after {timeout:.0f} s waiting for {what}" + (f": {why}" if why else ""))
+            raise KubeTimeout(f"timed out after {timeout:g} s waiting for {what}" + (f": {why}" if why else ""))
+        pause = min(pause, max(deadline - time.monotonic(), 0.0))
         if cancel is not None:
-            cancel.wait(interval)
+            cancel.wait(pause)
         else:
-            time.sleep(interval)
+            time.sleep(pause)
+        pause = min(pause * 2, interval)
 
 
 def _decode(data: bytes | str | None) -> Any:

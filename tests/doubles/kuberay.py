@@ -66,6 +66,8 @@ class Operator:
 
     def tick(self) -> None:
         clusters = self.kube.list("RayCluster")
+        if not clusters and not self.first_seen:
+            return  # nothing to run yet, and no pods of ours to collect
         pods = self.kube.list("Pod")
         names = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in clusters}
         for p in pods:

@@ -16,6 +16,8 @@ from raydlc import lifecycle
 from raydlc.lifecycle import Reporter, StepResult, Timings
 from raydlc.lifecycle.steps import Interrupted, Plan
 
+pytestmark = pytest.mark.slow  # each runs up and/or down end to end: seconds, not milliseconds
+
 FAST = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
 UP_ORDER = ["capacity", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
 CLUSTER = "eks-cluster"
@@ -203,6 +205,19 @@ def test_the_eksctl_double_refuses_a_create_over_a_stale_stack(world) -> None:
     r = subprocess.run(["eksctl", "create", "cluster", "--config-file", str(f), "--without-nodegroup"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "AlreadyExistsException" in r.stderr
+
+
+def test_the_eksctl_double_validates_the_cluster_config_it_is_given(world) -> None:
+    import subprocess
+
+    f = world.tmp / "bad.yaml"
+    f.write_text("apiVersion: eksctl.io/v1alpha5\nkind: ClusterConfig\nmetadata: {name: x, region: us-east-2}\n"
+                 "managedNodeGroups: [{name: g, instanceType: g6.12xlarge, efaEnabled: yes-please}]\n")
+    r = subprocess.run(["eksctl", "create", "cluster", "--config-file", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "invalid ClusterConfig" in r.stderr and "efaEnabled" in r.stderr
+    r = subprocess.run(["eksctl", "create", "cluster", "--config-file", str(f), "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
+    assert world.client("eks").list_clusters()["clusters"] == []
 
 
 def test_node_group_short_of_capacity_in_the_first_az_comes_up_in_the_second(world) -> None:

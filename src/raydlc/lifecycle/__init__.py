@@ -47,9 +47,10 @@ class Run:
                               for r in self.results]}
         doc: dict[str, Any] = {"steps": [r.to_dict() for r in self.results], "ok": self.ok}
         if self.command == "down":
-            lines = [n for step in self.notes.values() for n in step]
-            doc["removed"] = [n.split(" ", 1)[1] for n in lines if n.split(" ", 1)[0] in ("removed", "released", "cancelled")]
+            notes = [n.split(" ", 1) for step in self.notes.values() for n in step]
+            doc["removed"] = [what for verb, what in notes if verb in ("removed", "released", "cancelled")]
             doc["absent"] = [r.found for r in self.results if r.action == "none" and r.outcome == "done"]
+            doc["absent"] += [what for verb, what in notes if verb == "absent"]
         return doc
 
 

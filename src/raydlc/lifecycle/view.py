@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -56,8 +57,9 @@ class LiveReporter(Reporter):
                 t0, t1 = row["t0"], row["t1"]
                 elapsed = "" if t0 is None else f"{(t1 or now) - t0:6.1f}s"
                 state = row["state"]
+                detail = row["detail"] if state in _STYLE else row["detail"][-160:]  # a tool line may be long
                 table.add_row(name, Text(state, style=_STYLE.get(state, "cyan" if state in ("checking", "acting") else "dim")),
-                              elapsed, Text(row["detail"][-160:]))
+                              elapsed, Text(detail))
         return table
 
     def _set(self, step: str, **kw: Any) -> None:
@@ -112,9 +114,10 @@ def print_plan(run: Run, console: Console) -> None:
     table = Table(title=f"raydlc {run.command} --dry-run: nothing is changed", show_lines=True)
     for col in ("step", "action", "why", "command or API call"):
         table.add_column(col, overflow="fold")
+    home = str(Path.home())
     for r in run.results:
         table.add_row(r.step, Text(r.action, style=_ACTION_STYLE.get(r.action, "")), escape(r.reason),
-                      escape("\n".join(r.commands)))
+                      escape("\n".join(c.replace(home, "~") for c in r.commands)))
     console.print(table)
 
 
