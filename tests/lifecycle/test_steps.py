@@ -163,3 +163,21 @@ def test_context_keeps_raydlc_files_out_of_the_users_kube_config(monkeypatch: py
     assert ctx.kubeconfig == tmp_path / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig"
     ctx = Context(load_config(env={"RAYDLC_KUBECONFIG": str(tmp_path / "k")}))
     assert ctx.kubeconfig == tmp_path / "k"
+
+
+def test_up_without_credentials_stops_before_any_step(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
+    import os
+
+    from raydlc.cli import main
+
+    for k in [k for k in os.environ if k.startswith(("AWS_", "RAYDLC_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no eksctl or helm either: credentials are reported first
+    assert main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert "no AWS credentials found" in err and "Traceback" not in err
+    assert not (tmp_path / ".raydlc").exists()

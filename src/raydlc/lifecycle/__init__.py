@@ -80,6 +80,7 @@ def up(
     selected = select(up_steps.STEPS, only=only, from_=from_, until=until)
     if dry_run:
         return Run("up", True, plan_all(up_steps.STEPS, ctx, selected))
+    ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
     _require_tools(ctx, selected)
     return Run("up", False, run_all(up_steps.STEPS, ctx, selected), ctx.notes)
 
