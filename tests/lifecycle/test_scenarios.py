@@ -265,7 +265,7 @@ def test_head_pending_for_insufficient_cpu_is_named_with_the_schedulers_reason(w
 
 def test_hf_token_becomes_a_secret_and_appears_nowhere_else(world, capsys: pytest.CaptureFixture[str]) -> None:
     token = "hf_" + "Zq7" * 10
-    os.environ["HF_TOKEN"] = token
+    world.monkeypatch.setenv("HF_TOKEN", token)
     rec = Recorder()
     run = lifecycle.up(world.config(), timings=FAST, reporter=rec)
     assert run.ok
@@ -332,6 +332,21 @@ def test_down_removes_what_a_failed_cluster_delete_left_billing(world) -> None:
     removed = " ".join(run.to_dict()["removed"])
     assert "NAT gateway nat-" in removed and "Elastic IP eipalloc-" in removed and f"stack eksctl-{CLUSTER}-cluster" in removed
     assert world.tagged(CLUSTER) == {}
+
+
+def test_down_keep_cluster_stops_after_the_node_groups_and_up_brings_back_the_rest(world) -> None:
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    run = lifecycle.down(world.config(), keep_cluster=True, timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert "cluster" not in by_step(run)
+    left = inventory(world)
+    assert left["clusters"] == [CLUSTER] and left["nodegroups"] == ["system"]
+    assert left["instances"] == Counter({"m7i.xlarge": 1}) and left["rayclusters"] == 0 and left["helm"] == []
+    again = lifecycle.up(world.config(), timings=FAST)
+    assert again.ok, [(r.step, r.reason) for r in again.failed]
+    assert {r.step: r.action for r in again.results} == {
+        "capacity": "none", "cluster": "none", **dict.fromkeys(UP_ORDER[2:], "create")}
+    assert inventory(world) == FULL
 
 
 def test_down_refuses_a_cluster_raydlc_did_not_create_unless_forced(world) -> None:
