@@ -121,26 +121,11 @@ def gpu_for_device_name(device_name: str) -> GpuModel | None:
     return None
 
 
-# On-Demand list prices, USD per hour, us-east-1 (other regions differ by a few to ~30 %), for
-# the cost estimate of `raydlc status`: an estimate from a table, never the Pricing API, so it
-# works without pricing:GetProducts. Types missing here are reported as unpriced.
+
+# Hourly prices beside the instances' (those are raydlc.capacity's table of us-east-1 On-Demand
+# list prices), for the estimate `raydlc status` shows; a table, not the Pricing API, so the
+# estimate needs no pricing:GetProducts permission.
 PRICES_AS_OF = "2025-06"
 PRICE_REGION = "us-east-1"
-HOURLY_USD: dict[str, float] = {
-    "g5.12xlarge": 5.672,
-    "g5.24xlarge": 8.144,
-    "g5.48xlarge": 16.288,
-    "g6.12xlarge": 4.6016,
-    "g6.24xlarge": 6.6752,
-    "g6.48xlarge": 13.3504,
-    "g6e.12xlarge": 10.49264,
-    "g6e.24xlarge": 15.06559,
-    "g6e.48xlarge": 30.13118,
-    "p4d.24xlarge": 21.96,
-    "p5.48xlarge": 55.04,
-    "m7i.xlarge": 0.2016,
-    "m7i.2xlarge": 0.4032,
-    "m5.xlarge": 0.192,
-}
 EKS_CONTROL_PLANE_HOURLY_USD = 0.10  # standard support; extended support is 0.60
 NAT_GATEWAY_HOURLY_USD = 0.045  # per gateway, before data processing (0.045 per GB)

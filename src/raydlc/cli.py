@@ -401,7 +401,7 @@ def up(
     """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
     from raydlc import lifecycle
     from raydlc.lifecycle import up_steps as steps
-    from raydlc.lifecycle import view
+    from raydlc.views import lifecycle as view
 
     cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
     run = lambda reporter: lifecycle.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
@@ -420,7 +420,7 @@ def down(
     """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
     from raydlc import lifecycle
     from raydlc.lifecycle import down_steps as steps
-    from raydlc.lifecycle import view
+    from raydlc.views import lifecycle as view
 
     cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
     run = lambda reporter: lifecycle.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
@@ -435,7 +435,7 @@ def status(
 ) -> None:
     """Each step's state, the nodes and their GPUs/EFA, the RayCluster's pods, and the hourly cost."""
     from raydlc import lifecycle
-    from raydlc.lifecycle import view
+    from raydlc.views import lifecycle as view
 
     doc = lifecycle.status(load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None))
     if json_:

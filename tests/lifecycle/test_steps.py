@@ -116,7 +116,7 @@ def test_hourly_cost_is_an_estimate_from_the_table() -> None:
 def test_the_live_display_shows_each_step_its_time_and_the_tool_line() -> None:
     from rich.console import Console
 
-    from raydlc.lifecycle.view import LiveReporter
+    from raydlc.views.lifecycle import LiveReporter
 
     console = Console(record=True, width=160, force_terminal=False)
     rep = LiveReporter(console, ["cluster", "kuberay"], "raydlc up")

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from raydlc import aws
+from raydlc.capacity import PROBE_TAG  # the tag `raydlc capacity --probe` puts on its reservation
 from raydlc.render.eksctl import OWNER_TAG
 
 # Stacks that will never become healthy again and block a create of the same name.
@@ -27,7 +28,6 @@ LIVE_STACK_STATUSES = [
 BILLED_INSTANCE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported", "InsufficientFreeAddresses",
                    "does not have sufficient", "not supported in your requested Availability Zone")
-PROBE_TAG = "raydlc:capacity-probe"  # raydlc.capacity's probe tags its reservations so
 
 
 def cluster_stack(name: str) -> str:

@@ -26,14 +26,16 @@ TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 def hourly_cost(instance_types: Iterable[str], clusters: int, nat_gateways: int) -> dict[str, Any]:
     """The estimate from counts (pure): per item and total, with unpriced instance types named."""
+    from raydlc.capacity import hourly_cost as instance_cost
+
     items: list[dict[str, Any]] = []
     unpriced: list[str] = []
     for itype, n in sorted(Counter(instance_types).items()):
-        price = catalog.HOURLY_USD.get(itype)
+        price = instance_cost(itype, n)
         if price is None:
             unpriced.append(f"{n} × {itype}")
             continue
-        items.append({"item": f"{itype} instance", "count": n, "usd_per_hour": round(price * n, 4)})
+        items.append({"item": f"{itype} instance", "count": n, "usd_per_hour": price})
     if clusters:
         items.append({"item": "EKS control plane", "count": clusters,
                       "usd_per_hour": round(catalog.EKS_CONTROL_PLANE_HOURLY_USD * clusters, 4)})

@@ -1,4 +1,4 @@
-"""How `up`, `down` and `status` look to a person: a live table of the steps, plans, summaries.
+"""What `up`, `down` and `status` look like to a person: a live table of the steps, plans, summaries.
 
 The live display goes to stderr (stdout stays clean for `--json`): each step with its state,
 elapsed time and the last line of the tool at work, because `eksctl create cluster` is quiet
