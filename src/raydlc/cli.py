@@ -429,6 +429,66 @@ def train(
         progress.print_summary(summary)
 
 
+_STEP_HELP = "capacity, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
+
+
+@app.command("up")
+def up(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print each step, whether it would act and why, and the exact command; change nothing."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON: the plan, or each step's outcome."),
+    only: str | None = typer.Option(None, "--only", help=f"Run one step: {_STEP_HELP}."),
+    from_: str | None = typer.Option(None, "--from", help="Run this step and every step that needs it."),
+    until: str | None = typer.Option(None, "--until", help="Run this step and every step it needs."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="Where raydlc writes and reads the cluster's kubeconfig [KUBECONFIG]."),
+    force: bool = typer.Option(False, "--force", help="Use an existing cluster that raydlc did not create."),
+) -> None:
+    """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import up_steps as steps
+    from raydlc.views import lifecycle as view
+
+    cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
+    run = lambda reporter: lifecycle.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
+    raise typer.Exit(view.execute("up", [s.name for s in steps.STEPS], run, json_=json_, dry_run=dry_run))
+
+
+@app.command("down")
+def down(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be removed and how; change nothing."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON: the plan, or each step's outcome with what was removed."),
+    keep_cluster: bool = typer.Option(False, "--keep-cluster", help="Stop after the node groups: keep the control plane and system node."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
+    force: bool = typer.Option(False, "--force", help="Delete a cluster that lacks raydlc's ownership tag."),
+) -> None:
+    """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import down_steps as steps
+    from raydlc.views import lifecycle as view
+
+    cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
+    run = lambda reporter: lifecycle.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
+    raise typer.Exit(view.execute("down", [s.name for s in steps.STEPS], run, json_=json_, dry_run=dry_run))
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
+) -> None:
+    """Each step's state, the nodes and their GPUs/EFA, the RayCluster's pods, and the hourly cost."""
+    from raydlc import lifecycle
+    from raydlc.views import lifecycle as view
+
+    doc = lifecycle.status(load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None))
+    if json_:
+        emit_json(doc)
+    else:
+        view.print_status(doc, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point, and the one rule for failures: one line `error: …` (and maybe `  hint: …`), no traceback.
 

@@ -188,7 +188,19 @@ TRAIN = [
     r("train-no-manifest", "train --resume-from ckpt", 1, "partial", files={"ckpt": DIR}),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN]
+LIFECYCLE = [
+    r("up-only-unknown", "up --only nope --dry-run", 2, "--only 'nope': no such step", sub=True),
+    r("up-only-and-from", "up --only kuberay --from cluster", 2, "cannot be combined"),
+    r("up-from-after-until", "up --from raycluster --until capacity", 2, "covers no step"),
+    r("up-no-credentials", "up", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
+    r("up-black-hole", "up --dry-run --json", 1, "{black_hole}", reaches_aws=True),
+    r("down-no-credentials", "down --dry-run", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
+    r("down-unknown-flag", "down --local-cluster", 2, "--local-cluster"),
+    r("status-no-credentials", "status --json", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
+    r("status-region-unknown", "--set REGION=xx-north-9 status", 2, "unknown AWS region"),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *LIFECYCLE]
 
 
 def command_of(args: tuple[str, ...]) -> str:
