@@ -3,9 +3,9 @@
 The reference compares an EFA run with a TCP run and divides their speeds; if the "EFA" run had
 silently fallen back to sockets, it divides two socket runs and calls the result a speed-up.
 Here a run's numbers count only once its own worker logs prove what carried it: the configured
-run must show EFA on every node, the forced one sockets. On the local target both runs train
-over gloo — there is no NCCL transport to compare, and the comparison says so instead of
-printing a ratio of two equal things.
+run must show EFA on every node, the forced one sockets. On the local target every run trains
+over gloo — there is no NCCL transport to compare, and the command says so instead of timing
+the same thing twice and printing their ratio.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def compare(runs: list[Run], *, target: str) -> dict[str, Any]:
     doc: dict[str, Any] = {"target": target, "runs": [r.to_dict() for r in runs], "speedup": None, "tokens_speedup": None}
     if target == "local":
         doc["applicable"] = False
-        doc["reason"] = "not applicable: the local target trains over gloo, so neither run used an NCCL transport to compare"
+        doc["reason"] = "not applicable: the local target trains over gloo, so there is no NCCL transport to compare (nothing was run)"
         return doc
     if a is None or b is None or not (a.counts and b.counts):
         doc["applicable"] = False

@@ -78,8 +78,13 @@ class Job:
 
 def client(url: str) -> Any:
     """A JobSubmissionClient for the dashboard at `url`; a head that does not answer is a RayError."""
+    import logging
+
     from ray.job_submission import JobSubmissionClient
 
+    # The SDK logs each upload and websocket close at INFO on stderr; raydlc says what matters itself.
+    for name in ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return JobSubmissionClient(url)
     except Exception as e:  # requests' ConnectionError, Ray's RuntimeError/ConnectionError

@@ -240,7 +240,7 @@ def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> N
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         reap()
         time.sleep(0.2)
     _end_group(pid, timeout, reap)
@@ -259,14 +259,15 @@ def _end_group(pgid: int, timeout: float, reap: Any) -> None:
         time.sleep(0.2)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie has exited; only its parent's wait is missing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie has exited: only its parent's wait is missing
+    try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
@@ -311,7 +312,8 @@ def start_head(
            *(f"--{name}={port}" for name, port in ports.items())]
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
-    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", **worker_env(), **(env or {})}
+    # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.
+    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)

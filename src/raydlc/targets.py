@@ -21,10 +21,16 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydlc.errors import InputError, RayError
 from raydlc.records import Record, RecordError, read_json
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
+    from raydlc.kube import Kube
+    from raydlc.tools import Runner
+    from raydlc.verify import KubeNode, Pod
 
 LOCAL, ADDRESS, CLUSTER = "local", "address", "cluster"
 HEAD_RECORD = "head.json"
@@ -114,12 +120,10 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _is_alive(rec: HeadRecord) -> bool:
-    try:
-        os.kill(rec.pid, 0)
-    except ProcessLookupError:
+    from raydlc.rayedge import process_alive
+
+    if not process_alive(rec.pid):
         return False
-    except PermissionError:
-        return False  # not ours
     ticks = _start_ticks(rec.pid)
     return rec.start_ticks is None or ticks == rec.start_ticks
 
@@ -216,20 +220,120 @@ def stop_local_head(timeout: float = 30.0) -> HeadRecord | None:
         return rec
 
 
-# ---- one dashboard URL per command ------------------------------------------------------------------
+# ---- the cluster: the head Service through a port-forward ------------------------------------------
+
+DASHBOARD_PORT = 8265  # KubeRay's head Service names it "dashboard"
+FORWARD_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterHead:
+    """The RayCluster's head as Kubernetes shows it: what a port-forward needs."""
+
+    namespace: str
+    cluster: str
+    pod: str
+    service: str
+    port: int
+
+
+def find_head(kube: Kube, cfg: Config) -> ClusterHead:
+    """The head pod (Ready) and Service of the configured RayCluster, or an error saying which is missing."""
+    from raydlc import kube as k8s
+
+    ns, name = cfg.cluster.namespace, cfg.ray.cluster_name
+    if kube.get("ray.io/v1", "RayCluster", name, ns) is None:
+        raise InputError(f"no RayCluster {name!r} in namespace {ns!r} (RAY_CLUSTER_NAME, NAMESPACE)", hint="`raydlc up` creates it; `raydlc status` shows what exists")
+    heads = kube.pods(ns, labels={"ray.io/cluster": name, "ray.io/node-type": "head"})
+    if not heads:
+        raise RayError(f"RayCluster {name!r} has no head pod yet", hint="is the KubeRay operator running? `raydlc status` shows the pods")
+    ready = [p for p in heads if k8s.pod_ready(p)]
+    if not ready:
+        p = heads[0]
+        raise RayError(f"the head pod {k8s.name_of(p)} of RayCluster {name!r} is not Ready ({k8s.pending_reason(p, kube.events(ns))})",
+                       hint="`raydlc status` shows the pods; wait for `raydlc up` to finish")
+    services = kube.list("v1", "Service", ns, labels={"ray.io/cluster": name, "ray.io/node-type": "head"})
+    svc = next((s for s in services if k8s.name_of(s) == f"{name}-head-svc"), services[0] if services else None)
+    if svc is None:
+        raise RayError(f"RayCluster {name!r} has no head Service", hint="KubeRay creates <cluster>-head-svc with the head pod; `raydlc status` shows the cluster")
+    ports = (svc.get("spec") or {}).get("ports") or []
+    port = next((int(p["port"]) for p in ports if p.get("name") == "dashboard"), DASHBOARD_PORT)
+    return ClusterHead(ns, name, k8s.name_of(ready[0]), k8s.name_of(svc), port)
 
 
 @contextlib.contextmanager
-def dashboard(target: Target, *, start_local: bool = False, on_start: Any = None) -> Iterator[str]:
-    """The dashboard URL of `target` for the length of a command."""
+def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead) -> Iterator[str]:
+    """`kubectl port-forward` to the head Service's dashboard port on 127.0.0.1, for one command."""
+    from raydlc.tools import ToolFailed, command
+
+    cmd = command("kubectl", "--kubeconfig", str(kubeconfig), "-n", head.namespace, "port-forward", f"svc/{head.service}",
+                  f":{head.port}", "--address", "127.0.0.1", mutates=False)
+    with runner.start(cmd) as running:
+        try:
+            m = running.wait_for(r"Forwarding from 127\.0\.0\.1:(\d+)", FORWARD_TIMEOUT_S)
+        except ToolFailed as e:
+            last = next((ln for ln in reversed(e.lines) if ln.strip()), "")
+            raise RayError(f"cannot port-forward to {head.service}:{head.port} in {head.namespace}: {e.message}" + (f" ({last.strip()})" if last else ""),
+                           hint="`raydlc status` shows whether the head is up; kubectl must reach the cluster") from None
+        yield f"http://127.0.0.1:{m.group(1)}"
+
+
+def cluster_facts(kube: Kube, cfg: Config) -> tuple[list[KubeNode], list[Pod], dict[str, str]]:
+    """What `verify` reads from Kubernetes: nodes with their allocatable GPUs and EFA, the
+    RayCluster's pods, and each pod's IP (the name a Ray node goes by) to its pod name."""
+    from raydlc import kube as k8s
+    from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
+    from raydlc.verify import KubeNode, Pod
+
+    nodes = []
+    for n in kube.nodes():
+        capacity = (n.get("status") or {}).get("capacity") or {}
+        gpu_node = k8s.labels_of(n).get(ROLE) == GPU_ROLE or GPU_RESOURCE in capacity
+        nodes.append(KubeNode(k8s.name_of(n), gpu_node, k8s.allocatable(n, GPU_RESOURCE), k8s.allocatable(n, EFA_RESOURCE), k8s.node_ready(n)))
+    pods, names = [], {}
+    for p in kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name}):
+        role = k8s.labels_of(p).get("ray.io/node-type", "")
+        if role not in ("head", "worker"):
+            continue
+        pods.append(Pod(k8s.name_of(p), role, k8s.pod_phase(p), k8s.pod_ready(p), k8s.pod_node(p)))
+        ip = (p.get("status") or {}).get("podIP")
+        if ip:
+            names[ip] = k8s.name_of(p)
+    return nodes, pods, names
+
+
+# ---- one dashboard URL per command ------------------------------------------------------------------
+
+
+@dataclass
+class Reached:
+    """A target for the length of one command: its dashboard URL, and on a cluster its Kubernetes API."""
+
+    target: Target
+    url: str
+    kube: Kube | None = None
+    head: ClusterHead | None = None
+
+
+@contextlib.contextmanager
+def reach(target: Target, cfg: Config | None = None, *, start_local: bool = False, on_start: Any = None) -> Iterator[Reached]:
+    """The dashboard of `target` for one command; a cluster's port-forward is closed when it ends."""
     if target.kind == LOCAL:
-        yield ensure_local_head(start=start_local, on_start=on_start).dashboard_url
+        yield Reached(target, ensure_local_head(start=start_local, on_start=on_start).dashboard_url)
     elif target.kind == ADDRESS:
         assert target.address is not None
         dashboard_version(target.address)
-        yield target.address
+        yield Reached(target, target.address)
     else:
-        raise InputError(
-            "the cluster target reaches the head through the lifecycle's Kubernetes gateway, which is not in this build",
-            hint="use --local, or --address URL of a dashboard you reach (e.g. through your own port-forward)",
-        )
+        from raydlc.kube import Kube, load_client
+        from raydlc.lifecycle.context import kubeconfig_path
+        from raydlc.tools import Runner
+
+        assert cfg is not None
+        kubeconfig = kubeconfig_path(cfg)
+        kube = Kube(load_client(kubeconfig))
+        head = find_head(kube, cfg)
+        runner = Runner()
+        with port_forward(runner, kubeconfig, head) as url:
+            dashboard_version(url, timeout=30.0)
+            yield Reached(target, url, kube, head)

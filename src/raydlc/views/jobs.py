@@ -13,7 +13,7 @@ _ROW = {PASS: "green", FAIL: "bold red", NA: "dim"}
 
 
 def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def _secs(s: float | None) -> str:
@@ -24,11 +24,11 @@ def print_jobs(jobs: list[Job], where: str, console: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"jobs on {where}")
-    for col in ("job", "status", "started", "duration", "program", "entrypoint"):
-        t.add_column(col, no_wrap=col != "entrypoint")
+    for col in ("job", "status", "started", "duration", "program"):
+        t.add_column(col, no_wrap=col != "program", overflow="fold")
     for j in jobs:
         t.add_row(j.submission_id, f"[{_STATUS.get(j.status, 'white')}]{j.status}[/]", _when(j.start_time), _secs(j.duration_s),
-                  j.metadata.get("program", "-"), j.entrypoint)
+                  j.metadata.get("program", "-"))
     console.print(t if jobs else f"no jobs on {where}")
 
 
@@ -44,10 +44,11 @@ def print_verdict(v: Verdict, console: Any) -> None:
 
     job = f", job {v.job.submission_id}" if v.job else ""
     t = Table(title=f"verify: {v.target} target{job}", show_lines=True)
-    for col in ("criterion", "result", "evidence"):
-        t.add_column(col, no_wrap=col != "evidence")
+    t.add_column("criterion", max_width=32, overflow="fold")
+    t.add_column("result", no_wrap=True)
+    t.add_column("evidence", overflow="fold", ratio=1)
     for r in v.rows:
-        t.add_row(r.title, f"[{_ROW[r.status]}]{r.status}[/]", "\n".join(r.evidence))
+        t.add_row(f"[bold]{r.criterion}[/]\n[dim]{r.title}[/]", f"[{_ROW[r.status]}]{r.status}[/]", "\n".join(r.evidence))
     console.print(t)
     failed = [r for r in v.rows if r.status == FAIL]
     if failed:
@@ -63,7 +64,7 @@ def print_bench(doc: dict[str, Any], console: Any) -> None:
 
     t = Table(title=f"transport comparison ({doc['target']} target)")
     for col in ("run", "job", "status", "steps/s", "tokens/s", "transport (per node)", "counts"):
-        t.add_column(col, no_wrap=col not in ("transport (per node)",))
+        t.add_column(col, no_wrap=col in ("run", "status", "steps/s", "tokens/s"), overflow="fold")
     for r in doc["runs"]:
         sps, tps = r.get("steps_per_s"), r.get("tokens_per_s")
         t.add_row(r["label"], r["submission_id"], r["status"], f"{sps:.3f}" if sps else "-", f"{tps:,.0f}" if tps else "-",
