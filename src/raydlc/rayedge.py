@@ -280,13 +280,25 @@ def process_alive(pid: int) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; zombies (exited, waiting for a parent that is
+    not us to reap them) do not count, where /proc tells them apart."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def start_head(

@@ -73,7 +73,10 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def head(home: Path) -> Iterator[targets.HeadRecord]:
-    rec = targets.ensure_local_head(start=True)
+    """Started by a process that then exits, as `raydlc submit --local` does: the head outlives it."""
+    subprocess.run([sys.executable, "-c", "from raydlc import targets; targets.ensure_local_head(start=True)"], check=True, timeout=300)
+    rec = targets.running_head()
+    assert rec is not None
     yield rec
     if targets.running_head() is not None:  # a test failed before `down --local`
         targets.stop_local_head()
@@ -176,9 +179,10 @@ def test_bench_transport_on_the_local_target_says_there_is_nothing_to_compare(tm
 
 
 @pytest.fixture(scope="module")
-def second_node(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def second_raylet(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
     """A second raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
-    logs are its own, as on another machine. Ended by its PID."""
+    logs are its own, as on another machine. It declares 4 GPUs and has the fi_info double on its
+    PATH: a GPU node with an EFA device, as far as Ray and the probe can tell. Ended by its PID."""
     import tempfile
 
     ray_bin = Path(sys.executable).with_name("ray")
@@ -186,11 +190,15 @@ def second_node(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFacto
                                              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")}
     temp = Path(tempfile.mkdtemp(prefix="raydlc-n2-", dir="/tmp"))
     log = tmp_path_factory.mktemp("node2") / "node.log"
+    fi_bin = log.parent / "bin"
+    fi_bin.mkdir()
+    (fi_bin / "fi_info").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "doubles" / "fi_info.py"}" "$@"\n')
+    (fi_bin / "fi_info").chmod(0o755)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-           "PATH": f"{ray_bin.parent}{os.pathsep}{os.environ['PATH']}"}
+           "PATH": f"{fi_bin}{os.pathsep}{ray_bin.parent}{os.pathsep}{os.environ['PATH']}"}
     with log.open("wb") as out:
         proc = subprocess.Popen([str(ray_bin), "start", f"--address={head.address}", "--block", "--node-ip-address=127.0.0.1",
-                                 "--num-cpus=2", "--num-gpus=0", "--disable-usage-stats", f"--temp-dir={temp}",
+                                 "--num-cpus=2", "--num-gpus=4", "--disable-usage-stats", f"--temp-dir={temp}",
                                  *(f"--{k}={v}" for k, v in ports.items())], stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     node = LocalHead(proc, head.address, "", log, temp, ports)
@@ -203,9 +211,14 @@ def second_node(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFacto
                 break
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
             time.sleep(1)
-        yield f"{others[0]['node_ip']}/{others[0]['node_id'][:8]}"  # how raydlc names a Ray node: IP and short id
+        yield f"{others[0]['node_ip']}/{others[0]['node_id'][:8]}", node  # how raydlc names a Ray node: IP and short id
     finally:
         node.stop()
+
+
+@pytest.fixture
+def second_node(second_raylet: tuple[str, LocalHead]) -> str:
+    return second_raylet[0]
 
 
 def nccl_job(url: str, workdir: Path, head_log: Path, other_log: Path, name: str) -> str:
@@ -310,7 +323,8 @@ def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
     assert "ip-10-0-2-7: vpc.amazonaws.com/efa allocatable 0" in rows["gpu-nodes"]["evidence"]
     assert rows["pods"]["status"] == "pass"
     assert rows["nccl"]["failed_nodes"] == [second_node]
-    assert rows["fi-info"]["status"] == "fail"  # the Ray nodes here have no GPU to probe
+    assert rows["fi-info"]["status"] == "pass" and rows["fi-info"]["evidence"] == [  # the GPU node's fi_info, through a pinned task
+        f"{second_node}: fi_info -p efa lists FI_EP_RDM on rdmap0s31-rdm"]
     assert rows["job"]["status"] == "pass"
 
 
@@ -326,10 +340,56 @@ def test_the_cluster_target_refuses_a_missing_raycluster_and_a_head_not_ready(cl
     assert len(forwards(cluster["log"])) == before  # nothing was forwarded, let alone submitted
 
 
+# ---- the whole reference path: up -> submit -> verify -> down --------------------------------------
+
+
+def _lifecycle_world() -> Any:
+    """The lifecycle tests' world (moto, kmock, the tool doubles, the emulated KubeRay operator), reused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lifecycle_world", TESTS / "lifecycle" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_world = _lifecycle_world()
+moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
+
+
+def test_up_submit_verify_down_offline(head: targets.HeadRecord, second_node: str, world: Any, tmp_path: Path) -> None:
+    """`up` against moto, kmock and the doubles; the job runs on the local head standing in for the
+    cluster's, reached through the kubectl double's port-forward; the gate passes on every criterion."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import Timings
+
+    fast = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
+    assert lifecycle.up(world.config(), timings=fast).ok
+    world.scenario(forward={"ray-train/ray-train-cluster-head-svc:8265": head.dashboard_url.removeprefix("http://")})
+    efa = NCCL / "mixed_composed_efa_and_socket" / "node-a.log"
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "print_nccl.py").write_text(NCCL_PRINTER)
+    (work / "efa_a.log").write_bytes(efa.read_bytes())
+    (work / "efa_b.log").write_bytes((NCCL / "efa_nccl527_noprefix_gdr.log").read_bytes())
+    p = cli("submit", "print_nccl.py", "--name", "reference-path", "--json", "--", "efa_a.log", "efa_b.log", cwd=work)
+    assert p.returncode == 0 and last_json(p)["target"] == "cluster", p.stderr[-3000:]
+    v = cli("verify", "--job", "reference-path", "--json", cwd=tmp_path)
+    doc = last_json(v)
+    assert v.returncode == 0 and doc["passed"], json.dumps(doc, indent=1)
+    assert {r["criterion"]: r["status"] for r in doc["criteria"]} == dict.fromkeys(("gpu-nodes", "pods", "fi-info", "nccl", "job"), "pass")
+    assert [a for a in world.calls("kubectl") if "port-forward" in a] and all("--address" in a for a in world.calls("kubectl") if "port-forward" in a)
+    assert lifecycle.down(world.config(), timings=fast).ok
+    assert world.tagged("eks-cluster") == {}
+
+
 # ---- down --local, last -------------------------------------------------------------------------
 
 
-def test_down_local_ends_the_head_and_everything_it_started(head: targets.HeadRecord, tmp_path: Path) -> None:
+def test_down_local_ends_the_head_and_everything_it_started(head: targets.HeadRecord, second_raylet: tuple[str, LocalHead],
+                                                              tmp_path: Path) -> None:
+    second_raylet[1].stop()  # the worker node leaves first, as a cluster's worker pods do
     p = cli("down", "--local", "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True}
