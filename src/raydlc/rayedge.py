@@ -1,12 +1,13 @@
 """The one place raydlc starts or joins Ray, and where Ray's errors become raydlc's.
 
-Training, the preflight and (later) job submission all reach Ray through here: join an
-address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an in-process local Ray,
-with the workers' environment and the log settings decided once. A Ray started here is shut
+Training and the preflight reach Ray through here (jobs go through the head's dashboard, in
+`raydlc.jobs`): join an address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an
+in-process local Ray, with the workers' environment and the log settings decided once. A Ray started here is shut
 down here; one already running in the process is used as it is. `LocalHead` starts a real
 head as a subprocess (`ray start --head --block`) on explicit free ports, so a driver in
 another process can join it by address, as it would join a cluster's head through a
-port-forward; it is ended by its own PID, never by `ray stop`.
+port-forward; it is ended by its own PID, never by `ray stop` — also from a later process
+(`end_head`, for the local head `raydlc submit --local` leaves up).
 """
 
 from __future__ import annotations
@@ -206,6 +207,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# How long `ray start --block` gets to stop its own processes one by one after SIGTERM (with many idle
+# workers on a busy machine that takes tens of seconds); then the whole group is sent SIGTERM at once.
+HEAD_GRACE_S = 5.0
+
+
 @dataclass
 class LocalHead:
     """A Ray head started by `start_head`; `address` is what `connected(address=...)` joins."""
@@ -224,7 +230,7 @@ class LocalHead:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=timeout)
+                self.process.wait(timeout=min(timeout, HEAD_GRACE_S))
         _end_group(pgid, timeout, self.process.poll)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
@@ -239,7 +245,7 @@ def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> N
 
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + min(timeout, HEAD_GRACE_S)
     while process_alive(pid) and time.monotonic() < deadline:
         reap()
         time.sleep(0.2)
