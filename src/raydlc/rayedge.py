@@ -210,6 +210,7 @@ def free_port() -> int:
 # How long `ray start --block` gets to stop its own processes one by one after SIGTERM (with many idle
 # workers on a busy machine that takes tens of seconds); then the whole group is sent SIGTERM at once.
 HEAD_GRACE_S = 5.0
+GROUP_TERM_S = 10.0  # idle workers that still run after that are killed: nothing of a head being ended is worth more
 
 
 @dataclass
@@ -234,6 +235,12 @@ class LocalHead:
         _end_group(pgid, timeout, self.process.poll)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
+    def __enter__(self) -> LocalHead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> None:
     """End a head `start_head` started in an earlier process, known only by its PID (which leads its
@@ -255,7 +262,8 @@ def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> N
 
 
 def _end_group(pgid: int, timeout: float, reap: Any) -> None:
-    sig, deadline = signal.SIGTERM, time.monotonic() + timeout
+    """SIGTERM to every process left in the group, SIGKILL to what still runs after GROUP_TERM_S."""
+    sig, deadline = signal.SIGTERM, time.monotonic() + min(timeout, GROUP_TERM_S)
     while _group_alive(pgid) and time.monotonic() < deadline + timeout:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
@@ -277,12 +285,6 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
-
-    def __enter__(self) -> LocalHead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _group_alive(pgid: int) -> bool:
