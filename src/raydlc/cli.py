@@ -510,7 +510,6 @@ def status(
         view.print_status(doc, console)
 
 
-
 # ---- jobs on the Ray cluster: submit, job …, verify, bench-transport ------------------------------
 
 job_app = typer.Typer(help="Jobs on the Ray cluster: list, logs, status, stop (--local, --address URL, or the cluster).", no_args_is_help=True)

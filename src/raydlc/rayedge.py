@@ -264,6 +264,7 @@ def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> N
 def _end_group(pgid: int, timeout: float, reap: Any) -> None:
     """SIGTERM to every process left in the group, SIGKILL to what still runs after GROUP_TERM_S."""
     sig, deadline = signal.SIGTERM, time.monotonic() + min(timeout, GROUP_TERM_S)
+    reap()
     while _group_alive(pgid) and time.monotonic() < deadline + timeout:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
@@ -271,6 +272,14 @@ def _end_group(pgid: int, timeout: float, reap: Any) -> None:
             sig = signal.SIGKILL
         reap()
         time.sleep(0.2)
+    reap()
+    settle = time.monotonic() + 5.0  # what is left are zombies: their new parent reaps them in a moment
+    while time.monotonic() < settle:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
 
 
 def process_alive(pid: int) -> bool:
