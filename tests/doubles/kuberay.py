@@ -2,7 +2,8 @@
 
 KubeRay's controller does not run here, so this does its visible part the way it would: for
 each RayCluster (only while the operator's Deployment is Available) it creates a head pod and
-one pod per worker replica, labelled `ray.io/cluster`, `ray.io/node-type`, `ray.io/group`;
+one pod per worker replica, labelled `ray.io/cluster`, `ray.io/node-type`, `ray.io/group`, and
+the head Service `<cluster>-head-svc` (its dashboard port is what `raydlc` port-forwards to);
 binds each to a node the way kube-scheduler would (nodeSelector, taints and tolerations, and
 requests against allocatable minus what is already bound), leaving it Pending with a
 FailedScheduling event naming the shortfall otherwise; sets the RayCluster's status; and
@@ -70,10 +71,11 @@ class Operator:
             return  # nothing to run yet, and no pods of ours to collect
         pods = self.kube.list("Pod")
         names = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in clusters}
-        for p in pods:
-            owner = (p["metadata"].get("labels") or {}).get("ray.io/cluster")
-            if owner and (p["metadata"]["namespace"], owner) not in names and (p["metadata"].get("ownerReferences")):
-                self.kube.delete("Pod", p["metadata"]["name"], p["metadata"]["namespace"])
+        for kind, objs in (("Pod", pods), ("Service", self.kube.list("Service"))):
+            for p in objs:
+                owner = (p["metadata"].get("labels") or {}).get("ray.io/cluster")
+                if owner and (p["metadata"]["namespace"], owner) not in names and (p["metadata"].get("ownerReferences")):
+                    self.kube.delete(kind, p["metadata"]["name"], p["metadata"]["namespace"])
         if not self.operator_up():
             return
         for rc in clusters:
@@ -105,6 +107,7 @@ class Operator:
                                  "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name}]},
                     "spec": template.get("spec") or {}, "status": {"phase": "Pending"},
                 })
+        self._head_service(ns, name)
         self._schedule(ns, [have[w[2]] for w in wanted])
         fresh = {p["metadata"]["name"]: p for p in self.kube.list("Pod", ns)}
         head_ready = any(_ready(fresh.get(w[2])) for w in wanted if w[0] == "head")
@@ -113,6 +116,20 @@ class Operator:
         state = "ready" if head_ready and running == want_workers else ""
         self.kube.patch("RayCluster", name, {"status": {"state": state or None, "readyWorkerReplicas": running,
                                                         "desiredWorkerReplicas": want_workers}}, ns, sub="status")
+
+    def _head_service(self, ns: str, name: str) -> None:
+        """KubeRay's `<cluster>-head-svc`: ClusterIP, selecting the head pod, GCS/dashboard/client ports."""
+        svc = f"{name}-head-svc"
+        if self.kube.get("Service", svc, ns) is not None:
+            return
+        head = {"ray.io/cluster": name, "ray.io/node-type": "head"}
+        self.kube.create({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": svc, "namespace": ns, "labels": dict(head),
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name}]},
+            "spec": {"type": "ClusterIP", "selector": head, "ports": [
+                {"name": "gcs-server", "port": 6379}, {"name": "dashboard", "port": 8265}, {"name": "client", "port": 10001}]},
+        })
 
     def _schedule(self, ns: str, pods: list[dict[str, Any]]) -> None:
         nodes = self.kube.list("Node")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 RESOURCES = [
-    "v1/namespaces", "v1/nodes", "v1/pods", "v1/secrets", "v1/events", "v1/serviceaccounts", "v1/configmaps",
+    "v1/namespaces", "v1/nodes", "v1/pods", "v1/secrets", "v1/events", "v1/serviceaccounts", "v1/configmaps", "v1/services",
     "apps/v1/deployments", "apps/v1/daemonsets", "networking.k8s.io/v1/networkpolicies",
     "apiextensions.k8s.io/v1/customresourcedefinitions", "ray.io/v1/rayclusters", "ray.io/v1/rayjobs",
 ]
@@ -126,11 +126,11 @@ def kube_server(patch: Callable[[Any, str, Any], None]) -> Iterator[KubeServer]:
 
 
 def install_doubles(bin_dir: Any, python: str) -> None:
-    """`eksctl` and `helm` shims in bin_dir that run the doubles with this Python."""
+    """`eksctl`, `helm` and `kubectl` shims in bin_dir that run the doubles with this Python."""
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    for tool in ("eksctl", "helm"):
+    for tool in ("eksctl", "helm", "kubectl"):
         shim = Path(bin_dir) / tool
         shim.write_text(f'#!/bin/sh\nexec "{python}" "{here / (tool + ".py")}" "$@"\n')
         shim.chmod(0o755)

@@ -147,7 +147,7 @@ def tolerated(taints: list[dict[str, Any]], tolerations: list[dict[str, Any]]) -
 PATHS = {
     "Namespace": ("/api/v1", "namespaces", False), "Node": ("/api/v1", "nodes", False),
     "Pod": ("/api/v1", "pods", True), "Secret": ("/api/v1", "secrets", True), "Event": ("/api/v1", "events", True),
-    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True), "Service": ("/api/v1", "services", True),
     "Deployment": ("/apis/apps/v1", "deployments", True), "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
