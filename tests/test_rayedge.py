@@ -92,7 +92,7 @@ def test_a_head_in_its_own_process_is_joined_by_address_and_streams_progress(tmp
             capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
         )
         group = head.process.pid
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-2000:] + _without_native_frames(r.stderr)[-4000:]
     lines = r.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines if ": loss" in line] == ["step 1", "step 2", "step 3", "step 4"]
     assert "step 4: eval loss" in r.stdout
@@ -107,3 +107,8 @@ def test_a_head_in_its_own_process_is_joined_by_address_and_streams_progress(tmp
     assert lrs == [1e-3, 2e-3, 2e-3, 2e-3]  # WARMUP_STEPS=2 took effect inside the workers
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)  # the head and everything it started are gone
+
+
+def _without_native_frames(text: str) -> str:
+    """Ray's fatal-signal handler prints C stack frames; the Python error and the signal are above them."""
+    return "\n".join(line for line in text.splitlines() if "libpython" not in line and "/lib/" not in line)

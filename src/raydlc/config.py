@@ -121,6 +121,10 @@ class ClusterConfig(_Section):
         "NODE_AMI_FAMILY", "AMI family of every node group", default="AmazonLinux2023"
     )
     namespace: str = _env("NAMESPACE", "Kubernetes namespace of the Ray cluster and jobs", default="ray-train")
+    kubeconfig: str | None = _env(
+        "KUBECONFIG", "kubeconfig raydlc writes for the cluster and uses; empty = ~/.raydlc/<name>-<region>/kubeconfig "
+        "(~/.kube/config only when given)", default=None,
+    )
 
     @field_validator("name")
     @classmethod
@@ -131,6 +135,11 @@ class ClusterConfig(_Section):
     @classmethod
     def _namespace(cls, v: str) -> str:
         return _dns1123(v)
+
+    @field_validator("kubeconfig", mode="before")
+    @classmethod
+    def _kubeconfig(cls, v: Any) -> Any:
+        return None if v in ("", None) else v
 
     @field_validator("region")
     @classmethod
