@@ -237,7 +237,8 @@ def test_every_gpu_pod_claims_the_whole_node(name: str, rendered) -> None:
         assert all(isinstance(v, str) for v in req.values())
         assert template["spec"]["nodeSelector"] == {"role": "gpu-worker"}
         assert "command" not in c and "args" not in c
-        env = {e["name"]: e["value"] for e in c["env"]}
+        env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+        assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "raydlc-secrets", "key": "HF_TOKEN", "optional": True}}} in c["env"]
         assert env["FI_PROVIDER"] == "efa" and env["NCCL_DEBUG"] == "INFO"
         assert env.get("NCCL_NET") == cfg.ray.nccl_net
         assert ("FI_EFA_USE_DEVICE_RDMA" in env) == it.gpudirect_rdma
@@ -432,8 +433,11 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
     for value in secrets.values():
         assert value not in text
     for name in secrets:
-        assert name not in text
-    assert "password" not in text.lower() and "secretKeyRef" not in text
+        if name != "HF_TOKEN":
+            assert name not in text
+    assert "password" not in text.lower()
+    # HF_TOKEN is named only as a reference to the Secret `raydlc up` makes, never with a value
+    assert text.count("secretKeyRef") == text.count("- name: HF_TOKEN") == 4
 
 
 # --- the RayJob -----------------------------------------------------------------------------

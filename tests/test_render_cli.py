@@ -157,6 +157,6 @@ def test_schema_tests_need_nothing_beside_the_repo(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout[-1500:]
     assert "passed" in r.stdout and "skipped" not in r.stdout and "error" not in r.stdout
-    import raydlc.schemas
-
-    assert "fresh" not in raydlc.schemas.__file__  # the subprocess, not this process, read the copy
+    where = subprocess.run([sys.executable, "-c", "import raydlc.schemas; print(raydlc.schemas.__file__)"],
+                           capture_output=True, text=True, env=env, timeout=60, cwd=clone)
+    assert where.stdout.strip().startswith(str(clone / "src")), where.stdout  # the tests read the copy

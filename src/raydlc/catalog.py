@@ -152,3 +152,13 @@ def gpu_for_device_name(device_name: str) -> GpuModel | None:
         if re.search(pattern, name):
             return GPUS[key]
     return None
+
+
+
+# Hourly prices beside the instances' (those are raydlc.capacity's table of us-east-1 On-Demand
+# list prices), for the estimate `raydlc status` shows; a table, not the Pricing API, so the
+# estimate needs no pricing:GetProducts permission.
+PRICES_AS_OF = "2025-06"
+PRICE_REGION = "us-east-1"
+EKS_CONTROL_PLANE_HOURLY_USD = 0.10  # standard support; extended support is 0.60
+NAT_GATEWAY_HOURLY_USD = 0.045  # per gateway, before data processing (0.045 per GB)

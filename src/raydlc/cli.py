@@ -282,24 +282,31 @@ def plan_cmd(
         None, "--network-gbps", callback=_finite, help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."
     ),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
-    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
-    policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute) or pure-bf16."),
-    strategy: str = typer.Option("fsdp", "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed)."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per micro-batch [BATCH_SIZE]."),
+    grad_accum: str | None = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step, or auto: the figures of the recommended layout [GRAD_ACCUM]."),
+    sync: str | None = typer.Option(None, "--sync", help="Gradient sync with accumulation: every, once, all-reduce-once (HSDP), auto [GRAD_SYNC]."),
+    max_global_batch: int | None = typer.Option(None, "--max-global-batch", help="Most tokens per optimizer step the recommendation may use [MAX_GLOBAL_BATCH]."),
+    policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute), pure-bf16 or fp32."),
+    strategy: str | None = typer.Option(None, "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed); default fsdp, or the recommended one with --grad-accum auto."),
     activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each block in backward."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Per-GPU memory, per-step traffic and step time for FSDP and HSDP, and the recommended choice."""
+    """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits."""
     from raydlc import plan as planner
     from raydlc.models import get_spec
 
-    cfg = load(ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch)
+    cfg = load(
+        ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch, GRAD_ACCUM=grad_accum,
+        GRAD_SYNC=sync, MAX_GLOBAL_BATCH=max_global_batch,
+    )
     layout = planner.layout_for(
         cfg.gpu_nodes.count, cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node,
         gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps,
     )
+    t = cfg.train
     result = planner.plan(
-        get_spec(cfg.train.model_id), layout, seq_len=cfg.train.seq_len, micro_batch=cfg.train.batch_size,
-        policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
+        get_spec(t.model_id), layout, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync,
+        max_global_batch=t.max_global_batch, policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
     )
     if json_:
         emit_json(result.to_dict())
@@ -368,6 +375,7 @@ def train(
     out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [STORAGE_PATH; default: ./raydlc-out]."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN; default: 128]."),
     batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [BATCH_SIZE; local default: 8]."),
+    grad_accum: str | None = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step, or auto: the planner's micro-batch and accumulation on a known GPU cluster [GRAD_ACCUM]."),
     lr: float | None = typer.Option(None, "--lr", callback=_finite, help="AdamW learning rate [LEARNING_RATE; local default: 0.002]."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end [CHECKPOINT_EVERY; local default: 100]."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the model init, data order and eval split [SEED]."),
@@ -400,6 +408,7 @@ def train(
         STORAGE_PATH=str(out) if out is not None else None,
         SEQ_LEN=seq_len,
         BATCH_SIZE=batch_size,
+        GRAD_ACCUM=grad_accum,
         LEARNING_RATE=lr,
         CHECKPOINT_EVERY=checkpoint_every,
         SEED=seed,
@@ -428,6 +437,404 @@ def train(
     else:
         progress.print_summary(summary)
 
+
+_STEP_HELP = "capacity, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
+
+
+@app.command("up")
+def up(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print each step, whether it would act and why, and the exact command; change nothing."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON: the plan, or each step's outcome."),
+    only: str | None = typer.Option(None, "--only", help=f"Run one step: {_STEP_HELP}."),
+    from_: str | None = typer.Option(None, "--from", help="Run this step and every step that needs it."),
+    until: str | None = typer.Option(None, "--until", help="Run this step and every step it needs."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="Where raydlc writes and reads the cluster's kubeconfig [KUBECONFIG]."),
+    force: bool = typer.Option(False, "--force", help="Use an existing cluster that raydlc did not create."),
+) -> None:
+    """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import up_steps as steps
+    from raydlc.views import lifecycle as view
+
+    cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
+    run = lambda reporter: lifecycle.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
+    raise typer.Exit(view.execute("up", [s.name for s in steps.STEPS], run, json_=json_, dry_run=dry_run))
+
+
+@app.command("down")
+def down(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be removed and how; change nothing."),
+    json_: bool = typer.Option(False, "--json", help="Print JSON: the plan, or each step's outcome with what was removed."),
+    keep_cluster: bool = typer.Option(False, "--keep-cluster", help="Stop after the node groups: keep the control plane and system node."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
+    force: bool = typer.Option(False, "--force", help="Delete a cluster that lacks raydlc's ownership tag."),
+    local: bool = typer.Option(False, "--local", help="End raydlc's local Ray head instead (by its recorded PID and process group)."),
+) -> None:
+    """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import down_steps as steps
+    from raydlc.views import lifecycle as view
+
+    if local:
+        _down_local(json_, dry_run)
+        return
+    cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
+    run = lambda reporter: lifecycle.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
+    raise typer.Exit(view.execute("down", [s.name for s in steps.STEPS], run, json_=json_, dry_run=dry_run))
+
+
+def _down_local(json_: bool, dry_run: bool) -> None:
+    from raydlc import targets
+
+    rec = targets.running_head()
+    if dry_run or rec is None:
+        what = "no local Ray head of raydlc runs" if rec is None else f"would end the local Ray head (PID {rec.pid}, {rec.dashboard_url})"
+        doc = {"local": {"pid": rec.pid if rec else None, "dashboard": rec.dashboard_url if rec else None, "ended": False}}
+    else:
+        ended = targets.stop_local_head()
+        what = "no local Ray head of raydlc runs" if ended is None else f"ended the local Ray head (PID {ended.pid}) and everything it started"
+        doc = {"local": {"pid": ended.pid if ended else None, "dashboard": ended.dashboard_url if ended else None, "ended": ended is not None}}
+    if json_:
+        emit_json(doc)
+    else:
+        console.print(what, highlight=False)
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
+) -> None:
+    """Each step's state, the nodes and their GPUs/EFA, the RayCluster's pods, and the hourly cost."""
+    from raydlc import lifecycle
+    from raydlc.views import lifecycle as view
+
+    doc = lifecycle.status(load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None))
+    if json_:
+        emit_json(doc)
+    else:
+        view.print_status(doc, console)
+
+
+# ---- jobs on the Ray cluster: submit, job …, verify, bench-transport ------------------------------
+
+job_app = typer.Typer(help="Jobs on the Ray cluster: list, logs, status, stop (--local, --address URL, or the cluster).", no_args_is_help=True)
+app.add_typer(job_app, name="job")
+_EXPECT = ("efa", "socket", "ib")
+MAX_BENCH_STEPS = 100_000
+
+
+def _local_opt() -> Any:
+    return typer.Option(False, "--local", help="raydlc's local Ray head on this machine (`submit --local` starts it; `down --local` ends it).")
+
+
+def _address_opt() -> Any:
+    return typer.Option(None, "--address", help="A Ray dashboard you already reach, e.g. http://127.0.0.1:8265.")
+
+
+def _builtin_env(cfg: Config, local: bool) -> dict[str, str]:
+    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads."""
+    from raydlc.config import with_local_defaults
+    from raydlc.jobenv import absolute_local_paths
+    from raydlc.render.raycluster import job_env
+
+    return absolute_local_paths(job_env(with_local_defaults(cfg))) if local else job_env(cfg)
+
+
+def _image_versions(cfg: Config, local: bool) -> dict[str, str]:
+    """The torch and ray a job must not replace: this machine's on the local target, else the image's."""
+    from raydlc import catalog
+    from raydlc.jobenv import installed_version
+
+    img = catalog.IMAGES.get(cfg.images.dlc_image)
+    if not local and img is not None:
+        return {"torch": img.torch, "ray": img.ray}
+    return {"torch": installed_version("torch") or (img.torch if img else "2.13.0"), "ray": installed_version("ray") or cfg.images.ray_version}
+
+
+def _job_doc(job: Any, target: Any, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job.submission_id, "ray_job_id": job.job_id, "status": job.status, "target": target.kind,
+            "duration_s": job.duration_s, "message": job.message, "entrypoint": job.entrypoint, **extra}
+
+
+def _follow(c: Any, job_id: str, target: Any, write: Any) -> Any:
+    """Stream a job until it ends; Ctrl-C detaches (the job goes on) and says how to come back."""
+    from raydlc import jobs
+
+    try:
+        return jobs.follow(c, job_id, write)
+    except KeyboardInterrupt:
+        err_console.print(f"\ndetached from job {job_id}; it keeps running. Re-attach: raydlc job logs {job_id} --follow{target.flag}; "
+                          f"stop it: raydlc job stop {job_id}{target.flag}", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def _writer(stream: Any) -> Any:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+def _ended(job: Any, target: Any) -> None:
+    """The exit code follows the job: a job that did not succeed is an error line and exit 1."""
+    from raydlc.errors import TrainError
+
+    if job.status != "SUCCEEDED":
+        raise TrainError(f"job {job.submission_id} {job.status}" + (f": {job.message}" if job.message else ""),
+                         hint=f"raydlc job logs {job.submission_id}{target.flag}")
+
+
+@app.command("submit")
+def submit(
+    ctx: typer.Context,
+    items: list[str] | None = typer.Argument(None, metavar="[SCRIPT.py] [-- ARGS...]", help="The script to run (default: the built-in training program) and its arguments after --."),
+    builtin: bool = typer.Option(False, "--builtin", help="Run raydlc's training program (python -m raydlc.train) with the config's training settings."),
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    name: str | None = typer.Option(None, "--name", help="Submission id: the same name again attaches to that job while it runs, instead of starting a second."),
+    pip: list[str] | None = typer.Option(None, "--pip", help="A package the image lacks: NAME (pinned to the version installed here) or NAME==VERSION; repeatable."),
+    env: list[str] | None = typer.Option(None, "--env", help="K=V for the job's processes, NCCL_* and FI_* too; repeatable. Secrets are refused."),
+    working_dir: Path | None = typer.Option(None, "--working-dir", help="Uploaded with the job, without .git and ignored files (default: SCRIPT's directory)."),
+    no_wait: bool = typer.Option(False, "--no-wait", help="Return once the job is submitted."),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout (logs go to stderr)."),
+) -> None:
+    """Run a job on the Ray cluster (or --local, --address) and stream its logs; the exit code follows the job.
+
+    Ctrl-C detaches and leaves the job running.
+    """
+    from raydlc import jobenv, jobs, targets
+
+    args = list(items or [])
+    script = None
+    if not builtin and args and not args[0].startswith("-"):
+        script, args = Path(args[0]), args[1:]
+    tgt = targets.choose(local, address)
+    cfg = load(ctx)
+    is_local = tgt.kind == targets.LOCAL
+    spec = jobenv.build(
+        script=script, args=args, working_dir=working_dir, pip=pip or [], env=jobenv.parse_env(env or []),
+        settings_env=_builtin_env(cfg, is_local) if script is None else {}, image=_image_versions(cfg, is_local), name=name, target=tgt.kind,
+    )
+    for w in spec.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    if spec.upload is not None:
+        err_console.print(f"working dir {spec.upload.root}: {len(spec.upload.files)} files, {jobenv.mib(spec.upload.size)} to upload", highlight=False)
+    starting = lambda: err_console.print("starting raydlc's local Ray head; it stays up for `job` and `verify` (`raydlc down --local` ends it)")
+    with targets.reach(tgt, cfg, start_local=True, on_start=starting) as where:
+        c = jobs.client(where.url)
+        job, attached = jobs.submit(c, spec)
+        verb = "attached to the running job" if attached else "submitted job"
+        err_console.print(f"{verb} {job.submission_id} on the {tgt.kind} target", highlight=False)
+        if no_wait:
+            if json_:
+                emit_json(_job_doc(job, tgt, attached=attached))
+            else:
+                console.print(f"follow it: raydlc job logs {job.submission_id} --follow{tgt.flag}", highlight=False)
+            return
+        job = _follow(c, job.submission_id, tgt, _writer(sys.stderr if json_ else sys.stdout))
+        builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
+        summary = jobs.training_summary(jobs.logs(c, job.submission_id)) if builtin_run else None
+    if json_:
+        emit_json(_job_doc(job, tgt, attached=attached, **({"summary": summary} if builtin_run else {})))
+    else:
+        err_console.print(f"job {job.submission_id}: {job.status} after {job.duration_s or 0:.1f} s", highlight=False)
+    _ended(job, tgt)
+
+
+@job_app.command("list")
+def job_list(
+    ctx: typer.Context,
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Every job the head knows, oldest first."""
+    from raydlc import jobs, targets
+
+    tgt = targets.choose(local, address)
+    with targets.reach(tgt, load(ctx)) as where:
+        found = jobs.list_jobs(jobs.client(where.url))
+    if json_:
+        emit_json({"target": tgt.kind, "jobs": [_job_doc(j, tgt) for j in found]})
+        return
+    from raydlc.views.jobs import print_jobs
+
+    print_jobs(found, f"the {tgt.kind} target", console)
+
+
+@job_app.command("logs")
+def job_logs(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., metavar="ID", help="The job's id (its --name, or what submit printed)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the job ends; the exit code follows the job."),
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    json_: bool = typer.Option(False, "--json", help="Print {job_id, status, logs} as JSON."),
+) -> None:
+    """The job's driver output (its workers' output is folded in by Ray)."""
+    from raydlc import jobs, targets
+
+    tgt = targets.choose(local, address)
+    with targets.reach(tgt, load(ctx)) as where:
+        c = jobs.client(where.url)
+        job = jobs.require(c, job_id, f"the {tgt.kind} target")
+        if follow and not json_:
+            job = _follow(c, job.submission_id, tgt, _writer(sys.stdout))
+            _ended(job, tgt)
+            return
+        text = jobs.logs(c, job.submission_id)
+    if json_:
+        emit_json({**_job_doc(job, tgt), "logs": text})
+    else:
+        sys.stdout.write(text)
+
+
+@job_app.command("status")
+def job_status(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., metavar="ID", help="The job's id."),
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The job's state as the Jobs API reports it (never inferred from a log stream)."""
+    from raydlc import jobs, targets
+
+    tgt = targets.choose(local, address)
+    with targets.reach(tgt, load(ctx)) as where:
+        job = jobs.require(jobs.client(where.url), job_id, f"the {tgt.kind} target")
+    if json_:
+        emit_json(_job_doc(job, tgt, start_time=job.start_time, end_time=job.end_time, metadata=job.metadata, runtime_env=job.runtime_env,
+                           driver_exit_code=job.driver_exit_code))
+        return
+    from raydlc.views.jobs import print_job
+
+    print_job(job, console)
+
+
+@job_app.command("stop")
+def job_stop(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., metavar="ID", help="The job's id."),
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Stop a job and wait until it has ended."""
+    from raydlc import jobs, targets
+
+    tgt = targets.choose(local, address)
+    with targets.reach(tgt, load(ctx)) as where:
+        c = jobs.client(where.url)
+        jobs.require(c, job_id, f"the {tgt.kind} target")
+        job, was_running = jobs.stop(c, job_id)
+    if json_:
+        emit_json(_job_doc(job, tgt, was_running=was_running))
+    elif was_running:
+        console.print(f"job {job.submission_id}: {job.status}", highlight=False)
+    else:
+        console.print(f"job {job.submission_id} had already ended: {job.status}", highlight=False)
+
+
+@app.command("verify")
+def verify_cmd(
+    ctx: typer.Context,
+    job_id: str | None = typer.Option(None, "--job", help="The job to prove (default: the newest job on the target)."),
+    expect: str = typer.Option("efa", "--expect", help="The transport every node must show: efa, socket or ib."),
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The gate: GPU nodes, pods, fi_info per node, NCCL per node from the job's own worker logs, the job's status.
+
+    Exit 0 only when no criterion fails, 3 when one does.
+    """
+    from raydlc import jobs, targets, verify
+
+    if expect not in _EXPECT:
+        raise InputError(f"--expect {expect!r} is not one of {', '.join(_EXPECT)}")
+    tgt = targets.choose(local, address)
+    cfg = load(ctx)
+    with targets.reach(tgt, cfg) as where:
+        c = jobs.client(where.url)
+        job = jobs.require(c, job_id, f"the {tgt.kind} target") if job_id else jobs.latest_job(c)
+        kube = targets.cluster_facts(where.kube, cfg) if where.kube is not None else None
+        facts = jobs.ray_facts(c, where.url, job, target=tgt.kind, expect=expect, names=kube[2] if kube else None)
+    if kube is not None:
+        facts.kube_nodes, facts.pods = kube[0], kube[1]
+        facts.gpus_per_node, facts.gpu_node_count = cfg.gpu_nodes.gpus_per_node, cfg.gpu_nodes.count
+    verdict = verify.gate(facts)
+    if json_:
+        emit_json(verdict.to_dict())
+    else:
+        from raydlc.views.jobs import print_verdict
+
+        print_verdict(verdict, console)
+    if not verdict.passed:
+        raise typer.Exit(3)
+
+
+@app.command("bench-transport")
+def bench_transport(
+    ctx: typer.Context,
+    steps: int = typer.Option(20, "--steps", help="Optimizer steps of each of the two runs."),
+    local: bool = _local_opt(),
+    address: str | None = _address_opt(),
+    json_: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The same short training job twice, as configured and with sockets forced, each proven from its own logs.
+
+    A run's steps/s count only once its worker logs show the transport it was meant to use; exit 3 when not.
+    """
+    import time
+
+    from raydlc import bench, jobenv, jobs, targets
+
+    if not 1 <= steps <= MAX_BENCH_STEPS:
+        raise InputError(f"--steps must be between 1 and {MAX_BENCH_STEPS:,}, got {steps}")
+    tgt = targets.choose(local, address)
+    cfg = load(ctx, STEPS=steps)
+    is_local = tgt.kind == targets.LOCAL
+    if is_local:  # every local run is gloo: two of them would only time the same thing twice
+        _print_bench(bench.compare([], target=tgt.kind), json_)
+        return
+    settings, image = _builtin_env(cfg, is_local), _image_versions(cfg, is_local)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    specs = {label: jobenv.build(script=None, args=[], working_dir=None, pip=[], env=env, settings_env=settings, image=image,
+                                 name=f"raydlc-bench-{stamp}-{label}", target=tgt.kind) for label, _, env in bench.RUNS}
+    with targets.reach(tgt, cfg, start_local=True) as where:
+        c = jobs.client(where.url)
+        names = targets.cluster_facts(where.kube, cfg)[2] if where.kube is not None else None
+
+        def execute(label: str, expect: str, env: dict[str, str]) -> bench.Run:
+            job, _ = jobs.submit(c, specs[label])
+            err_console.print(f"{label} run: job {job.submission_id}" + (f" ({', '.join(f'{k}={v}' for k, v in env.items())})" if env else ""), highlight=False)
+            job = _follow(c, job.submission_id, tgt, _writer(sys.stderr))
+            summary = jobs.training_summary(jobs.logs(c, job.submission_id))
+            found = jobs.job_nccl(where.url, job.job_id, names) if job.job_id else None
+            return bench.judge(label, expect, job, summary, found, target=tgt.kind)
+
+        runs = bench.run_both(execute)
+    doc = bench.compare(runs, target=tgt.kind)
+    _print_bench(doc, json_)
+    if any(r.status != "SUCCEEDED" for r in runs):
+        raise typer.Exit(1)
+    if not doc["applicable"]:
+        raise typer.Exit(3)
+
+
+def _print_bench(doc: dict[str, Any], json_: bool) -> None:
+    if json_:
+        emit_json(doc)
+        return
+    from raydlc.views.jobs import print_bench
+
+    print_bench(doc, console)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point, and the one rule for failures: one line `error: …` (and maybe `  hint: …`), no traceback.

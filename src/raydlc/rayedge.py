@@ -1,12 +1,13 @@
 """The one place raydlc starts or joins Ray, and where Ray's errors become raydlc's.
 
-Training, the preflight and (later) job submission all reach Ray through here: join an
-address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an in-process local Ray,
-with the workers' environment and the log settings decided once. A Ray started here is shut
+Training and the preflight reach Ray through here (jobs go through the head's dashboard, in
+`raydlc.jobs`): join an address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an
+in-process local Ray, with the workers' environment and the log settings decided once. A Ray started here is shut
 down here; one already running in the process is used as it is. `LocalHead` starts a real
 head as a subprocess (`ray start --head --block`) on explicit free ports, so a driver in
 another process can join it by address, as it would join a cluster's head through a
-port-forward; it is ended by its own PID, never by `ray stop`.
+port-forward; it is ended by its own PID, never by `ray stop` — also from a later process
+(`end_head`, for the local head `raydlc submit --local` leaves up).
 """
 
 from __future__ import annotations
@@ -38,6 +39,27 @@ WORKER_ENV: dict[str, str] = {
 }
 
 
+# A local run on one machine starts only what it uses. Ray's own background work competes with the
+# training workers for the same cores (measured on 2 cores: benchmarks/ray_vs_torchrun.py --cpu), so
+# what nothing reads locally is switched off: usage reporting; Ray Train's preemption watcher
+# (an actor polling for node drains: one machine is not preempted) and its Prometheus metrics;
+# each process's task-event stream to the GCS (the state API's task table) and metrics export
+# (the dashboard's graphs; there is no dashboard). The log monitor, which forwards worker output
+# only with --debug, looks for new log files every 2 s instead of 10 times a second.
+# A value in the environment wins.
+LOCAL_ENV: dict[str, str] = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    "LOG_NAME_UPDATE_INTERVAL_S": "2",
+}
+LOCAL_SYSTEM_CONFIG: dict[str, Any] = {
+    "task_events_report_interval_ms": 0,
+    "enable_metrics_collection": False,
+}
+
+
 def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of every Ray worker raydlc starts: WORKER_ENV, the caller's values, `extra`."""
     base = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
@@ -58,8 +80,9 @@ def connected(
 ) -> Iterator[None]:
     """Ray for the duration of the block: the running one, `address` (or RAY_ADDRESS), or a local one.
 
-    A local Ray gets at least one CPU per worker (`workers`), no dashboard, and the workers'
-    environment as its job runtime env; it is shut down when the block ends.
+    A local Ray gets at least one CPU per worker (`workers`), no dashboard, none of the
+    background work in LOCAL_ENV / LOCAL_SYSTEM_CONFIG, and the workers' environment as its job
+    runtime env; it is shut down when the block ends.
     """
     import ray
 
@@ -67,27 +90,36 @@ def connected(
         yield
         return
     address = address or address_from_env()
-    env_vars = worker_env(env)
-    for k, v in env_vars.items():
-        os.environ.setdefault(k, v)
+    local = not address
+    env_vars = worker_env({**({k: os.environ.get(k, v) for k, v in LOCAL_ENV.items()} if local else {}), **(env or {})})
     kw: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": log_to_driver}
     if not log_to_driver:
         kw["logging_level"] = logging.WARNING
     if address:
         check_reachable(address)
+    # The driver's environment too: the processes a local ray.init starts inherit it. Undone at the end.
+    added = {k: v for k, v in env_vars.items() if k not in os.environ}
+    os.environ.update(added)
     try:
-        if address:
-            ray.init(address=address, **kw)
-        else:
-            # "local": a new instance even when a `ray start` head on this machine is recorded in
-            # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, **kw)
-    except Exception as e:
-        raise connect_error(e, address) from e
-    try:
-        yield
+        try:
+            if address:
+                ray.init(address=address, **kw)
+            else:
+                # "local": a new instance even when a `ray start` head on this machine is recorded in
+                # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
+                ray.init(
+                    address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False,
+                    _system_config=dict(LOCAL_SYSTEM_CONFIG), **kw,  # a copy: Ray adds its own keys to the dict
+                )
+        except Exception as e:
+            raise connect_error(e, address) from e
+        try:
+            yield
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def check_reachable(address: str) -> None:
@@ -206,6 +238,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# How long `ray start --block` gets to stop its own processes one by one after SIGTERM (with many idle
+# workers on a busy machine that takes tens of seconds); then the whole group is sent SIGTERM at once.
+HEAD_GRACE_S = 5.0
+GROUP_TERM_S = 10.0  # idle workers that still run after that are killed: nothing of a head being ended is worth more
+
+
 @dataclass
 class LocalHead:
     """A Ray head started by `start_head`; `address` is what `connected(address=...)` joins."""
@@ -224,15 +262,8 @@ class LocalHead:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=timeout)
-        sig, deadline = signal.SIGTERM, time.monotonic() + timeout
-        while _group_alive(pgid) and time.monotonic() < deadline + timeout:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            if time.monotonic() > deadline:
-                sig = signal.SIGKILL
-            self.process.poll()
-            time.sleep(0.2)
+                self.process.wait(timeout=min(timeout, HEAD_GRACE_S))
+        _end_group(pgid, timeout, self.process.poll)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalHead:
@@ -242,17 +273,85 @@ class LocalHead:
         self.stop()
 
 
+def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> None:
+    """End a head `start_head` started in an earlier process, known only by its PID (which leads its
+    own process group): `ray start --block` first, then whatever is left in the group."""
+
+    def reap() -> None:  # our own child when the same process started it; otherwise init reaps it
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + min(timeout, HEAD_GRACE_S)
+    while process_alive(pid) and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.2)
+    _end_group(pid, timeout, reap)
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _end_group(pgid: int, timeout: float, reap: Any) -> None:
+    """SIGTERM to every process left in the group, SIGKILL to what still runs after GROUP_TERM_S."""
+    sig, deadline = signal.SIGTERM, time.monotonic() + min(timeout, GROUP_TERM_S)
+    reap()
+    while _group_alive(pgid) and time.monotonic() < deadline + timeout:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        if time.monotonic() > deadline:
+            sig = signal.SIGKILL
+        reap()
+        time.sleep(0.2)
+    reap()
+    settle = time.monotonic() + 5.0  # what is left are zombies: their new parent reaps them in a moment
+    while time.monotonic() < settle:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie has exited; only its parent's wait is missing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; zombies (exited, waiting for a parent that is
+    not us to reap them) do not count, where /proc tells them apart."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
-def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> LocalHead:
+def start_head(
+    *, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> LocalHead:
     """`ray start --head --block` on free 127.0.0.1 ports, ready when its dashboard answers.
 
     Every port is chosen here so heads of different people on one machine never collide, and
@@ -273,23 +372,28 @@ def start_head(*, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Map
            *(f"--{name}={port}" for name, port in ports.items())]
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
-    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", **worker_env(), **(env or {})}
+    # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.
+    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)
     head = LocalHead(proc, f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard-port']}", log, temp_dir, ports)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            head.stop()
-            raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
-        try:
-            with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
-                if r.status == 200:
-                    return head
-        except OSError:
-            pass
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+                head.stop()
+                raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
+            try:
+                with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
+                    if r.status == 200:
+                        return head
+            except OSError:
+                pass
+            time.sleep(0.5)
+    except BaseException:  # Ctrl-C while it starts: no half-started head is left behind
+        head.stop()
+        raise
     head.stop()
     raise RayError(f"the local Ray head did not answer on {head.dashboard_url} within {timeout:.0f} s", hint=f"see {log}")

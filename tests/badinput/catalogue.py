@@ -16,13 +16,17 @@ from dataclasses import dataclass, field
 DIR = None  # in `files`: make a directory instead of a file
 
 
+class Sparse(int):
+    """In `files`: a sparse file of this many bytes (big, yet no disk and no memory)."""
+
+
 @dataclass(frozen=True)
 class Row:
     id: str
     args: tuple[str, ...]
     code: int  # the exit code: 2 for the user's input, 1 for the world's or the machine's fault
     says: str  # must appear in the one `error:` line
-    files: Mapping[str, bytes | str | None] = field(default_factory=dict)
+    files: Mapping[str, bytes | str | int | None] = field(default_factory=dict)
     env: Mapping[str, str | None] = field(default_factory=dict)  # None: unset
     stdin_closed: bool = False
     sub: bool = False
@@ -183,6 +187,10 @@ PLAN = [
       files=_model(QWEN2_SMALL.replace('"vocab_size": 1000', '"vocab_size": 1000, "quantization_config": {"quant_method": "gptq"}'))),
     r("plan-model-dir-without-config", "plan --model ./m", 2, "has no config.json", files={"m": DIR}),
     r("plan-model-path-missing", "plan --model ./nope/model", 2, "does not exist"),
+    r("plan-grad-accum-zero", "plan --grad-accum 0", 2, "GRAD_ACCUM"),
+    r("plan-grad-accum-word", "plan --grad-accum many", 2, "whole number of micro-batches or auto", sub=True),
+    r("plan-sync-unknown", "plan --sync sometimes", 2, "GRAD_SYNC"),
+    r("plan-max-global-batch-zero", "plan --max-global-batch 0", 2, "MAX_GLOBAL_BATCH"),
 ]
 
 PREFLIGHT = [
@@ -206,6 +214,9 @@ TRAIN = [
     r("train-env-lr-inf", "train", 2, "LEARNING_RATE", env={"RAYDLC_LEARNING_RATE": "inf"}),
     r("train-steps-zero", "train --steps 0", 2, "STEPS"),
     r("train-sharding-unknown", "train --sharding zero3", 2, "SHARDING"),
+    r("train-grad-accum-negative", "train --grad-accum -2", 2, "GRAD_ACCUM"),
+    r("train-all-reduce-once-without-hsdp", "train --sharding fsdp --grad-accum 2", 2, "needs HSDP", env={"RAYDLC_GRAD_SYNC": "all-reduce-once"}),
+    r("train-grad-accum-beyond-data", "train --model tiny --grad-accum 100000", 2, "one global batch", sub=True),
     r("train-model-unknown", "train --model nosuch", 2, "nosuch"),
     r("train-model-unsupported-architecture", "train --model ./m", 2, "unsupported architecture: model_type 'gpt2'", files=_model(GPT2), sub=True),
     r("train-model-no-safetensors", "train --model ./m", 2, "no .safetensors", files=_model(QWEN2_SMALL)),
@@ -224,7 +235,46 @@ TRAIN = [
     r("train-no-manifest", "train --resume-from ckpt", 1, "partial", files={"ckpt": DIR}),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN]
+LIFECYCLE = [
+    r("up-only-unknown", "up --only nope --dry-run", 2, "--only 'nope': no such step", sub=True),
+    r("up-only-and-from", "up --only kuberay --from cluster", 2, "cannot be combined"),
+    r("up-from-after-until", "up --from raycluster --until capacity", 2, "covers no step"),
+    r("up-no-credentials", "up", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
+    r("up-black-hole", "up --dry-run --json", 1, "{black_hole}", reaches_aws=True),
+    r("down-no-credentials", "down --dry-run", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
+    r("down-unknown-flag", "down --local-cluster", 2, "--local-cluster"),
+    r("status-no-credentials", "status --json", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
+    r("status-region-unknown", "--set REGION=xx-north-9 status", 2, "unknown AWS region"),
+]
+
+OVER_UPLOAD = {"proj/train.py": "print(1)\n", "proj/weights.bin": Sparse(101 * 2**20)}
+
+JOBS = [
+    r("submit-pip-unpinned", "submit --local --pip nosuchpkg-raydlc-xyz", 2, "unpinned and not installed here", sub=True),
+    r("submit-pip-range", ["submit", "--local", "--pip", "PyYAML>=6"], 2, "not pinned to one version"),
+    r("submit-pip-shadows-torch", "submit --local --pip torch==2.0.0", 2, "the image's own torch", sub=True),
+    r("submit-pip-shadows-ray", "submit --address {refused} --pip ray", 2, "the image's own ray"),
+    r("submit-script-missing", "submit nope.py --local", 2, "SCRIPT nope.py: no such file", sub=True),
+    r("submit-script-a-directory", "submit adir --local", 2, "is not a file", files={"adir": DIR}),
+    r("submit-over-upload-limit", "submit proj/train.py --local --json", 2, "over the Ray dashboard's 100.0 MiB limit",
+      files=OVER_UPLOAD, sub=True),
+    r("submit-secret-env", "submit --local --env HF_TOKEN=hf_abc", 2, "HF_TOKEN looks like a secret"),
+    r("submit-no-ray-at-address", "submit --address {refused} --json", 1, "no Ray dashboard answers at {refused}", sub=True),
+    r("submit-address-not-a-url", "submit --address ftp://head:8265", 2, "is not a Ray dashboard URL"),
+    r("submit-two-targets", "submit --local --address http://127.0.0.1:8265", 2, "two different targets"),
+    r("submit-name-bad", ["submit", "--local", "--name", "two words"], 2, "--name"),
+    r("submit-no-kubeconfig", "submit --builtin", 2, "kubeconfig", env={"RAYDLC_KUBECONFIG": "nowhere/kubeconfig"}),
+    r("job-list-no-ray", "job list --address {refused} --json", 1, "no Ray dashboard answers", sub=True),
+    r("job-logs-no-id", "job logs --local", 2, "Missing argument 'ID'", sub=True),
+    r("job-status-no-ray", "job status x --address {refused}", 1, "no Ray dashboard answers", sub=True),
+    r("job-stop-two-targets", "job stop x --local --address http://127.0.0.1:1", 2, "two different targets", sub=True),
+    r("verify-expect-unknown", "verify --local --expect carrier-pigeon", 2, "--expect", sub=True),
+    r("verify-no-ray", "verify --address {refused} --json", 1, "no Ray dashboard answers"),
+    r("bench-steps-zero", "bench-transport --steps 0", 2, "--steps must be between 1 and", sub=True),
+    r("bench-no-ray", "bench-transport --address {refused}", 1, "no Ray dashboard answers"),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *LIFECYCLE, *JOBS]
 
 
 def command_of(args: tuple[str, ...]) -> str:
@@ -232,4 +282,4 @@ def command_of(args: tuple[str, ...]) -> str:
     rest = list(args)
     while rest and rest[0].startswith("-"):
         rest = rest[2:] if rest[0] in ("--config", "-c", "--set") else rest[1:]
-    return " ".join(rest[:2]) if rest and rest[0] == "config" else (rest[0] if rest else "")
+    return " ".join(rest[:2]) if rest and rest[0] in ("config", "job") else (rest[0] if rest else "")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import typer
-from catalogue import DIR, ROWS, Row, command_of  # type: ignore[import-not-found]
+from catalogue import DIR, ROWS, Row, Sparse, command_of  # type: ignore[import-not-found]
 
 from raydlc.cli import app, main
 
@@ -40,11 +40,15 @@ def _env(row: Row, black_hole: str, refused: str) -> dict[str, str | None]:
     return env
 
 
-def _make(work: Path, files: dict[str, bytes | str | None]) -> None:
+def _make(work: Path, files: dict[str, bytes | str | int | None]) -> None:
     for name, content in files.items():
         p = work / name
         if content is DIR:
             p.mkdir(parents=True, exist_ok=True)
+        elif isinstance(content, Sparse):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            with p.open("wb") as f:
+                f.truncate(content)
         else:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(content if isinstance(content, bytes) else content.encode())

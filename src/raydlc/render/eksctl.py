@@ -15,6 +15,7 @@ from raydlc.errors import InputError
 from raydlc.render import nodes
 
 API_VERSION = "eksctl.io/v1alpha5"
+OWNER_TAG = "raydlc.io/cluster"  # on every AWS resource of the cluster; `raydlc down` refuses clusters without it
 CORE_ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
 
 # eksctl installs the NVIDIA plugin itself only for AmazonLinux2 (which raydlc does not offer);
@@ -78,6 +79,8 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
         gpun.nodegroup_name, gpun.instance_type, gpun.count, gpun.volume_size_gb, cfg.cluster.ami_family,
         nodes.gpu_labels(),
     )
+    for ng in (system, gpu):
+        ng["tags"] = {OWNER_TAG: cfg.cluster.name}
     gpu["availabilityZones"] = [gpu_az]
     gpu["efaEnabled"] = True
     taints = nodes.gpu_taints(cfg)
@@ -90,7 +93,7 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
             "name": cfg.cluster.name,
             "region": cfg.cluster.region,
             "version": cfg.cluster.k8s_version,
-            "tags": {"app.kubernetes.io/managed-by": "raydlc"},
+            "tags": {"app.kubernetes.io/managed-by": "raydlc", OWNER_TAG: cfg.cluster.name},
         },
         "availabilityZones": cluster_azs,
         "vpc": {"nat": {"gateway": "Single"}},

@@ -34,6 +34,8 @@ ENTRYPOINT = "python -m raydlc.train"
 
 
 
+SECRET_NAME = "raydlc-secrets"  # `raydlc up` fills it from the caller's environment; files only name it
+SECRET_KEYS = ("HF_TOKEN",)
 STOP_RAY = "ray stop"  # the pod's own preStop hook: runs inside the Ray container, never on this machine
 
 
@@ -49,8 +51,16 @@ def _volumes() -> list[dict[str, Any]]:
     return [{"name": LOG_VOLUME, "emptyDir": {}}]
 
 
-def _env(pairs: dict[str, str]) -> list[dict[str, str]]:
+def _env(pairs: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def _secret_env() -> list[dict[str, Any]]:
+    """Secrets by reference only: the value lives in a Kubernetes Secret, never in a rendered file."""
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": key, "optional": True}}}
+        for key in SECRET_KEYS
+    ]
 
 
 def worker_env(cfg: Config) -> dict[str, str]:
@@ -70,7 +80,7 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
         "name": "ray-head",
         "image": cfg.images.dlc_image,
         "imagePullPolicy": "IfNotPresent",
-        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void", **storage_env(cfg)}),
+        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void", **storage_env(cfg)}) + _secret_env(),
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in HEAD_PORTS.items()],
         "resources": size.resources(),
         "volumeMounts": _volume_mounts(),
@@ -102,7 +112,7 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
         "name": "ray-worker",
         "image": cfg.images.dlc_image,
         "imagePullPolicy": "IfNotPresent",
-        "env": _env(worker_env(cfg)),
+        "env": _env(worker_env(cfg)) + _secret_env(),
         "resources": size.resources(devices),
         "volumeMounts": _volume_mounts(),
         "lifecycle": _pre_stop(),

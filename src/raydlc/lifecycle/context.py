@@ -1,0 +1,160 @@
+"""What every step of one `up`/`down`/`status` shares: config, clients, the tool runner, decisions.
+
+Clients are made once and lazily (a dry run on an account with no cluster never needs a
+kubeconfig), from `raydlc.aws` and `raydlc.kube` only. Files raydlc writes for a cluster — the
+rendered manifests and its kubeconfig — live in one raydlc-owned directory per cluster and
+region, so `~/.kube/config` is never touched unless KUBECONFIG (the setting) points there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from raydlc.errors import InputError
+from raydlc.lifecycle.steps import Reporter
+from raydlc.tools import Command, Result, Runner
+
+if TYPE_CHECKING:
+    from raydlc.capacity import CapacityReport
+    from raydlc.config import Config
+    from raydlc.kube import Kube
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Timings:
+    """How long to wait for each kind of change, and how often to look; tests make them short."""
+
+    poll_s: float = 10.0
+    cluster_s: float = 45 * 60  # eksctl's control plane + VPC + add-ons: 15-20 min, often more
+    nodegroup_s: float = 35 * 60  # eksctl's own wait is 25 min
+    stack_s: float = 20 * 60
+    helm_s: float = 10 * 60
+    nodes_s: float = 10 * 60
+    plugins_s: float = 10 * 60
+    pods_s: float = 15 * 60  # the DLC image is large: first pulls take minutes
+
+
+def cluster_dir(cfg: Config) -> Path:
+    return Path.home() / ".raydlc" / f"{cfg.cluster.name}-{cfg.cluster.region}"
+
+
+def kubeconfig_path(cfg: Config) -> Path:
+    return Path(cfg.cluster.kubeconfig).expanduser() if cfg.cluster.kubeconfig else cluster_dir(cfg) / "kubeconfig"
+
+
+class Context:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        runner: Runner | None = None,
+        reporter: Reporter | None = None,
+        timings: Timings | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.runner = runner or Runner(dry_run=dry_run)
+        self.reporter = reporter or Reporter()
+        self.timings = timings or Timings()
+        self.force = force
+        self.dry_run = dry_run
+        self.dir = cluster_dir(cfg)
+        self.kubeconfig = kubeconfig_path(cfg)
+        self._lock = threading.RLock()
+        self._session: Any = None
+        self._clients: dict[str, Any] = {}
+        self._kube: Kube | None = None
+        # decisions made by the capacity step, read by the node-group steps
+        self.zones: list[str] | None = None
+        self.gpu_az: str | None = None
+        self.az_chosen: bool = False  # raydlc picked the AZ (so it may move to the next one)
+        self.candidates: list[str] = []  # AZs the GPU node group may go to, best first
+        self.capacity_reason = ""
+        self.capacity: CapacityReport | None = None
+        self.notes: dict[str, list[str]] = {}  # per step: what was removed / found absent (down)
+
+    # ------------------------------------------------------------------ edges
+
+    @property
+    def cancel(self) -> threading.Event:
+        return self.runner.cancel
+
+    def interrupt(self) -> None:
+        self.runner.interrupt()
+
+    def aws(self, service: str) -> Any:
+        from raydlc import aws
+
+        with self._lock:
+            if self._session is None:
+                self._session = aws.session(self.cfg.cluster.region)
+            if service not in self._clients:
+                self._clients[service] = aws.client(self._session, service)
+            return self._clients[service]
+
+    def kube(self) -> Kube:
+        """The cluster's API through raydlc's kubeconfig; InputError when it was never written."""
+        from raydlc.kube import Kube, load_client
+
+        with self._lock:
+            if self._kube is None:
+                self._kube = Kube(load_client(self.kubeconfig))
+            return self._kube
+
+    def kube_or_none(self) -> Kube | None:
+        if not self.kubeconfig.is_file():
+            return None
+        try:
+            return self.kube()
+        except InputError:
+            return None
+
+    def forget_kube(self) -> None:
+        """After the kubeconfig is (re)written: the next `kube()` reads it again."""
+        with self._lock:
+            self._kube = None
+
+    def tool(self, step: str, cmd: Command, *, timeout: float | None = None, check: bool = True) -> Result:
+        """Run a tool for a step; each output line goes to the live display as the step's detail."""
+        return self.runner.run(cmd, on_line=lambda line: self.reporter.line(step, line), timeout=timeout, check=check)
+
+    def wait(
+        self, step: str, fetch: Callable[[], T], done: Callable[[T], bool], *, timeout: float, what: str,
+        explain: Callable[[T], str] | None = None,
+    ) -> T:
+        from raydlc.kube import wait_until
+
+        self.reporter.line(step, f"waiting for {what}")
+        return wait_until(fetch, done, timeout=timeout, interval=self.timings.poll_s, what=what, explain=explain,
+                          cancel=self.cancel)
+
+    def note(self, step: str, text: str) -> None:
+        with self._lock:
+            self.notes.setdefault(step, []).append(text)
+
+    # ------------------------------------------------------------------ documents
+
+    def documents(self, only: str, zones: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The rendered documents of one kind (schema-checked by render); eksctl's need the zones."""
+        from raydlc.render import render_all
+
+        return render_all(self.cfg, list(zones) if zones is not None else self.zones, only=only)
+
+    def path_of(self, name: str) -> Path:
+        return self.dir / name
+
+    def write(self, docs: dict[str, dict[str, Any]]) -> None:
+        """Write the documents a tool will read; a dry run writes nothing."""
+        from raydlc.render import write
+
+        if self.dry_run:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write(docs, self.dir)

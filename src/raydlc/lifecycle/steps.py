@@ -1,0 +1,282 @@
+"""Steps as data, and the scheduler that runs them: each step looks, acts on the difference, verifies.
+
+A Step names the steps it needs; the scheduler starts every step whose needs are done, so
+independent steps run at the same time and a run takes as long as its longest chain, not the
+sum. Every step begins with `check` (the world as it is: absent / creating / ready / degraded,
+and why), so a run that was interrupted, failed half-way or is repeated simply continues: a
+step that finds its promise already kept does nothing but verify it.
+
+Ctrl-C is caught on the main thread: the tools' children are ended by PID, running waits stop
+at their next poll, and the result says which steps were in progress. Nothing is left that
+`up` or `down` cannot resolve, because neither trusts memory over a fresh `check`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from raydlc.errors import InputError, RaydlcError
+from raydlc.tools import Cancelled
+
+if TYPE_CHECKING:
+    from raydlc.lifecycle.context import Context
+
+StateName = Literal["absent", "creating", "ready", "degraded", "deleting", "unknown"]
+Outcome = Literal["done", "failed", "skipped", "interrupted", "planned"]
+
+
+class StepFailed(RaydlcError):
+    """A step could not keep its promise; the message names what is wrong and where."""
+
+
+class Interrupted(RaydlcError):
+    """Ctrl-C: the run stopped; `up` or `down` resumes from what exists."""
+
+    exit_code = 130
+
+    def __init__(self, message: str, results: list[StepResult]) -> None:
+        super().__init__(message)
+        self.results = results
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What `check` saw: the state, why, and facts `act` may need (a stale stack's name, …)."""
+
+    state: StateName
+    reason: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a step would do about an observation, and the exact commands or API calls."""
+
+    action: str  # none | create | wait | replace | repair | delete
+    reason: str
+    commands: tuple[str, ...] = ()
+
+    @property
+    def acts(self) -> bool:
+        return self.action != "none"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    needs: tuple[str, ...]
+    summary: str
+    check: Callable[[Context], Observation]
+    plan: Callable[[Context, Observation], Plan]
+    act: Callable[[Context, Observation], None]
+    verify: Callable[[Context], str]  # the reason the promise holds; raises StepFailed when it does not
+
+
+@dataclass
+class StepResult:
+    step: str
+    outcome: Outcome
+    action: str
+    reason: str
+    commands: list[str] = field(default_factory=list)
+    state_before: str = ""
+    elapsed_s: float = 0.0
+    found: str = ""  # what `check` saw, before any action
+    error: BaseException | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "outcome": self.outcome, "action": self.action, "reason": self.reason,
+            "state_before": self.state_before, "found": self.found, "elapsed_s": round(self.elapsed_s, 3), "commands": list(self.commands),
+        }
+
+
+class Reporter:
+    """Where progress goes (the live display, plain lines, or nowhere); called from step threads."""
+
+    def started(self, step: str) -> None: ...
+
+    def acting(self, step: str, plan: Plan) -> None: ...
+
+    def line(self, step: str, text: str) -> None: ...
+
+    def finished(self, result: StepResult) -> None: ...
+
+
+# ---------------------------------------------------------------------- the graph, pure
+
+
+def order(steps: Sequence[Step]) -> list[Step]:
+    """Dependency order, stable in the order the steps are declared; a cycle or unknown need is a bug."""
+    by_name = {s.name: s for s in steps}
+    for s in steps:
+        for need in s.needs:
+            if need not in by_name:
+                raise ValueError(f"step {s.name} needs unknown step {need}")
+    done: list[Step] = []
+    placed: set[str] = set()
+    while len(done) < len(steps):
+        progress = False
+        for s in steps:
+            if s.name not in placed and all(n in placed for n in s.needs):
+                done.append(s)
+                placed.add(s.name)
+                progress = True
+        if not progress:
+            raise ValueError(f"steps form a cycle: {sorted(set(by_name) - placed)}")
+    return done
+
+
+def ancestors(steps: Sequence[Step], name: str) -> set[str]:
+    by_name = {s.name: s for s in steps}
+    out: set[str] = set()
+    todo = list(by_name[name].needs)
+    while todo:
+        n = todo.pop()
+        if n not in out:
+            out.add(n)
+            todo.extend(by_name[n].needs)
+    return out
+
+
+def descendants(steps: Sequence[Step], name: str) -> set[str]:
+    return {s.name for s in steps if name in ancestors(steps, s.name)}
+
+
+def select(steps: Sequence[Step], *, only: str | None = None, from_: str | None = None,
+           until: str | None = None) -> list[str]:
+    """The steps a partial run covers, in dependency order.
+
+    `--only X` is X alone; `--until X` is X and everything it needs; `--from X` is X and
+    everything that needs it; `--from` and `--until` together take the steps between.
+    """
+    names = [s.name for s in order(steps)]
+    for flag, value in (("--only", only), ("--from", from_), ("--until", until)):
+        if value is not None and value not in names:
+            raise InputError(f"{flag} {value!r}: no such step", hint=f"steps: {', '.join(names)}")
+    if only is not None:
+        if from_ is not None or until is not None:
+            raise InputError("--only cannot be combined with --from or --until", hint="use --from X --until Y for a range")
+        return [only]
+    chosen = set(names)
+    if from_ is not None:
+        chosen &= {from_} | descendants(steps, from_)
+    if until is not None:
+        chosen &= {until} | ancestors(steps, until)
+    if not chosen:
+        raise InputError(f"--from {from_} --until {until} covers no step", hint=f"in order: {', '.join(names)}")
+    return [n for n in names if n in chosen]
+
+
+def critical_path(steps: Sequence[Step], durations: Mapping[str, float]) -> tuple[float, list[str]]:
+    """The longest chain of needs by duration: the least time a concurrent run can take."""
+    best: dict[str, tuple[float, list[str]]] = {}
+    for s in order(steps):
+        before = max((best[n] for n in s.needs if n in best), key=lambda t: (t[0], len(t[1])), default=(0.0, []))
+        best[s.name] = (before[0] + durations.get(s.name, 0.0), [*before[1], s.name])
+    return max(best.values(), key=lambda t: (t[0], len(t[1])), default=(0.0, []))
+
+
+# ---------------------------------------------------------------------- running
+
+
+def plan_all(steps: Sequence[Step], ctx: Context, selected: Iterable[str]) -> list[StepResult]:
+    """Every selected step's check and plan, in order; nothing is changed (the dry run)."""
+    chosen = set(selected)
+    out: list[StepResult] = []
+    for s in order(steps):
+        if s.name not in chosen:
+            continue
+        t0 = time.monotonic()
+        obs = s.check(ctx)
+        p = s.plan(ctx, obs)
+        out.append(StepResult(s.name, "planned", p.action, p.reason, list(p.commands), obs.state, time.monotonic() - t0,
+                              found=obs.reason))
+    return out
+
+
+def _run_one(step: Step, ctx: Context) -> StepResult:
+    t0 = time.monotonic()
+    ctx.reporter.started(step.name)
+    obs: Observation | None = None
+    p: Plan | None = None
+    try:
+        obs = step.check(ctx)
+        p = step.plan(ctx, obs)
+        if p.acts:
+            ctx.reporter.acting(step.name, p)
+            step.act(ctx, obs)
+        reason = step.verify(ctx)
+        if p.acts:
+            reason = f"{p.reason}; {reason}" if p.action != "wait" else reason
+        result = StepResult(step.name, "done", p.action, reason, list(p.commands), obs.state, time.monotonic() - t0,
+                            found=obs.reason)
+    except Cancelled as e:
+        result = StepResult(step.name, "interrupted", p.action if p else "", e.message, [], obs.state if obs else "",
+                            time.monotonic() - t0, error=e)
+    except RaydlcError as e:
+        result = StepResult(step.name, "failed", p.action if p else "", e.message, list(p.commands) if p else [],
+                            obs.state if obs else "", time.monotonic() - t0, error=e)
+    except Exception as e:  # a bug or an unmapped library error: keep the traceback for --debug
+        result = StepResult(step.name, "failed", p.action if p else "", f"{type(e).__name__}: {e}", [],
+                            obs.state if obs else "", time.monotonic() - t0, error=e)
+    ctx.reporter.finished(result)
+    return result
+
+
+def run_all(steps: Sequence[Step], ctx: Context, selected: Iterable[str]) -> list[StepResult]:
+    """Run the selected steps, each as soon as the selected steps it needs are done.
+
+    Needs outside the selection count as met (a partial run trusts the earlier one; the
+    step's own check still looks). A failed step skips what needs it; independent steps go
+    on, so a re-run has less left to do.
+    """
+    ordered = [s for s in order(steps) if s.name in set(selected)]
+    chosen = {s.name for s in ordered}
+    results: dict[str, StepResult] = {}
+    running: dict[Future[StepResult], str] = {}
+    interrupted = False
+    with ThreadPoolExecutor(max_workers=max(1, len(ordered)), thread_name_prefix="step") as pool:
+        try:
+            while len(results) < len(ordered):
+                for s in ordered:
+                    if s.name in results or s.name in running.values():
+                        continue
+                    needs = [n for n in s.needs if n in chosen]
+                    bad = [n for n in needs if n in results and results[n].outcome != "done"]
+                    if bad or (interrupted and not all(n in results for n in needs)):
+                        why = f"not run: {', '.join(bad)} did not finish" if bad else "not run: interrupted"
+                        results[s.name] = StepResult(s.name, "skipped", "", why)
+                        ctx.reporter.finished(results[s.name])
+                        continue
+                    if not interrupted and all(n in results for n in needs):
+                        running[pool.submit(_run_one, s, ctx)] = s.name
+                if not running:
+                    if len(results) < len(ordered) and not interrupted:
+                        raise RuntimeError("scheduler stalled")  # pragma: no cover
+                    continue
+                finished, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    results[running.pop(f)] = f.result()
+        except KeyboardInterrupt:
+            interrupted = True
+            ctx.interrupt()
+            for f, name in list(running.items()):
+                results[name] = f.result()
+            running.clear()
+            for s in ordered:
+                if s.name not in results:
+                    results[s.name] = StepResult(s.name, "skipped", "", "not run: interrupted")
+    out = [results[s.name] for s in ordered]
+    if interrupted:
+        busy = [r.step for r in out if r.outcome == "interrupted"] or [r.step for r in out if r.outcome == "skipped"][:1]
+        raise Interrupted(
+            f"interrupted{' during ' + ', '.join(busy) if busy else ''}; nothing is half-owned: "
+            "re-run the same command to continue, or `raydlc down` to remove what exists",
+            out,
+        )
+    return out

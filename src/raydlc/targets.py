@@ -1,0 +1,339 @@
+"""Where a job command goes, reduced to the one thing every command needs there: a dashboard URL.
+
+Three targets, one channel. `--local` is a Ray head on this machine that raydlc starts when
+none of its own runs, records (PID, start time, dashboard) in its state directory, leaves up for
+the next `job` and `verify` commands, and ends by that PID with `raydlc down --local` — never
+`ray stop`, which would end every Ray on the machine. `--address URL` is a dashboard the user
+already reaches. The cluster is reached through a port-forward to the head Service that raydlc
+opens on 127.0.0.1 and closes when the command ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raydlc.errors import InputError, RayError
+from raydlc.records import Record, RecordError, read_json
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
+    from raydlc.kube import Kube
+    from raydlc.tools import Runner
+    from raydlc.verify import KubeNode, Pod
+
+LOCAL, ADDRESS, CLUSTER = "local", "address", "cluster"
+HEAD_RECORD = "head.json"
+HEAD_START_TIMEOUT_S = 180.0
+PROBE_TIMEOUT_S = 5.0
+
+
+def state_dir() -> Path:
+    """raydlc's own state on this machine (the lifecycle keeps each cluster's kubeconfig beside it)."""
+    return Path.home() / ".raydlc"
+
+
+def local_dir() -> Path:
+    return state_dir() / "local"
+
+
+class HeadRecord(Record):
+    """The local head raydlc started: enough to find it again and to end exactly it."""
+
+    pid: int
+    start_ticks: int | None  # the process's start time: a PID reused by another program is not taken for the head
+    dashboard_url: str
+    address: str
+    temp_dir: str
+    log: str
+    python: str
+    started_at: float
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # local | address | cluster
+    address: str | None = None  # the dashboard URL given with --address
+
+    @property
+    def flag(self) -> str:
+        """How a later command names the same target (for hints)."""
+        return {LOCAL: " --local", ADDRESS: f" --address {self.address}", CLUSTER: ""}[self.kind]
+
+
+def choose(local: bool, address: str | None) -> Target:
+    if local and address:
+        raise InputError("--local and --address name two different targets", hint="choose one")
+    if local:
+        return Target(LOCAL)
+    if address is not None:
+        return Target(ADDRESS, normalize_url(address))
+    return Target(CLUSTER)
+
+
+def normalize_url(address: str) -> str:
+    """A dashboard URL from what people type: host:port, http://host:port[/]."""
+    a = address.strip()
+    if "://" not in a:
+        a = f"http://{a}"
+    scheme, _, rest = a.partition("://")
+    host, _, port = rest.rstrip("/").partition(":")
+    if scheme not in ("http", "https") or not host or "/" in host or (port and not port.split("/")[0].isdigit()):
+        raise InputError(f"--address {address!r} is not a Ray dashboard URL", hint="e.g. --address http://127.0.0.1:8265 (the dashboard port, not the GCS port)")
+    return a.rstrip("/")
+
+
+def dashboard_version(url: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    """The dashboard's /api/version, or a RayError saying nothing Ray answers there."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/version", timeout=timeout) as r:
+            doc = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise RayError(
+            f"no Ray dashboard answers at {url} ({reason})",
+            hint="check the head is running and the URL is its dashboard (port 8265 by default); through a port-forward, that it is open",
+        ) from None
+    if not isinstance(doc, dict) or "ray_version" not in doc:
+        raise RayError(f"{url} answers, but not as a Ray dashboard (no ray_version in /api/version)")
+    return doc
+
+
+# ---- the local head ------------------------------------------------------------------------------
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_alive(rec: HeadRecord) -> bool:
+    from raydlc.rayedge import process_alive
+
+    if not process_alive(rec.pid):
+        return False
+    ticks = _start_ticks(rec.pid)
+    return rec.start_ticks is None or ticks == rec.start_ticks
+
+
+def read_head() -> HeadRecord | None:
+    path = local_dir() / HEAD_RECORD
+    if not path.exists():
+        return None
+    try:
+        return read_json(path, HeadRecord)
+    except RecordError as e:
+        raise RayError(f"the local head record {path} is damaged: {e}", hint=f"end the head by its PID if one runs, then remove {path}") from None
+
+
+def running_head() -> HeadRecord | None:
+    """raydlc's local head if it is still the process the record names; a stale record is removed."""
+    rec = read_head()
+    if rec is None:
+        return None
+    if _is_alive(rec):
+        return rec
+    _forget(rec)
+    return None
+
+
+def _forget(rec: HeadRecord) -> None:
+    import shutil
+
+    with contextlib.suppress(FileNotFoundError):
+        (local_dir() / HEAD_RECORD).unlink()
+    shutil.rmtree(rec.temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One raydlc at a time decides whether to start the head: two submits never start two."""
+    d = local_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with (d / "head.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def local_cpus() -> int:
+    """CPUs the local head advertises: the machine's, and at least 4, so a job's two workers, its
+    driver and a probe task or a second job fit on a small laptop (oversubscribing is harmless here)."""
+    return max(os.cpu_count() or 1, 4)
+
+
+def ensure_local_head(*, start: bool, on_start: Any = None) -> HeadRecord:
+    """raydlc's running local head; started (and recorded) when none runs and `start` is set."""
+    from raydlc import rayedge
+
+    with _locked():
+        rec = running_head()
+        if rec is not None:
+            with contextlib.suppress(RayError):
+                dashboard_version(rec.dashboard_url)
+                return rec
+            raise RayError(f"raydlc's local Ray head (PID {rec.pid}) runs but its dashboard {rec.dashboard_url} does not answer",
+                           hint=f"see {rec.log}; `raydlc down --local` ends it")
+        if not start:
+            raise RayError("no local Ray head of raydlc runs", hint="`raydlc submit --local` starts one")
+        if on_start is not None:
+            on_start()
+        # The job's entrypoint runs through the head's shell: `python` must be this environment's.
+        bin_dir = str(Path(sys.executable).parent)
+        env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+        d = local_dir()
+        head = rayedge.start_head(num_cpus=local_cpus(), log_dir=d, env=env, cwd=d, timeout=HEAD_START_TIMEOUT_S)
+        rec = HeadRecord(
+            pid=head.process.pid, start_ticks=_start_ticks(head.process.pid), dashboard_url=head.dashboard_url,
+            address=head.address, temp_dir=str(head.temp_dir), log=str(head.log), python=sys.executable, started_at=time.time(),
+        )
+        tmp = d / f".{HEAD_RECORD}.tmp"
+        tmp.write_text(rec.model_dump_json(indent=2) + "\n")
+        tmp.replace(d / HEAD_RECORD)
+        return rec
+
+
+def stop_local_head(timeout: float = 30.0) -> HeadRecord | None:
+    """End raydlc's local head by its recorded PID (and its process group); None when none runs."""
+    from raydlc import rayedge
+
+    with _locked():
+        rec = running_head()
+        if rec is None:
+            return None
+        rayedge.end_head(rec.pid, Path(rec.temp_dir), timeout=timeout)
+        _forget(rec)
+        return rec
+
+
+# ---- the cluster: the head Service through a port-forward ------------------------------------------
+
+DASHBOARD_PORT = 8265  # KubeRay's head Service names it "dashboard"
+FORWARD_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterHead:
+    """The RayCluster's head as Kubernetes shows it: what a port-forward needs."""
+
+    namespace: str
+    cluster: str
+    pod: str
+    service: str
+    port: int
+
+
+def find_head(kube: Kube, cfg: Config) -> ClusterHead:
+    """The head pod (Ready) and Service of the configured RayCluster, or an error saying which is missing."""
+    from raydlc import kube as k8s
+
+    ns, name = cfg.cluster.namespace, cfg.ray.cluster_name
+    if kube.get("ray.io/v1", "RayCluster", name, ns) is None:
+        raise InputError(f"no RayCluster {name!r} in namespace {ns!r} (RAY_CLUSTER_NAME, NAMESPACE)", hint="`raydlc up` creates it; `raydlc status` shows what exists")
+    heads = kube.pods(ns, labels={"ray.io/cluster": name, "ray.io/node-type": "head"})
+    if not heads:
+        raise RayError(f"RayCluster {name!r} has no head pod yet", hint="is the KubeRay operator running? `raydlc status` shows the pods")
+    ready = [p for p in heads if k8s.pod_ready(p)]
+    if not ready:
+        p = heads[0]
+        raise RayError(f"the head pod {k8s.name_of(p)} of RayCluster {name!r} is not Ready ({k8s.pending_reason(p, kube.events(ns))})",
+                       hint="`raydlc status` shows the pods; wait for `raydlc up` to finish")
+    services = kube.list("v1", "Service", ns, labels={"ray.io/cluster": name, "ray.io/node-type": "head"})
+    svc = next((s for s in services if k8s.name_of(s) == f"{name}-head-svc"), services[0] if services else None)
+    if svc is None:
+        raise RayError(f"RayCluster {name!r} has no head Service", hint="KubeRay creates <cluster>-head-svc with the head pod; `raydlc status` shows the cluster")
+    ports = (svc.get("spec") or {}).get("ports") or []
+    port = next((int(p["port"]) for p in ports if p.get("name") == "dashboard"), DASHBOARD_PORT)
+    return ClusterHead(ns, name, k8s.name_of(ready[0]), k8s.name_of(svc), port)
+
+
+@contextlib.contextmanager
+def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead) -> Iterator[str]:
+    """`kubectl port-forward` to the head Service's dashboard port on 127.0.0.1, for one command."""
+    from raydlc.tools import ToolFailed, command
+
+    cmd = command("kubectl", "--kubeconfig", str(kubeconfig), "-n", head.namespace, "port-forward", f"svc/{head.service}",
+                  f":{head.port}", "--address", "127.0.0.1", mutates=False)
+    with runner.start(cmd) as running:
+        try:
+            m = running.wait_for(r"Forwarding from 127\.0\.0\.1:(\d+)", FORWARD_TIMEOUT_S)
+        except ToolFailed as e:
+            last = next((ln for ln in reversed(e.lines) if ln.strip()), "")
+            raise RayError(f"cannot port-forward to {head.service}:{head.port} in {head.namespace}: {e.message}" + (f" ({last.strip()})" if last else ""),
+                           hint="`raydlc status` shows whether the head is up; kubectl must reach the cluster") from None
+        yield f"http://127.0.0.1:{m.group(1)}"
+
+
+def cluster_facts(kube: Kube, cfg: Config) -> tuple[list[KubeNode], list[Pod], dict[str, str]]:
+    """What `verify` reads from Kubernetes: nodes with their allocatable GPUs and EFA, the
+    RayCluster's pods, and each pod's IP (the name a Ray node goes by) to its pod name."""
+    from raydlc import kube as k8s
+    from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
+    from raydlc.verify import KubeNode, Pod
+
+    nodes = []
+    for n in kube.nodes():
+        capacity = (n.get("status") or {}).get("capacity") or {}
+        gpu_node = k8s.labels_of(n).get(ROLE) == GPU_ROLE or GPU_RESOURCE in capacity
+        nodes.append(KubeNode(k8s.name_of(n), gpu_node, k8s.allocatable(n, GPU_RESOURCE), k8s.allocatable(n, EFA_RESOURCE), k8s.node_ready(n)))
+    pods, names = [], {}
+    for p in kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name}):
+        role = k8s.labels_of(p).get("ray.io/node-type", "")
+        if role not in ("head", "worker"):
+            continue
+        pods.append(Pod(k8s.name_of(p), role, k8s.pod_phase(p), k8s.pod_ready(p), k8s.pod_node(p)))
+        ip = (p.get("status") or {}).get("podIP")
+        if ip:
+            names[ip] = k8s.name_of(p)
+    return nodes, pods, names
+
+
+# ---- one dashboard URL per command ------------------------------------------------------------------
+
+
+@dataclass
+class Reached:
+    """A target for the length of one command: its dashboard URL, and on a cluster its Kubernetes API."""
+
+    target: Target
+    url: str
+    kube: Kube | None = None
+    head: ClusterHead | None = None
+
+
+@contextlib.contextmanager
+def reach(target: Target, cfg: Config | None = None, *, start_local: bool = False, on_start: Any = None) -> Iterator[Reached]:
+    """The dashboard of `target` for one command; a cluster's port-forward is closed when it ends."""
+    if target.kind == LOCAL:
+        yield Reached(target, ensure_local_head(start=start_local, on_start=on_start).dashboard_url)
+    elif target.kind == ADDRESS:
+        assert target.address is not None
+        dashboard_version(target.address)
+        yield Reached(target, target.address)
+    else:
+        from raydlc.kube import Kube, load_client
+        from raydlc.lifecycle.context import kubeconfig_path
+        from raydlc.tools import Runner
+
+        assert cfg is not None
+        kubeconfig = kubeconfig_path(cfg)
+        kube = Kube(load_client(kubeconfig))
+        head = find_head(kube, cfg)
+        runner = Runner()
+        with port_forward(runner, kubeconfig, head) as url:
+            dashboard_version(url, timeout=30.0)
+            yield Reached(target, url, kube, head)

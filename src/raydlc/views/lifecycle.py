@@ -1,0 +1,219 @@
+"""What `up`, `down` and `status` look like to a person: a live table of the steps, plans, summaries.
+
+The live display goes to stderr (stdout stays clean for `--json`): each step with its state,
+elapsed time and the last line of the tool at work, because `eksctl create cluster` is quiet
+for minutes at a time between lines. Without a terminal the same events become plain lines.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from raydlc.lifecycle import Run
+from raydlc.lifecycle.steps import Plan, Reporter, StepResult
+
+_STYLE = {"done": "green", "failed": "bold red", "skipped": "yellow", "interrupted": "yellow", "planned": "cyan"}
+_ACTION_STYLE = {"none": "dim", "create": "green", "delete": "red", "replace": "yellow", "repair": "yellow",
+                 "wait": "cyan", "refuse": "bold red", "blocked": "bold red"}
+
+
+class LiveReporter(Reporter):
+    """A rich Live table of the steps, redrawn a few times a second from the step threads' events."""
+
+    def __init__(self, console: Console, steps: list[str], title: str) -> None:
+        self.console = console
+        self.title = title
+        self._lock = threading.Lock()
+        self._rows: dict[str, dict[str, Any]] = {s: {"state": "waiting", "t0": None, "t1": None, "detail": ""} for s in steps}
+        self._live: Any = None
+
+    def __enter__(self) -> LiveReporter:
+        from rich.live import Live
+
+        self._live = Live(self, console=self.console, refresh_per_second=4, transient=False)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def __rich__(self) -> Table:
+        table = Table(title=self.title, show_lines=False, expand=False)
+        for col in ("step", "state", "elapsed", "detail"):
+            table.add_column(col, overflow="fold" if col == "detail" else "ellipsis")
+        now = time.monotonic()
+        with self._lock:
+            for name, row in self._rows.items():
+                t0, t1 = row["t0"], row["t1"]
+                elapsed = "" if t0 is None else f"{(t1 or now) - t0:6.1f}s"
+                state = row["state"]
+                detail = row["detail"] if state in _STYLE else row["detail"][-160:]  # a tool line may be long
+                table.add_row(name, Text(state, style=_STYLE.get(state, "cyan" if state in ("checking", "acting") else "dim")),
+                              elapsed, Text(detail))
+        return table
+
+    def _set(self, step: str, **kw: Any) -> None:
+        with self._lock:
+            self._rows.setdefault(step, {"state": "waiting", "t0": None, "t1": None, "detail": ""}).update(kw)
+
+    def started(self, step: str) -> None:
+        self._set(step, state="checking", t0=time.monotonic())
+
+    def acting(self, step: str, plan: Plan) -> None:
+        self._set(step, state="acting", detail=f"{plan.action}: {plan.reason}")
+
+    def line(self, step: str, text: str) -> None:
+        if text.strip():
+            self._set(step, detail=text.strip())
+
+    def finished(self, result: StepResult) -> None:
+        with self._lock:
+            row = self._rows.setdefault(result.step, {"state": "", "t0": None, "t1": None, "detail": ""})
+            row.update(state=result.outcome, t1=time.monotonic(), detail=result.reason)
+            if row["t0"] is None:
+                row["t0"] = row["t1"]
+
+
+class LineReporter(Reporter):
+    """Plain timestamped lines (a log file, CI, `--json` runs): one per event, tool lines included."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _out(self, step: str, text: str) -> None:
+        with self._lock:
+            self.write(f"[{time.monotonic() - self.t0:7.1f}s] {step}: {text}")
+
+    def started(self, step: str) -> None:
+        self._out(step, "checking")
+
+    def acting(self, step: str, plan: Plan) -> None:
+        self._out(step, f"{plan.action}: {plan.reason}")
+
+    def line(self, step: str, text: str) -> None:
+        if text.strip():
+            self._out(step, "  " + text.strip())
+
+    def finished(self, result: StepResult) -> None:
+        self._out(result.step, f"{result.outcome} ({result.elapsed_s:.1f}s): {result.reason}")
+
+
+def print_plan(run: Run, console: Console) -> None:
+    table = Table(title=f"raydlc {run.command} --dry-run: nothing is changed", show_lines=True)
+    for col in ("step", "action", "why", "command or API call"):
+        table.add_column(col, overflow="fold")
+    home = str(Path.home())
+    for r in run.results:
+        table.add_row(r.step, Text(r.action, style=_ACTION_STYLE.get(r.action, "")), escape(r.reason),
+                      escape("\n".join(c.replace(home, "~") for c in r.commands)))
+    console.print(table)
+
+
+def print_run(run: Run, console: Console) -> None:
+    table = Table(title=f"raydlc {run.command}")
+    for col in ("step", "outcome", "action", "elapsed", "result"):
+        table.add_column(col, overflow="fold")
+    for r in run.results:
+        table.add_row(r.step, Text(r.outcome, style=_STYLE.get(r.outcome, "")), r.action or "-",
+                      f"{r.elapsed_s:.1f}s" if r.elapsed_s else "", escape(r.reason))
+    console.print(table)
+    print_removed(run, console)
+
+
+def print_removed(run: Run, console: Console) -> None:
+    if run.command == "down" and not run.dry_run:
+        doc = run.to_dict()
+        if doc["removed"]:
+            console.print("removed: " + "; ".join(doc["removed"]), highlight=False)
+        if doc["absent"]:
+            console.print("[dim]already absent: " + "; ".join(doc["absent"]) + "[/]", highlight=False)
+
+
+def print_status(doc: dict[str, Any], console: Console) -> None:
+    c = doc["cluster"]
+    steps = Table(title=f"cluster {c['name']} ({c['region']}): {c['status']}")
+    for col in ("step", "state", "reason"):
+        steps.add_column(col, overflow="fold")
+    colors = {"ready": "green", "absent": "dim", "creating": "cyan", "degraded": "bold red", "deleting": "yellow"}
+    for s in doc["steps"]:
+        steps.add_row(s["step"], Text(s["state"], style=colors.get(s["state"], "")), escape(s["reason"]))
+    parts: list[Any] = [steps]
+    if doc["nodes"]:
+        nodes = Table(title="nodes")
+        for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA"):
+            nodes.add_column(col)
+        for n in doc["nodes"]:
+            nodes.add_row(n["name"], n["role"], n["instance_type"], n["zone"], "yes" if n["ready"] else "no",
+                          str(n["gpu"]), str(n["efa"]))
+        parts.append(nodes)
+    rc = doc["raycluster"]
+    if rc:
+        pods = Table(title=f"RayCluster {rc['namespace']}/{rc['name']}: {rc['state']}")
+        for col in ("pod", "type", "phase", "ready", "node"):
+            pods.add_column(col)
+        for p in rc["pods"]:
+            pods.add_row(p["name"], p["type"], p["phase"], "yes" if p["ready"] else "no", p["node"] or "-")
+        parts.append(pods)
+    cost = doc["cost"]
+    money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate)")
+    for col in ("item", "count", "USD/h"):
+        money.add_column(col)
+    for i in cost["items"]:
+        money.add_row(i["item"], str(i["count"]), f"{i['usd_per_hour']:,.4f}")
+    parts.append(money)
+    console.print(Group(*parts))
+    console.print(f"[dim]{cost['prices']}[/]" + (f"; unpriced: {', '.join(cost['unpriced'])}" if cost["unpriced"] else ""),
+                  highlight=False)
+
+
+def execute(command: str, steps: list[str], fn: Callable[[Reporter | None], Run], *, json_: bool, dry_run: bool) -> int:
+    """Run `up`/`down` with the right display; returns the exit code (0 ok, 1 a step failed, 130 Ctrl-C)."""
+    import sys
+
+    from raydlc.lifecycle.steps import Interrupted
+    from raydlc.output import console, emit_json, err_console
+
+    if dry_run:
+        run = fn(None)
+        if json_:
+            emit_json(run.to_dict())
+        else:
+            print_plan(run, console)
+        return 0
+    code = 0
+    live = not json_ and err_console.is_terminal
+    reporter: Reporter = (LiveReporter(err_console, steps, f"raydlc {command}") if live
+                          else LineReporter(lambda s: (sys.stderr.write(s + "\n"), sys.stderr.flush())))
+    try:
+        if isinstance(reporter, LiveReporter):
+            with reporter:
+                run = fn(reporter)
+        else:
+            run = fn(reporter)
+    except Interrupted as e:
+        run, code = Run(command, False, e.results), e.exit_code
+        err_console.print(f"[yellow]{escape(e.message)}[/]", highlight=False)
+    if json_:
+        emit_json(run.to_dict())
+    elif live:
+        print_removed(run, console)  # the live table already shows each step
+    else:
+        print_run(run, console)
+    for r in run.failed:
+        err_console.print(f"[bold red]{r.step} failed:[/] {escape(r.reason)}", highlight=False)
+        hint = getattr(r.error, "hint", None)
+        if hint:
+            err_console.print(f"  hint: {escape(hint)}", highlight=False)
+    return code or (0 if run.ok else 1)

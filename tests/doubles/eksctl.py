@@ -1,0 +1,418 @@
+"""A recorded double of eksctl 0.230: the subcommands raydlc runs, their flags, their effects.
+
+It logs its argv, validates the ClusterConfig it is given against raydlc's packaged eksctl
+schema, refuses flags eksctl does not have, and changes the moto and kmock state the way
+eksctl would: CloudFormation stacks named `eksctl-<cluster>-cluster` / `-nodegroup-<ng>`, a VPC
+with private subnets and a NAT gateway (through CloudFormation), the EKS cluster and managed
+node groups, EC2 instances tagged `eks:cluster-name`, Kubernetes nodes with labels, taints and
+allocatable CPU/memory, and (for `efaEnabled` groups) its EFA device-plugin DaemonSet.
+
+moto leaves a stack's NAT gateway and Elastic IP in place when the stack is deleted; real
+CloudFormation deletes them, so the double does (unless the scenario's `delete_leaves_nat`
+asks for the "VPC has dependencies" failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import yaml
+from world import (
+    EFA_DAEMONSET,
+    KUBE_URL_ENV,
+    NODE_FACTS,
+    Kube,
+    delay,
+    fail,
+    log_call,
+    node_allocatable,
+    reconcile_daemonsets,
+    say,
+    scenario,
+)
+
+VERSION = "0.230.0"
+ACCOUNT = "123456789012"
+CIDRS = ["192.168.0.0/19", "192.168.32.0/19", "192.168.64.0/19", "192.168.96.0/19", "192.168.128.0/19", "192.168.160.0/19"]
+_CLIENTS: dict[tuple[str, str], Any] = {}
+
+
+def client(service: str, region: str) -> Any:
+    import boto3
+
+    if (service, region) not in _CLIENTS:
+        _CLIENTS[(service, region)] = boto3.client(service, region_name=region)
+    return _CLIENTS[(service, region)]
+
+
+@contextlib.contextmanager
+def cloud_side() -> Iterator[None]:
+    """What AWS does once asked goes on when eksctl is killed: SIGINT/SIGTERM wait until it is done."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+
+def load_config(path: str) -> dict[str, Any]:
+    from raydlc import schemas
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        fail(f"Error: reading config file {path!r}: {e}")
+    problems = schemas.problems(doc) if doc.get("kind") == "ClusterConfig" else ["kind must be ClusterConfig"]
+    if problems:
+        fail(f"Error: loading config file {path!r}: invalid ClusterConfig: {'; '.join(problems)}")
+    return doc
+
+
+def tags_of(cfg: dict[str, Any], extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    meta = cfg["metadata"]
+    tags = {**(meta.get("tags") or {}), "alpha.eksctl.io/cluster-name": meta["name"], **(extra or {})}
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def stack_exists(cfn: Any, name: str) -> dict[str, Any] | None:
+    try:
+        stacks = cfn.describe_stacks(StackName=name)["Stacks"]
+    except Exception:
+        return None
+    live = [s for s in stacks if s["StackStatus"] != "DELETE_COMPLETE"]
+    return live[0] if live else None
+
+
+def write_kubeconfig(path: str, cluster: str, region: str) -> None:
+    url = os.environ[KUBE_URL_ENV]
+    ctx = f"raydlc@{cluster}.{region}.eksctl.io"
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": ctx,
+        "clusters": [{"name": f"{cluster}.{region}.eksctl.io", "cluster": {"server": url}}],
+        "contexts": [{"name": ctx, "context": {"cluster": f"{cluster}.{region}.eksctl.io", "user": ctx}}],
+        "users": [{"name": ctx, "user": {"token": "double-token"}}],
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(doc))
+    say(f"[✔]  saved kubeconfig as \"{path}\"")
+
+
+# ---------------------------------------------------------------------- cluster
+
+
+def vpc_template(cfg: dict[str, Any]) -> dict[str, Any]:
+    zones = cfg["availabilityZones"]
+    res: dict[str, Any] = {"VPC": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "192.168.0.0/16", "Tags": tags_of(cfg)}}}
+    outputs: dict[str, Any] = {"VPC": {"Value": {"Ref": "VPC"}}}
+    for i, az in enumerate(zones[:3]):
+        key = az[-1].upper()
+        res[f"SubnetPublic{key}"] = {"Type": "AWS::EC2::Subnet", "Properties": {
+            "VpcId": {"Ref": "VPC"}, "CidrBlock": CIDRS[i], "AvailabilityZone": az, "MapPublicIpOnLaunch": True,
+            "Tags": tags_of(cfg, {"kubernetes.io/role/elb": "1"})}}
+        res[f"SubnetPrivate{key}"] = {"Type": "AWS::EC2::Subnet", "Properties": {
+            "VpcId": {"Ref": "VPC"}, "CidrBlock": CIDRS[i + 3], "AvailabilityZone": az,
+            "Tags": tags_of(cfg, {"kubernetes.io/role/internal-elb": "1"})}}
+    first = zones[0][-1].upper()
+    res["NATIP"] = {"Type": "AWS::EC2::EIP", "Properties": {"Domain": "vpc", "Tags": tags_of(cfg)}}
+    res["NATGateway"] = {"Type": "AWS::EC2::NatGateway", "Properties": {
+        "SubnetId": {"Ref": f"SubnetPublic{first}"}, "AllocationId": {"Fn::GetAtt": ["NATIP", "AllocationId"]},
+        "Tags": tags_of(cfg)}}
+    return {"Resources": res, "Outputs": outputs}
+
+
+def create_cluster(args: argparse.Namespace) -> None:
+    cfg = load_config(args.config_file)
+    meta = cfg["metadata"]
+    name, region = meta["name"], meta["region"]
+    cfn, eks = client("cloudformation", region), client("eks", region)
+    say(f"[ℹ]  eksctl version {VERSION}")
+    say(f"[ℹ]  using region {region}")
+    say(f"[ℹ]  setting availability zones to {cfg['availabilityZones']}")
+    stack = f"eksctl-{name}-cluster"
+    if stack_exists(cfn, stack):
+        fail(f'Error: creating CloudFormation stack "{stack}": operation error CloudFormation: CreateStack, '
+             f"https response error StatusCode: 400, AlreadyExistsException: Stack [{stack}] already exists")
+    try:
+        eks.describe_cluster(name=name)
+        fail(f'Error: cluster "{name}" already exists')
+    except eks.exceptions.ResourceNotFoundException:
+        pass
+    say(f'[ℹ]  building cluster stack "{stack}"')
+    with cloud_side():
+        cfn.create_stack(StackName=stack, TemplateBody=json.dumps(vpc_template(cfg)), Tags=tags_of(cfg))
+        say(f'[ℹ]  waiting for CloudFormation stack "{stack}"')
+        delay("create cluster")
+        ec2 = client("ec2", region)
+        vpc = next(o["OutputValue"] for o in cfn.describe_stacks(StackName=stack)["Stacks"][0]["Outputs"] if o["OutputKey"] == "VPC")
+        subnets = [s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]]
+        eks.create_cluster(
+            name=name, version=str(meta.get("version", "1.36")), roleArn=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{name}-cluster-ServiceRole",
+            resourcesVpcConfig={"subnetIds": subnets}, tags=dict(meta.get("tags") or {}),
+        )
+        kube = Kube(os.environ[KUBE_URL_ENV])
+        kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
+    for addon in cfg.get("addons") or []:
+        say(f'[ℹ]  creating addon: {addon["name"]}')
+    if not args.without_nodegroup:
+        for ng in cfg.get("managedNodeGroups") or []:
+            create_one_nodegroup(cfg, ng)
+    if args.kubeconfig:
+        write_kubeconfig(args.kubeconfig, name, region)
+    say(f'[✔]  EKS cluster "{name}" in "{region}" region is ready')
+
+
+# ---------------------------------------------------------------------- node groups
+
+
+def private_subnets(cfg: dict[str, Any], zones: list[str] | None) -> list[str]:
+    meta = cfg["metadata"]
+    region = meta["region"]
+    ec2, eks = client("ec2", region), client("eks", region)
+    ids = eks.describe_cluster(name=meta["name"])["cluster"]["resourcesVpcConfig"]["subnetIds"]
+    out = []
+    for s in ec2.describe_subnets(SubnetIds=ids)["Subnets"]:
+        tags = {t["Key"]: t["Value"] for t in s.get("Tags") or []}
+        if "kubernetes.io/role/internal-elb" in tags and (not zones or s["AvailabilityZone"] in zones):
+            out.append(s["SubnetId"])
+    return out
+
+
+def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
+    meta = cfg["metadata"]
+    name, region = meta["name"], meta["region"]
+    cfn, eks, ec2 = client("cloudformation", region), client("eks", region), client("ec2", region)
+    ngname = ng["name"]
+    stack = f"eksctl-{name}-nodegroup-{ngname}"
+    say(f'[ℹ]  building managed nodegroup stack "{stack}"')
+    if stack_exists(cfn, stack):
+        fail(f'Error: creating CloudFormation stack "{stack}": AlreadyExistsException: Stack [{stack}] already exists')
+    template = {"Resources": {"LaunchTemplate": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {
+        "LaunchTemplateName": f"{stack}-lt", "LaunchTemplateData": {"InstanceType": ng["instanceType"]}}}}}
+    cfn.create_stack(StackName=stack, TemplateBody=json.dumps(template), Tags=tags_of(cfg, ng.get("tags") or {}))
+    subnets = private_subnets(cfg, ng.get("availabilityZones"))
+    count = int(ng.get("desiredCapacity", 1))
+    taints = [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"].upper().replace("NOSCHEDULE", "NO_SCHEDULE")}
+              for t in ng.get("taints") or []]
+    eks.create_nodegroup(
+        clusterName=name, nodegroupName=ngname, subnets=subnets, instanceTypes=[ng["instanceType"]],
+        scalingConfig={"minSize": count, "maxSize": count, "desiredSize": count}, labels=ng.get("labels") or {},
+        taints=taints, tags={**(meta.get("tags") or {}), **(ng.get("tags") or {})},
+        nodeRole=f"arn:aws:iam::{ACCOUNT}:role/{stack}-NodeInstanceRole",
+    )
+    say(f'[ℹ]  waiting for CloudFormation stack "{stack}"')
+    delay(f"create nodegroup {ngname}")
+    got = eks.describe_nodegroup(clusterName=name, nodegroupName=ngname)["nodegroup"]
+    if got["status"] != "ACTIVE":
+        issues = "; ".join(f"{i['code']}: {i['message']}" for i in (got.get("health") or {}).get("issues") or [])
+        say(f'[!]  nodegroup "{ngname}" is {got["status"]}: {issues}')
+        fail(f'Error: failed to create managed nodegroups: waiter state transitioned to Failure: '
+             f'nodegroup "{ngname}" {got["status"]}: {issues}')
+    subnet = ec2.describe_subnets(SubnetIds=subnets[:1])["Subnets"][0]
+    image = "ami-0eks0al2023accel"  # EKS picks the AMI; moto does not check it
+    inst_tags = [{"Key": "eks:cluster-name", "Value": name}, {"Key": "eks:nodegroup-name", "Value": ngname},
+                 {"Key": f"kubernetes.io/cluster/{name}", "Value": "owned"},
+                 *[{"Key": k, "Value": v} for k, v in (ng.get("tags") or {}).items()]]
+    run = ec2.run_instances(ImageId=image, InstanceType=ng["instanceType"], MinCount=count, MaxCount=count,
+                            SubnetId=subnet["SubnetId"], TagSpecifications=[{"ResourceType": "instance", "Tags": inst_tags}])
+    kube = Kube(os.environ[KUBE_URL_ENV])
+    for inst in run["Instances"]:
+        node = inst["PrivateDnsName"]
+        labels = {**(ng.get("labels") or {}), "eks.amazonaws.com/nodegroup": ngname,
+                  "node.kubernetes.io/instance-type": ng["instanceType"],
+                  "topology.kubernetes.io/zone": subnet["AvailabilityZone"], "kubernetes.io/hostname": node}
+        if ng["instanceType"] not in NODE_FACTS:
+            fail(f"Error: the double has no node facts for {ng['instanceType']}")
+        alloc = node_allocatable(ng["instanceType"])
+        kube.create({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels},
+            "spec": {"providerID": f"aws:///{subnet['AvailabilityZone']}/{inst['InstanceId']}",
+                     "taints": [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]} for t in ng.get("taints") or []]},
+            "status": {"capacity": dict(alloc), "allocatable": dict(alloc),
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+        })
+    if ng.get("efaEnabled"):
+        say("[ℹ]  applying EFA device plugin")
+        kube.ensure({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": EFA_DAEMONSET, "namespace": "kube-system"},
+            "spec": {"selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}}, "template": {
+                "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
+                "spec": {"tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                         {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"}],
+                         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [{"matchExpressions": [{
+                                 "key": "node.kubernetes.io/instance-type", "operator": "In",
+                                 "values": [t for t, f in NODE_FACTS.items() if f[3] > 0]}]}]}}},
+                         "containers": [{"name": "aws-efa-k8s-device-plugin", "image": "efa-k8s-device-plugin:v0.5.6"}]}}},
+        })
+    reconcile_daemonsets(kube)
+    say(f'[✔]  created 1 managed nodegroup(s) in cluster "{name}"')
+
+
+def create_nodegroup(args: argparse.Namespace) -> None:
+    cfg = load_config(args.config_file)
+    meta = cfg["metadata"]
+    eks = client("eks", meta["region"])
+    try:
+        if eks.describe_cluster(name=meta["name"])["cluster"]["status"] != "ACTIVE":
+            fail(f'Error: cluster "{meta["name"]}" is not ACTIVE')
+    except eks.exceptions.ResourceNotFoundException:
+        fail(f'Error: getting cluster "{meta["name"]}": ResourceNotFoundException: No cluster found for name: {meta["name"]}.')
+    globs = [g for g in (args.include or "*").split(",") if g]
+    chosen = [ng for ng in cfg.get("managedNodeGroups") or [] if any(fnmatch.fnmatch(ng["name"], g) for g in globs)]
+    existing = set(eks.list_nodegroups(clusterName=meta["name"])["nodegroups"])
+    for ng in chosen:
+        if ng["name"] in existing:
+            say(f'[ℹ]  1 existing nodegroup(s) ({ng["name"]}) will be excluded')
+            continue
+        with cloud_side():  # the stack, the group, its instances and nodes, and the EFA plugin eksctl applies
+            create_one_nodegroup(cfg, ng)
+
+
+def _delete_nodegroup(name: str, region: str, ngname: str) -> bool:
+    cfn, eks, ec2 = client("cloudformation", region), client("eks", region), client("ec2", region)
+    kube = Kube(os.environ[KUBE_URL_ENV])
+    found = False
+    try:
+        eks.describe_nodegroup(clusterName=name, nodegroupName=ngname)
+        found = True
+    except eks.exceptions.ResourceNotFoundException:
+        pass
+    if found:
+        say(f'[ℹ]  will drain and delete nodegroup "{ngname}"')
+        nodes = [n for n in kube.list("Node") if (n["metadata"].get("labels") or {}).get("eks.amazonaws.com/nodegroup") == ngname]
+        names = {n["metadata"]["name"] for n in nodes}
+        for p in kube.list("Pod"):
+            if (p.get("spec") or {}).get("nodeName") in names:
+                kube.delete("Pod", p["metadata"]["name"], p["metadata"].get("namespace"))
+        for n in names:
+            kube.delete("Node", n)
+        ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=[
+            {"Name": "tag:eks:nodegroup-name", "Values": [ngname]}, {"Name": "tag:eks:cluster-name", "Values": [name]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
+        if ids:
+            ec2.terminate_instances(InstanceIds=ids)
+        eks.delete_nodegroup(clusterName=name, nodegroupName=ngname)
+        delay(f"delete nodegroup {ngname}")
+        reconcile_daemonsets(kube)
+    stack = f"eksctl-{name}-nodegroup-{ngname}"
+    if stack_exists(cfn, stack):
+        found = True
+        cfn.delete_stack(StackName=stack)
+        say(f'[ℹ]  deleted stack "{stack}"')
+    return found
+
+
+def delete_nodegroup(args: argparse.Namespace) -> None:
+    if not _delete_nodegroup(args.cluster, args.region, args.name):
+        fail(f'Error: nodegroup "{args.name}" not found in cluster "{args.cluster}"')
+    say(f'[✔]  deleted 1 nodegroup(s) from cluster "{args.cluster}"')
+
+
+def delete_cluster(args: argparse.Namespace) -> None:
+    name, region = args.name, args.region
+    cfn, eks, ec2 = client("cloudformation", region), client("eks", region), client("ec2", region)
+    try:
+        desc = eks.describe_cluster(name=name)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        fail(f'Error: cluster "{name}" not found: ResourceNotFoundException')
+    say(f'[ℹ]  deleting EKS cluster "{name}"')
+    for ng in eks.list_nodegroups(clusterName=name)["nodegroups"]:
+        _delete_nodegroup(name, region, ng)
+    kube = Kube(os.environ[KUBE_URL_ENV])
+    kube.delete("DaemonSet", EFA_DAEMONSET, "kube-system")
+    eks.delete_cluster(name=name)
+    delay("delete cluster")
+    stack = f"eksctl-{name}-cluster"
+    vpc = desc["resourcesVpcConfig"].get("vpcId")
+    if not vpc:
+        subnets = desc["resourcesVpcConfig"]["subnetIds"]
+        vpc = ec2.describe_subnets(SubnetIds=subnets[:1])["Subnets"][0]["VpcId"]
+    if scenario().get("delete_leaves_nat"):
+        say(f'[✖]  AWS::EC2::VPC/VPC: DELETE_FAILED – "The vpc \'{vpc}\' has dependencies and cannot be deleted."')
+        cfn.delete_stack(StackName=stack)
+        fail(f'Error: failed to delete cluster with nodegroup(s): waiter state transitioned to Failure: stack "{stack}" DELETE_FAILED')
+    for nat in ec2.describe_nat_gateways(Filter=[{"Name": "vpc-id", "Values": [vpc]}])["NatGateways"]:
+        if nat["State"] in ("pending", "available"):
+            ec2.delete_nat_gateway(NatGatewayId=nat["NatGatewayId"])
+            for a in nat.get("NatGatewayAddresses") or []:
+                ec2.release_address(AllocationId=a["AllocationId"])
+    cfn.delete_stack(StackName=stack)
+    say('[✔]  all cluster resources were deleted')
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eksctl", add_help=False)
+    sub = p.add_subparsers(dest="verb", required=True)
+    sub.add_parser("version")
+    create = sub.add_parser("create").add_subparsers(dest="noun", required=True)
+    c = create.add_parser("cluster")
+    c.add_argument("--config-file", "-f", required=True)
+    c.add_argument("--without-nodegroup", action="store_true")
+    c.add_argument("--kubeconfig")
+    c.add_argument("--install-nvidia-plugin", choices=["true", "false"], default="true")
+    n = create.add_parser("nodegroup")
+    n.add_argument("--config-file", "-f", required=True)
+    n.add_argument("--include")
+    n.add_argument("--install-nvidia-plugin", choices=["true", "false"], default="true")
+    delete = sub.add_parser("delete").add_subparsers(dest="noun", required=True)
+    dn = delete.add_parser("nodegroup")
+    dn.add_argument("--cluster", required=True)
+    dn.add_argument("--region", required=True)
+    dn.add_argument("--name", "-n", required=True)
+    dn.add_argument("--wait", action="store_true")
+    dc = delete.add_parser("cluster")
+    dc.add_argument("--name", "-n", required=True)
+    dc.add_argument("--region", required=True)
+    dc.add_argument("--wait", action="store_true")
+    utils = sub.add_parser("utils").add_subparsers(dest="noun", required=True)
+    wk = utils.add_parser("write-kubeconfig")
+    wk.add_argument("--cluster", required=True)
+    wk.add_argument("--region", required=True)
+    wk.add_argument("--kubeconfig", required=True)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.time()
+    rc = 0
+    try:
+        args = parser().parse_args(argv)
+        if args.verb == "version":
+            say(os.environ.get("DOUBLES_EKSCTL_VERSION", VERSION))
+        elif (args.verb, args.noun) == ("create", "cluster"):
+            create_cluster(args)
+        elif (args.verb, args.noun) == ("create", "nodegroup"):
+            create_nodegroup(args)
+        elif (args.verb, args.noun) == ("delete", "nodegroup"):
+            delete_nodegroup(args)
+        elif (args.verb, args.noun) == ("delete", "cluster"):
+            delete_cluster(args)
+        elif (args.verb, args.noun) == ("utils", "write-kubeconfig"):
+            client("eks", args.region).describe_cluster(name=args.cluster)
+            write_kubeconfig(args.kubeconfig, args.cluster, args.region)
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    finally:
+        log_call("eksctl", argv, rc, t0)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

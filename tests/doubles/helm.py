@@ -1,0 +1,231 @@
+"""A recorded double of helm 3: status, get values, upgrade --install, uninstall — for two charts.
+
+It logs its argv, refuses flags helm does not have, checks the values file it is given (a
+mapping whose keys the chart knows: nodeSelector of strings, tolerations of the Kubernetes
+shape), and keeps its releases where helm does: Secrets `sh.helm.release.v1.<name>.v<N>`
+labelled owner=helm in the release namespace. Installing a chart creates what the chart
+would: the KubeRay operator's CRDs and Deployment (its pod on a node the nodeSelector admits),
+or the NVIDIA device plugin's DaemonSet, whose pods then make GPUs allocatable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import yaml
+from world import (
+    NVIDIA_DAEMONSET,
+    Kube,
+    delay,
+    fail,
+    log_call,
+    pod_name,
+    reconcile_daemonsets,
+    running_pod,
+    say,
+    scenario,
+    selector_matches,
+    tolerated,
+)
+
+VERSION = "v3.17.3+ge4da497"
+CHARTS = {
+    "kuberay-operator": ("https://ray-project.github.io/kuberay-helm/", {"1.6.0", "1.7.0"}),
+    "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", {"0.17.0", "0.20.0"}),
+}
+VALUE_KEYS = {
+    "kuberay-operator": {"nodeSelector", "tolerations", "affinity", "image", "resources", "replicas", "watchNamespace"},
+    "nvidia-device-plugin": {"nodeSelector", "tolerations", "affinity", "resources", "config", "gfd", "runtimeClassName"},
+}
+TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def check_values(chart: str, values: Any, path: str) -> None:
+    if not isinstance(values, dict):
+        fail(f"Error: failed to parse {path}: values must be a mapping")
+    unknown = set(values) - VALUE_KEYS[chart]
+    if unknown:
+        fail(f"Error: values don't meet the specifications of the schema(s) in the following chart(s):\n"
+             f"{chart}: additional properties {sorted(unknown)} not allowed")
+    sel = values.get("nodeSelector", {})
+    if not isinstance(sel, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sel.items()):
+        fail(f"Error: {chart}: nodeSelector must map strings to strings, got {sel!r}")
+    for t in values.get("tolerations", []):
+        if not isinstance(t, dict) or set(t) - TOLERATION_KEYS or t.get("operator", "Equal") not in ("Equal", "Exists"):
+            fail(f"Error: {chart}: invalid toleration {t!r}")
+
+
+def releases(kube: Kube, name: str, ns: str) -> list[dict[str, Any]]:
+    out = []
+    for s in kube.list("Secret", ns):
+        labels = s["metadata"].get("labels") or {}
+        if labels.get("owner") == "helm" and labels.get("name") == name:
+            out.append(s)
+    return sorted(out, key=lambda s: int(s["metadata"]["labels"]["version"]))
+
+
+def decode(secret: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(base64.b64decode(secret["data"]["release"])))
+
+
+def store(kube: Kube, rel: dict[str, Any]) -> None:
+    name, ns, rev = rel["name"], rel["namespace"], rel["version"]
+    kube.ensure({
+        "apiVersion": "v1", "kind": "Secret", "type": "helm.sh/release.v1",
+        "metadata": {"name": f"sh.helm.release.v1.{name}.v{rev}", "namespace": ns,
+                     "labels": {"owner": "helm", "name": name, "status": rel["info"]["status"], "version": str(rev)}},
+        "data": {"release": base64.b64encode(json.dumps(rel).encode()).decode()},
+    })
+
+
+def schedulable_node(kube: Kube, spec: dict[str, Any]) -> str | None:
+    for n in kube.list("Node"):
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in (n.get("status") or {}).get("conditions") or [])
+        if ready and selector_matches(spec, n["metadata"].get("labels") or {}) and tolerated(
+                (n.get("spec") or {}).get("taints") or [], spec.get("tolerations") or []):
+            return str(n["metadata"]["name"])
+    return None
+
+
+def install_objects(kube: Kube, chart: str, ns: str, values: dict[str, Any]) -> None:
+    spec = {k: values[k] for k in ("nodeSelector", "tolerations", "affinity") if k in values}
+    if chart == "kuberay-operator":
+        for plural, kind in (("rayclusters", "RayCluster"), ("rayjobs", "RayJob")):
+            kube.ensure({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{plural}.ray.io"},
+                "spec": {"group": "ray.io", "names": {"kind": kind, "plural": plural}, "scope": "Namespaced"},
+                "status": {"conditions": [{"type": "Established", "status": "True"}]},
+            })
+        pod_spec = {**spec, "containers": [{"name": "kuberay-operator", "image": "quay.io/kuberay/operator:v1.7.0",
+                                            "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}}}]}
+        node = schedulable_node(kube, pod_spec)
+        kube.ensure({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": chart, "namespace": ns},
+                     "spec": {"replicas": 1, "template": {"spec": pod_spec}}})
+        if node is None:
+            kube.patch("Deployment", chart, {"status": {"availableReplicas": 0, "conditions": [
+                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"}]}}, ns)
+            fail("Error: UPGRADE FAILED: context deadline exceeded (the operator pod cannot be scheduled)")
+        pname = pod_name(f"{chart}-6d4f7b9c5", node)
+        if kube.get("Pod", pname, ns) is None:
+            kube.create(running_pod(pname, ns, node, {"app.kubernetes.io/name": chart}, pod_spec, ("ReplicaSet", chart)))
+        kube.patch("Deployment", chart, {"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+                                                    "conditions": [{"type": "Available", "status": "True"}]}}, ns)
+    else:
+        kube.ensure({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": NVIDIA_DAEMONSET, "namespace": ns},
+                     "spec": {"template": {"spec": {**spec, "containers": [{"name": "nvidia-device-plugin-ctr"}]}}}})
+        reconcile_daemonsets(kube)
+
+
+def remove_objects(kube: Kube, chart: str, ns: str) -> None:
+    if chart == "kuberay-operator":
+        for p in kube.list("Pod", ns):
+            if p["metadata"]["name"].startswith(f"{chart}-"):
+                kube.delete("Pod", p["metadata"]["name"], ns)
+        kube.delete("Deployment", chart, ns)  # helm keeps CRDs installed from crds/ on uninstall
+    else:
+        kube.delete("DaemonSet", NVIDIA_DAEMONSET, ns)
+        reconcile_daemonsets(kube)
+
+
+def upgrade(args: argparse.Namespace, kube: Kube) -> None:
+    if not args.install:
+        fail("Error: this double supports `helm upgrade --install` only")
+    repo, versions = CHARTS.get(args.chart, ("", set()))
+    if args.repo != repo or args.version not in versions:
+        fail(f'Error: chart "{args.chart}" version "{args.version}" not found in {args.repo} repository')
+    path = (args.values or [None])[0]
+    values = yaml.safe_load(Path(path).read_text()) if path else {}
+    check_values(args.chart, values, str(path))
+    ns = args.namespace
+    if kube.get("Namespace", ns) is None:
+        if not args.create_namespace:
+            fail(f'Error: create: failed to create: namespaces "{ns}" not found')
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    history = releases(kube, args.name, ns)
+    last = decode(history[-1]) if history else None
+    if last and last["info"]["status"].startswith("pending"):
+        fail("Error: UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress")
+    rev = (last["version"] + 1) if last else 1
+    rel = {"name": args.name, "namespace": ns, "version": rev,
+           "info": {"status": "pending-install" if not last else "pending-upgrade", "description": "Install in progress"},
+           "chart": {"metadata": {"name": args.chart, "version": args.version}}, "config": values}
+    store(kube, rel)
+    say(f'Release "{args.name}" does not exist. Installing it now.' if not last else f'Release "{args.name}" has been upgraded.')
+    delay(f"install {args.name}")
+    install_objects(kube, args.chart, ns, values)
+    if last:
+        prev = {**last, "info": {**last["info"], "status": "superseded"}}
+        store(kube, prev)
+    rel["info"] = {"status": "deployed", "description": "Install complete" if not last else "Upgrade complete"}
+    store(kube, rel)
+    say(f"NAME: {args.name}\nNAMESPACE: {ns}\nSTATUS: deployed\nREVISION: {rev}")
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.time()
+    rc = 0
+    try:
+        p = argparse.ArgumentParser(prog="helm", add_help=False)
+        p.add_argument("verb")
+        p.add_argument("rest", nargs="*")
+        p.add_argument("--kubeconfig")
+        p.add_argument("--namespace", "-n", default="default")
+        p.add_argument("--output", "-o")
+        p.add_argument("--short", action="store_true")
+        p.add_argument("--install", action="store_true")
+        p.add_argument("--repo")
+        p.add_argument("--version")
+        p.add_argument("--create-namespace", action="store_true")
+        p.add_argument("--values", "-f", action="append")
+        p.add_argument("--wait", action="store_true")
+        p.add_argument("--timeout")
+        args = p.parse_intermixed_args(argv)
+        if args.verb == "version":
+            say(scenario().get("helm_version", VERSION))
+            return 0
+        if not args.kubeconfig:
+            fail("Error: the double wants --kubeconfig: raydlc must never fall back to ~/.kube/config")
+        kube = Kube.from_kubeconfig(args.kubeconfig)
+        if args.verb == "status":
+            history = releases(kube, args.rest[0], args.namespace)
+            if not history:
+                fail("Error: release: not found")
+            say(json.dumps(decode(history[-1])))
+        elif args.verb == "get" and args.rest[:1] == ["values"]:
+            history = releases(kube, args.rest[1], args.namespace)
+            if not history:
+                fail("Error: release: not found")
+            say(json.dumps(decode(history[-1]).get("config") or None))
+        elif args.verb == "upgrade":
+            args.name, args.chart = args.rest[0], args.rest[1]
+            upgrade(args, kube)
+        elif args.verb == "uninstall":
+            name = args.rest[0]
+            history = releases(kube, name, args.namespace)
+            if not history:
+                fail(f"Error: uninstall: Release not loaded: {name}: release: not found")
+            remove_objects(kube, decode(history[-1])["chart"]["metadata"]["name"], args.namespace)
+            delay(f"uninstall {name}")
+            for s in history:
+                kube.delete("Secret", s["metadata"]["name"], args.namespace)
+            say(f'release "{name}" uninstalled')
+        else:
+            fail(f"Error: unknown command {args.verb!r} for \"helm\"")
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    finally:
+        log_call("helm", argv, rc, t0)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,191 @@
+"""The KubeRay operator and the scheduler, as the tests need them: a thread that advances RayClusters.
+
+KubeRay's controller does not run here, so this does its visible part the way it would: for
+each RayCluster (only while the operator's Deployment is Available) it creates a head pod and
+one pod per worker replica, labelled `ray.io/cluster`, `ray.io/node-type`, `ray.io/group`, and
+the head Service `<cluster>-head-svc` (its dashboard port is what `raydlc` port-forwards to);
+binds each to a node the way kube-scheduler would (nodeSelector, taints and tolerations, and
+requests against allocatable minus what is already bound), leaving it Pending with a
+FailedScheduling event naming the shortfall otherwise; sets the RayCluster's status; and
+deletes the pods of a RayCluster that is gone (owner-reference garbage collection).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from world import Kube, quantity, selector_matches, tolerated
+
+RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "vpc.amazonaws.com/efa")
+
+
+def _requests(spec: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        req = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for k, v in req.items():
+            out[k] = out.get(k, 0.0) + quantity(v)
+    return out
+
+
+class Operator:
+    def __init__(self, url: str, interval: float = 0.1, pod_delay: float = 0.0) -> None:
+        self.kube = Kube(url)
+        self.interval = interval
+        self.pod_delay = pod_delay  # how long the pods take to appear (image pull, container start)
+        self.first_seen: dict[tuple[str, str], float] = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="kuberay-emulator", daemon=True)
+        self.errors: list[str] = []
+        self.paused = threading.Event()
+
+    def __enter__(self) -> Operator:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join(5)
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            if not self.paused.is_set():
+                try:
+                    self.tick()
+                except Exception as e:  # kept for the test to see; the loop goes on
+                    self.errors.append(repr(e))
+            self.stop_event.wait(self.interval)
+
+    def operator_up(self) -> bool:
+        for d in self.kube.list("Deployment"):
+            if d["metadata"]["name"] == "kuberay-operator":
+                return int((d.get("status") or {}).get("availableReplicas", 0) or 0) >= 1
+        return False
+
+    def tick(self) -> None:
+        clusters = self.kube.list("RayCluster")
+        if not clusters and not self.first_seen:
+            return  # nothing to run yet, and no pods of ours to collect
+        pods = self.kube.list("Pod")
+        names = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in clusters}
+        for kind, objs in (("Pod", pods), ("Service", self.kube.list("Service"))):
+            for p in objs:
+                owner = (p["metadata"].get("labels") or {}).get("ray.io/cluster")
+                if owner and (p["metadata"]["namespace"], owner) not in names and (p["metadata"].get("ownerReferences")):
+                    self.kube.delete(kind, p["metadata"]["name"], p["metadata"]["namespace"])
+        if not self.operator_up():
+            return
+        for rc in clusters:
+            try:
+                self._reconcile(rc, pods)
+            except RuntimeError as e:
+                if ": 404 " not in str(e):  # deleted meanwhile, as a controller sees it
+                    raise
+
+    def _reconcile(self, rc: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        ns, name = rc["metadata"]["namespace"], rc["metadata"]["name"]
+        if time.monotonic() - self.first_seen.setdefault((ns, name), time.monotonic()) < self.pod_delay:
+            return
+        spec = rc["spec"]
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("ray.io/cluster") == name
+                and p["metadata"]["namespace"] == ns]
+        wanted = [("head", "headgroup", f"{name}-head", spec["headGroupSpec"]["template"])]
+        for g in spec.get("workerGroupSpecs") or []:
+            for i in range(int(g.get("replicas", 0))):
+                wanted.append(("worker", g["groupName"], f"{name}-{g['groupName']}-worker-{i:05x}", g["template"]))
+        have = {p["metadata"]["name"]: p for p in mine}
+        for kind, group, pname, template in wanted:
+            if pname not in have:
+                labels = {**(template.get("metadata", {}).get("labels") or {}),
+                          "ray.io/cluster": name, "ray.io/node-type": kind, "ray.io/group": group}
+                have[pname] = self.kube.create({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pname, "namespace": ns, "labels": labels,
+                                 "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name}]},
+                    "spec": template.get("spec") or {}, "status": {"phase": "Pending"},
+                })
+        self._head_service(ns, name)
+        self._schedule(ns, [have[w[2]] for w in wanted])
+        fresh = {p["metadata"]["name"]: p for p in self.kube.list("Pod", ns)}
+        head_ready = any(_ready(fresh.get(w[2])) for w in wanted if w[0] == "head")
+        running = sum(1 for w in wanted if w[0] == "worker" and (fresh.get(w[2]) or {}).get("status", {}).get("phase") == "Running")
+        want_workers = len(wanted) - 1
+        state = "ready" if head_ready and running == want_workers else ""
+        self.kube.patch("RayCluster", name, {"status": {"state": state or None, "readyWorkerReplicas": running,
+                                                        "desiredWorkerReplicas": want_workers}}, ns, sub="status")
+
+    def _head_service(self, ns: str, name: str) -> None:
+        """KubeRay's `<cluster>-head-svc`: ClusterIP, selecting the head pod, GCS/dashboard/client ports."""
+        svc = f"{name}-head-svc"
+        if self.kube.get("Service", svc, ns) is not None:
+            return
+        head = {"ray.io/cluster": name, "ray.io/node-type": "head"}
+        self.kube.create({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": svc, "namespace": ns, "labels": dict(head),
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name}]},
+            "spec": {"type": "ClusterIP", "selector": head, "ports": [
+                {"name": "gcs-server", "port": 6379}, {"name": "dashboard", "port": 8265}, {"name": "client", "port": 10001}]},
+        })
+
+    def _schedule(self, ns: str, pods: list[dict[str, Any]]) -> None:
+        nodes = self.kube.list("Node")
+        bound = self.kube.list("Pod")
+        for pod in pods:
+            if (pod.get("spec") or {}).get("nodeName"):
+                continue
+            need = _requests(pod.get("spec") or {})
+            reasons: dict[str, int] = {}
+            chosen = None
+            for n in nodes:
+                nname = n["metadata"]["name"]
+                labels = n["metadata"].get("labels") or {}
+                if not selector_matches(pod["spec"], labels):
+                    reasons["node(s) didn't match Pod's node affinity/selector"] = reasons.get(
+                        "node(s) didn't match Pod's node affinity/selector", 0) + 1
+                    continue
+                taints = (n.get("spec") or {}).get("taints") or []
+                if not tolerated(taints, pod["spec"].get("tolerations") or []):
+                    key = f"node(s) had untolerated taint {{{taints[0]['key']}: {taints[0].get('value', '')}}}"
+                    reasons[key] = reasons.get(key, 0) + 1
+                    continue
+                alloc = (n.get("status") or {}).get("allocatable") or {}
+                used = dict.fromkeys(RESOURCES, 0.0)
+                for b in bound:
+                    if (b.get("spec") or {}).get("nodeName") == nname:
+                        for r, v in _requests(b["spec"]).items():
+                            used[r] = used.get(r, 0.0) + v
+                short = [r for r in RESOURCES if need.get(r, 0) > 0 and need[r] > quantity(alloc.get(r, 0)) - used.get(r, 0) + 1e-9]
+                if short:
+                    for r in short:
+                        reasons[f"Insufficient {r}"] = reasons.get(f"Insufficient {r}", 0) + 1
+                    continue
+                chosen = nname
+                break
+            pname = pod["metadata"]["name"]
+            if chosen is not None:
+                self.kube.patch("Pod", pname, {"spec": {"nodeName": chosen}, "status": {
+                    "phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                       {"type": "Ready", "status": "True"}]}}, ns)
+                bound.append({**pod, "spec": {**pod["spec"], "nodeName": chosen}})
+                continue
+            msg = f"0/{len(nodes)} nodes are available: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())) + "."
+            self.kube.patch("Pod", pname, {"status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg}]}}, ns)
+            ev = f"{pname}.failedscheduling"
+            body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": ev, "namespace": ns},
+                    "involvedObject": {"kind": "Pod", "name": pname, "namespace": ns}, "reason": "FailedScheduling",
+                    "message": msg, "type": "Warning", "lastTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            if self.kube.get("Event", ev, ns) is None:
+                self.kube.create(body)
+            else:
+                self.kube.patch("Event", ev, {"message": msg, "lastTimestamp": body["lastTimestamp"]}, ns)
+
+
+def _ready(pod: dict[str, Any] | None) -> bool:
+    if not pod:
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])

@@ -1,0 +1,398 @@
+"""Jobs against a real Ray head: the local target end to end, two nodes' worker logs, and the cluster
+target through kmock and a kubectl double whose port-forward reaches the same head.
+
+One head for the module, started the way `raydlc submit --local` starts it (a `ray start --head
+--block` subprocess recorded in raydlc's state dir under a HOME of the test's own) and ended by
+its PID with `raydlc down --local` at the end. The commands run as the real console script in
+subprocesses. Order matters and is the file's: the second raylet joins after the local tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raydlc import rayedge, targets
+from raydlc.rayedge import LocalHead
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).resolve().parents[1]
+NCCL = TESTS / "data" / "nccl"
+RAYDLC = Path(sys.executable).with_name("raydlc")
+TINY = {"RAYDLC_STEPS": "3", "RAYDLC_SEQ_LEN": "32", "RAYDLC_BATCH_SIZE": "2", "RAYDLC_EVAL_FRACTION": "0.02", "RAYDLC_NUM_WORKERS": "1"}
+
+TICKER = """import sys, time
+n = int(sys.argv[1])
+for i in range(n):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.5)
+print("done", flush=True)
+"""
+
+# Workers on each node print that node's NCCL log, as NCCL's INFO output lands in their worker-*.out.
+NCCL_PRINTER = """import sys
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ray.init(address="auto")
+head_log, other_log = sys.argv[1], sys.argv[2]
+
+@ray.remote(num_cpus=0)
+class Rank:
+    def run(self, text):
+        print(text, flush=True)
+        return ray.get_runtime_context().get_node_id()
+
+nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: not n["Resources"].get("node:__internal_head__"))
+logs = [open(head_log).read(), open(other_log).read()]
+ranks = [Rank.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote() for n in nodes]
+print(ray.get([r.run.remote(text) for r, text in zip(ranks, logs)]))
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """HOME of the test's own: raydlc's state dir (the head record, kubeconfigs) lives under it."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def head(home: Path) -> Iterator[targets.HeadRecord]:
+    """Started by a process that then exits, as `raydlc submit --local` does: the head outlives it."""
+    subprocess.run([sys.executable, "-c", "from raydlc import targets; targets.ensure_local_head(start=True)"], check=True, timeout=300)
+    rec = targets.running_head()
+    assert rec is not None
+    yield rec
+    if targets.running_head() is not None:  # a test failed before `down --local`
+        targets.stop_local_head()
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS"))}
+    full.update(env or {})
+    return subprocess.run([str(RAYDLC), *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout)
+
+
+def last_json(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert p.stdout.strip(), p.stderr[-3000:]
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+# ---- the local target ---------------------------------------------------------------------------
+
+
+def test_submit_the_builtin_program_with_a_pinned_package(head: targets.HeadRecord, tmp_path: Path) -> None:
+    p = cli("submit", "--local", "--builtin", "--pip", "PyYAML", "--name", "builtin-1", "--json", cwd=tmp_path, env=TINY)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = last_json(p)
+    assert (doc["job_id"], doc["status"], doc["target"], doc["attached"]) == ("builtin-1", "SUCCEEDED", "local", False)
+    assert doc["duration_s"] > 0 and doc["ray_job_id"]
+    summary = doc["summary"]
+    assert summary["steps"] == 3 and summary["workers"] == 1 and summary["seq_len"] == 32
+    assert Path(summary["run_dir"]).parent == tmp_path / "raydlc-out"  # written where submit ran, not in Ray's session dir
+    assert [f"step {i}: loss" in p.stderr for i in (1, 2, 3)] == [True] * 3  # the log streamed (to stderr under --json)
+
+    status = last_json(cli("job", "status", "builtin-1", "--local", "--json", cwd=tmp_path))
+    assert (status["status"], status["ray_job_id"]) == ("SUCCEEDED", doc["ray_job_id"])
+    env = status["runtime_env"]
+    assert env["pip"]["packages"] == [f"PyYAML=={metadata.version('PyYAML')}"]
+    assert env["env_vars"]["RAYDLC_STEPS"] == "3" and env["env_vars"]["RAYDLC_MODEL_ID"] == "tiny"
+    assert len(env["py_modules"]) == 1 and env["py_modules"][0].startswith("gcs://")  # raydlc travelled with the job
+    logs = cli("job", "logs", "builtin-1", "--local", cwd=tmp_path)
+    assert logs.returncode == 0 and "step 3: loss" in logs.stdout
+    assert json.loads(logs.stdout.strip().splitlines()[-1])["run_name"] == summary["run_name"]
+
+    v = cli("verify", "--local", "--job", "builtin-1", "--json", cwd=tmp_path)
+    assert v.returncode == 0, v.stderr[-2000:]
+    rows = {r["criterion"]: r["status"] for r in last_json(v)["criteria"]}
+    assert rows == {"gpu-nodes": "not applicable", "pods": "not applicable", "fi-info": "not applicable",
+                    "nccl": "not applicable", "job": "pass"}
+
+
+def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: targets.HeadRecord, tmp_path: Path) -> None:
+    (tmp_path / "ticker.py").write_text(TICKER)
+    first = last_json(cli("submit", "ticker.py", "--local", "--name", "long-1", "--no-wait", "--json", "--", "600", cwd=tmp_path))
+    again = last_json(cli("submit", "ticker.py", "--local", "--name", "long-1", "--no-wait", "--json", "--", "600", cwd=tmp_path))
+    assert (first["attached"], again["attached"], again["job_id"]) == (False, True, "long-1")
+    deadline = time.monotonic() + 60
+    while "tick 1" not in cli("job", "logs", "long-1", "--local", cwd=tmp_path).stdout:
+        assert time.monotonic() < deadline, "the job never printed"
+        time.sleep(1)
+    stopped = last_json(cli("job", "stop", "long-1", "--local", "--json", cwd=tmp_path))
+    assert (stopped["status"], stopped["was_running"]) == ("STOPPED", True)
+    reuse = cli("submit", "ticker.py", "--local", "--name", "long-1", cwd=tmp_path)
+    assert reuse.returncode == 2 and "already ran and ended STOPPED" in reuse.stderr and reuse.stdout == ""
+    listed = last_json(cli("job", "list", "--local", "--json", cwd=tmp_path))
+    ids = [j["job_id"] for j in listed["jobs"]]
+    assert ids.count("long-1") == 1 and ids.count("builtin-1") == 1
+    assert [j["status"] for j in listed["jobs"] if j["job_id"] == "long-1"] == ["STOPPED"]
+
+
+def test_ctrl_c_detaches_and_the_job_goes_on(head: targets.HeadRecord, tmp_path: Path) -> None:
+    (tmp_path / "ticker.py").write_text(TICKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
+    proc = subprocess.Popen([str(RAYDLC), "submit", "ticker.py", "--local", "--name", "detach-1", "--", "16"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("tick 0"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "detached from job detach-1; it keeps running" in err
+    assert "raydlc job logs detach-1 --follow --local" in err and "raydlc job stop detach-1 --local" in err
+    assert last_json(cli("job", "status", "detach-1", "--local", "--json", cwd=tmp_path))["status"] == "RUNNING"
+    back = cli("job", "logs", "detach-1", "--follow", "--local", cwd=tmp_path)  # re-attach until it ends
+    assert back.returncode == 0 and back.stdout.rstrip().endswith("done") and back.stdout.count("tick 0") == 1
+
+
+def test_bench_transport_on_the_local_target_says_there_is_nothing_to_compare(tmp_path: Path) -> None:
+    p = cli("bench-transport", "--local", "--steps", "3", "--json", cwd=tmp_path)
+    doc = last_json(p)
+    assert p.returncode == 0 and doc["applicable"] is False and doc["speedup"] is None and "gloo" in doc["reason"]
+    people = cli("bench-transport", "--local", cwd=tmp_path)
+    assert "not applicable" in people.stdout and "x steps/s" not in people.stdout
+
+
+# ---- two nodes: the job's own worker logs, per node -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def second_raylet(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
+    """A second raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
+    logs are its own, as on another machine. It declares 4 GPUs and has the fi_info double on its
+    PATH: a GPU node with an EFA device, as far as Ray and the probe can tell. Ended by its PID."""
+    import tempfile
+
+    ray_bin = Path(sys.executable).with_name("ray")
+    ports = {n: rayedge.free_port() for n in ("node-manager-port", "object-manager-port", "metrics-export-port",
+                                             "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")}
+    temp = Path(tempfile.mkdtemp(prefix="raydlc-n2-", dir="/tmp"))
+    log = tmp_path_factory.mktemp("node2") / "node.log"
+    fi_bin = log.parent / "bin"
+    fi_bin.mkdir()
+    (fi_bin / "fi_info").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "doubles" / "fi_info.py"}" "$@"\n')
+    (fi_bin / "fi_info").chmod(0o755)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+           "PATH": f"{fi_bin}{os.pathsep}{ray_bin.parent}{os.pathsep}{os.environ['PATH']}"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(ray_bin), "start", f"--address={head.address}", "--block", "--node-ip-address=127.0.0.1",
+                                 "--num-cpus=2", "--num-gpus=4", "--disable-usage-stats", f"--temp-dir={temp}",
+                                 *(f"--{k}={v}" for k, v in ports.items())], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    node = LocalHead(proc, head.address, "", log, temp, ports)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            nodes = get(f"{head.dashboard_url}/api/v0/nodes")["data"]["result"]["result"]
+            others = [n for n in nodes if n["state"] == "ALIVE" and not n["is_head_node"]]
+            if others:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(1)
+        yield f"{others[0]['node_ip']}/{others[0]['node_id'][:8]}", node  # how raydlc names a Ray node: IP and short id
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def second_node(second_raylet: tuple[str, LocalHead]) -> str:
+    return second_raylet[0]
+
+
+def nccl_job(url: str, workdir: Path, head_log: Path, other_log: Path, name: str) -> str:
+    workdir.mkdir()
+    (workdir / "print_nccl.py").write_text(NCCL_PRINTER)
+    for p in (head_log, other_log):
+        (workdir / p.name).write_bytes(p.read_bytes())
+    p = cli("submit", "print_nccl.py", "--address", url, "--name", name, "--json", "--", head_log.name, other_log.name, cwd=workdir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return str(last_json(p)["job_id"])
+
+
+def nccl_row(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    return next(r for r in last_json(p)["criteria"] if r["criterion"] == "nccl")
+
+
+def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: targets.HeadRecord, second_node: str, tmp_path: Path) -> None:
+    """Two jobs on the same two nodes, one with a node on sockets, one with EFA on both: each verdict
+    reads only its own job's worker files, so neither leaks into the other."""
+    url = head.dashboard_url
+    mixed = nccl_job(url, tmp_path / "a", NCCL / "mixed_composed_efa_and_socket" / "node-a.log",
+                     NCCL / "mixed_composed_efa_and_socket" / "node-b.log", "nccl-mixed")
+    efa = nccl_job(url, tmp_path / "b", NCCL / "mixed_composed_efa_and_socket" / "node-a.log", NCCL / "efa_nccl527_noprefix_gdr.log", "nccl-efa")
+    v = cli("verify", "--address", url, "--job", mixed, "--json", cwd=tmp_path)
+    assert v.returncode == 3, v.stderr[-2000:]
+    row = nccl_row(v)
+    assert row["status"] == "fail" and row["failed_nodes"] == [second_node]
+    assert any(e.startswith(f"{second_node}: socket") for e in row["evidence"])
+    assert any("(head): efa, carried" in e for e in row["evidence"]) and len(row["evidence"]) == 2
+    good = nccl_row(cli("verify", "--address", url, "--job", efa, "--json", cwd=tmp_path))
+    assert good["status"] == "pass" and len(good["evidence"]) == 2, good
+
+
+# ---- the cluster target: kmock holds nodes and pods, kubectl's port-forward reaches the head ------------
+
+
+@pytest.fixture(scope="module")
+def cluster(head: targets.HeadRecord, home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    sys.path.insert(0, str(TESTS / "doubles"))
+    import servers
+    from world import Kube
+
+    tmp = tmp_path_factory.mktemp("cluster")
+    with pytest.MonkeyPatch.context() as mp, servers.kube_server(mp.setattr) as server:
+        kube = Kube(server.url)
+        ns, name = "ray-train", "ray-train-cluster"
+        for node, efa in (("ip-10-0-1-5", "1"), ("ip-10-0-2-7", "0")):
+            kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"role": "gpu-worker"}},
+                         "status": {"allocatable": {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": efa},
+                                    "capacity": {"nvidia.com/gpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}})
+        kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ip-10-0-0-9", "labels": {"role": "system"}},
+                     "status": {"allocatable": {"cpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}})
+        kube.create({"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "namespace": ns}, "spec": {}})
+        ready = [{"type": "Ready", "status": "True"}]
+        for pod, role, node, ip in ((f"{name}-head", "head", "ip-10-0-0-9", "10.0.0.20"),
+                                    (f"{name}-gpu-worker-0", "worker", "ip-10-0-1-5", "10.0.1.21"),
+                                    (f"{name}-gpu-worker-1", "worker", "ip-10-0-2-7", "10.0.2.22")):
+            kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns, "labels": {
+                "ray.io/cluster": name, "ray.io/node-type": role}}, "spec": {"nodeName": node},
+                "status": {"phase": "Running", "conditions": ready, "podIP": ip}})
+        labels = {"ray.io/cluster": name, "ray.io/node-type": "head"}
+        kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{name}-head-svc", "namespace": ns, "labels": labels},
+                     "spec": {"selector": labels, "ports": [{"name": "gcs-server", "port": 6379}, {"name": "dashboard", "port": 8265}]}})
+        kubeconfig = home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig"
+        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": server.url}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
+        bin_dir = tmp / "bin"
+        bin_dir.mkdir()
+        servers.install_doubles(bin_dir, sys.executable)
+        scenario, log = tmp / "scenario.json", tmp / "calls.jsonl"
+        scenario.write_text(json.dumps({"forward": {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")}}))
+        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log),
+               "KUBECONFIG": str(tmp / "not-this-one")}
+        yield {"kube": kube, "env": env, "log": log, "ns": ns, "name": name}
+
+
+def forwards(log: Path) -> list[dict[str, Any]]:
+    recs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [r for r in recs if "port-forward" in r["argv"]]
+
+
+def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
+    head: targets.HeadRecord, second_node: str, cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    listed = cli("job", "list", "--json", cwd=tmp_path, env=cluster["env"])
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert {"builtin-1", "nccl-mixed"} <= {j["job_id"] for j in last_json(listed)["jobs"]}
+    (fwd,) = forwards(cluster["log"])
+    assert fwd["argv"][fwd["argv"].index("port-forward") + 1:] == ["svc/ray-train-cluster-head-svc", ":8265", "--address", "127.0.0.1"]
+    assert not rayedge.process_alive(fwd["pid"])  # closed when the command ended
+
+    v = cli("verify", "--job", "nccl-mixed", "--json", cwd=tmp_path, env=cluster["env"])
+    assert v.returncode == 3, v.stderr[-2000:]
+    rows = {r["criterion"]: r for r in last_json(v)["criteria"]}
+    assert rows["gpu-nodes"]["status"] == "fail" and rows["gpu-nodes"]["failed_nodes"] == ["ip-10-0-2-7"]
+    assert "ip-10-0-2-7: vpc.amazonaws.com/efa allocatable 0" in rows["gpu-nodes"]["evidence"]
+    assert rows["pods"]["status"] == "pass"
+    assert rows["nccl"]["failed_nodes"] == [second_node]
+    assert rows["fi-info"]["status"] == "pass" and rows["fi-info"]["evidence"] == [  # the GPU node's fi_info, through a pinned task
+        f"{second_node}: fi_info -p efa lists FI_EP_RDM on rdmap0s31-rdm"]
+    assert rows["job"]["status"] == "pass"
+
+
+def test_the_cluster_target_refuses_a_missing_raycluster_and_a_head_not_ready(cluster: dict[str, Any], tmp_path: Path) -> None:
+    kube, ns, name = cluster["kube"], cluster["ns"], cluster["name"]
+    before = len(forwards(cluster["log"]))
+    kube.patch("Pod", f"{name}-head", {"status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}}, ns)
+    p = cli("submit", "--builtin", "--json", cwd=tmp_path, env=cluster["env"])
+    assert p.returncode == 1 and p.stdout == "" and f"the head pod {name}-head of RayCluster '{name}' is not Ready" in p.stderr
+    kube.delete("RayCluster", name, ns)
+    p = cli("job", "list", cwd=tmp_path, env=cluster["env"])
+    assert p.returncode == 2 and p.stdout == "" and f"no RayCluster '{name}' in namespace '{ns}'" in p.stderr
+    assert len(forwards(cluster["log"])) == before  # nothing was forwarded, let alone submitted
+
+
+# ---- the whole reference path: up -> submit -> verify -> down --------------------------------------
+
+
+def _lifecycle_world() -> Any:
+    """The lifecycle tests' world (moto, kmock, the tool doubles, the emulated KubeRay operator), reused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lifecycle_world", TESTS / "lifecycle" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_world = _lifecycle_world()
+moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
+
+
+def test_up_submit_verify_down_offline(head: targets.HeadRecord, second_node: str, world: Any, tmp_path: Path) -> None:
+    """`up` against moto, kmock and the doubles; the job runs on the local head standing in for the
+    cluster's, reached through the kubectl double's port-forward; the gate passes on every criterion."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import Timings
+
+    fast = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
+    assert lifecycle.up(world.config(), timings=fast).ok
+    world.scenario(forward={"ray-train/ray-train-cluster-head-svc:8265": head.dashboard_url.removeprefix("http://")})
+    efa = NCCL / "mixed_composed_efa_and_socket" / "node-a.log"
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "print_nccl.py").write_text(NCCL_PRINTER)
+    (work / "efa_a.log").write_bytes(efa.read_bytes())
+    (work / "efa_b.log").write_bytes((NCCL / "efa_nccl527_noprefix_gdr.log").read_bytes())
+    p = cli("submit", "print_nccl.py", "--name", "reference-path", "--json", "--", "efa_a.log", "efa_b.log", cwd=work)
+    assert p.returncode == 0 and last_json(p)["target"] == "cluster", p.stderr[-3000:]
+    v = cli("verify", "--job", "reference-path", "--json", cwd=tmp_path)
+    doc = last_json(v)
+    assert v.returncode == 0 and doc["passed"], json.dumps(doc, indent=1)
+    assert {r["criterion"]: r["status"] for r in doc["criteria"]} == dict.fromkeys(("gpu-nodes", "pods", "fi-info", "nccl", "job"), "pass")
+    assert [a for a in world.calls("kubectl") if "port-forward" in a] and all("--address" in a for a in world.calls("kubectl") if "port-forward" in a)
+    assert lifecycle.down(world.config(), timings=fast).ok
+    assert world.tagged("eks-cluster") == {}
+
+
+# ---- down --local, last -------------------------------------------------------------------------
+
+
+def test_down_local_ends_the_head_and_everything_it_started(head: targets.HeadRecord, second_raylet: tuple[str, LocalHead],
+                                                              tmp_path: Path) -> None:
+    second_raylet[1].stop()  # the worker node leaves first, as a cluster's worker pods do
+    p = cli("down", "--local", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True}
+    with pytest.raises(ProcessLookupError):
+        os.killpg(head.pid, 0)  # no process of the head's group is left
+    assert not Path(head.temp_dir).exists() and targets.read_head() is None
+    gone = cli("job", "list", "--local", cwd=tmp_path)
+    assert gone.returncode == 1 and "no local Ray head of raydlc runs" in gone.stderr

@@ -1,0 +1,450 @@
+"""`up` and `down` against moto, kmock and the tool doubles: the scenarios of the lifecycle issue."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raydlc import lifecycle
+from raydlc.lifecycle import Reporter, StepResult, Timings
+from raydlc.lifecycle.steps import Interrupted, Plan
+
+pytestmark = pytest.mark.slow  # each runs up and/or down end to end: seconds, not milliseconds
+
+FAST = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
+UP_ORDER = ["capacity", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
+CLUSTER = "eks-cluster"
+
+
+class Recorder(Reporter):
+    """Keeps every event; optionally sends this process a real SIGINT (Ctrl-C) when a step finishes."""
+
+    def __init__(self, interrupt_after: str | None = None) -> None:
+        self.events: list[tuple[str, str, str]] = []
+        self.interrupt_after = interrupt_after
+
+    def started(self, step: str) -> None:
+        self.events.append(("started", step, ""))
+
+    def acting(self, step: str, plan: Plan) -> None:
+        self.events.append(("acting", step, plan.action))
+
+    def line(self, step: str, text: str) -> None:
+        self.events.append(("line", step, text))
+
+    def finished(self, result: StepResult) -> None:
+        self.events.append(("finished", result.step, result.outcome))
+        if result.step == self.interrupt_after and result.outcome == "done":
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def by_step(run: lifecycle.Run) -> dict[str, StepResult]:
+    return {r.step: r for r in run.results}
+
+
+def inventory(world: Any) -> dict[str, Any]:
+    """What exists, counted: a re-run that duplicated anything changes one of these numbers."""
+    eks, ec2 = world.client("eks"), world.client("ec2")
+    snap = world.kube.snapshot()
+    kinds = Counter(k.split("/")[2] for k in snap)
+    helm = sorted(o["metadata"]["name"] for k, o in snap.items() if k.startswith("/v1/secrets/") and
+                  (o["metadata"].get("labels") or {}).get("owner") == "helm")
+    running = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"] if i["State"]["Name"] == "running"]
+    clusters = eks.list_clusters()["clusters"]
+    return {
+        "clusters": clusters,
+        "nodegroups": sorted(eks.list_nodegroups(clusterName=CLUSTER)["nodegroups"]) if clusters else [],
+        "instances": Counter(i["InstanceType"] for i in running),
+        "stacks": sorted(s["StackName"] for s in world.client("cloudformation").list_stacks()["StackSummaries"]
+                         if s["StackStatus"] != "DELETE_COMPLETE"),
+        "nodes": kinds["nodes"], "pods": kinds["pods"], "rayclusters": kinds["rayclusters"],
+        "daemonsets": kinds["daemonsets"], "deployments": kinds["deployments"], "helm": helm,
+    }
+
+
+FULL = {
+    "clusters": [CLUSTER],
+    "nodegroups": ["gpu-workers", "system"],
+    "instances": Counter({"g6.12xlarge": 2, "m7i.xlarge": 1}),
+    "stacks": [f"eksctl-{CLUSTER}-cluster", f"eksctl-{CLUSTER}-nodegroup-gpu-workers", f"eksctl-{CLUSTER}-nodegroup-system"],
+    "nodes": 3,
+    "pods": 2 + 2 + 1 + 3,  # EFA and NVIDIA plugin pods on 2 GPU nodes, the operator, head + 2 workers
+    "rayclusters": 1, "daemonsets": 2, "deployments": 1,
+    "helm": ["sh.helm.release.v1.kuberay-operator.v1", "sh.helm.release.v1.nvidia-device-plugin.v1"],
+}
+
+
+# ---------------------------------------------------------------------- up
+
+
+def test_fresh_up_runs_every_step_in_dependency_order_and_a_second_acts_on_nothing(world) -> None:
+    rec = Recorder()
+    run = lifecycle.up(world.config(), timings=FAST, reporter=rec)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    steps = by_step(run)
+    assert [r.step for r in run.results] == UP_ORDER
+    assert steps["capacity"].action == "none" and "us-east-2a" in steps["capacity"].reason
+    assert {s: steps[s].action for s in UP_ORDER[1:]} == dict.fromkeys(UP_ORDER[1:], "create")
+    assert "2 × g6.12xlarge Ready in us-east-2a" in steps["gpu-nodegroup"].reason
+    assert "nvidia.com/gpu=4 and vpc.amazonaws.com/efa>=1" in steps["device-plugins"].reason
+    assert "2 workers Running" in steps["raycluster"].reason
+    started = [s for kind, s, _ in rec.events if kind == "started"]
+    done = [s for kind, s, _ in rec.events if kind == "finished"]
+    for step, needs in {"cluster": "capacity", "gpu-nodegroup": "cluster", "kuberay": "cluster",
+                        "device-plugins": "gpu-nodegroup", "raycluster": "device-plugins"}.items():
+        assert done.index(needs) < started.index(step), f"{step} started before {needs} finished"
+    assert inventory(world) == FULL
+    mutating = [" ".join(a[:3]) for a in world.mutating_calls()]
+    assert Counter(mutating) == Counter({"create cluster --config-file": 1, "create nodegroup --config-file": 2,
+                                         "upgrade --install kuberay-operator": 1, "upgrade --install nvidia-device-plugin": 1})
+    # the owner tag is on every AWS resource raydlc made, and every Kubernetes object it applied
+    assert world.client("eks").describe_cluster(name=CLUSTER)["cluster"]["tags"]["raydlc.io/cluster"] == CLUSTER
+    ns = world.kube.snapshot()["/v1/namespaces/None/ray-train"]
+    assert ns["metadata"]["labels"]["raydlc.io/cluster"] == CLUSTER
+
+    before_calls = len(world.calls())
+    again = lifecycle.up(world.config(), timings=FAST)
+    assert again.ok
+    assert {r.step: r.action for r in again.results} == dict.fromkeys(UP_ORDER, "none")
+    looked = world.calls()[before_calls:]
+    assert looked, "the second up still looks (helm status, versions)"
+    assert all(a[0] in ("version", "status", "get") for a in looked), looked
+    assert inventory(world) == FULL
+
+
+@pytest.mark.parametrize("step", UP_ORDER[:-1])
+def test_up_interrupted_after_each_step_then_rerun_completes_without_duplicates(world, step: str) -> None:
+    with pytest.raises(Interrupted) as e:
+        lifecycle.up(world.config(), timings=FAST, reporter=Recorder(interrupt_after=step))
+    first = {r.step: r.outcome for r in e.value.results}
+    assert first[step] == "done" and first["raycluster"] != "done"
+    assert e.value.exit_code == 130 and "re-run the same command" in e.value.message
+    run = lifecycle.up(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    for s, outcome in first.items():  # what finished stays finished; what was cut off is resumed
+        if outcome == "done":
+            assert by_step(run)[s].action == "none", (s, by_step(run)[s].reason)
+    assert inventory(world) == FULL
+
+
+def test_ctrl_c_during_helm_leaves_a_pending_release_that_up_resolves(world) -> None:
+    """helm killed mid-install leaves its release `pending-install`, which blocks every later upgrade."""
+    world.scenario(delays={"install kuberay-operator": 2.0})
+
+    class Mid(Recorder):
+        def line(self, step: str, text: str) -> None:
+            super().line(step, text)
+            if "Installing it now" in text:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        lifecycle.up(world.config(), timings=FAST, reporter=Mid())
+    secrets = [o for k, o in world.kube.snapshot().items() if "kuberay-operator.v" in k]
+    assert [o["metadata"]["labels"]["status"] for o in secrets] == ["pending-install"]
+    world.scenario(delays={})
+    run = lifecycle.up(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    helm = [" ".join(a[:2]) for a in world.calls("helm")]
+    assert "uninstall kuberay-operator" in helm
+    assert inventory(world) == FULL
+
+
+def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(world) -> None:
+    world.scenario(plugin_missing={"aws-efa-k8s-device-plugin-daemonset": ["gpu:1"]})
+    run = lifecycle.up(world.config(), timings=FAST)
+    steps = by_step(run)
+    gpu_nodes = sorted(o["metadata"]["name"] for k, o in world.kube.snapshot().items()
+                       if k.startswith("/v1/nodes/") and o["metadata"]["labels"].get("role") == "gpu-worker")
+    assert steps["device-plugins"].outcome == "failed"
+    reason = steps["device-plugins"].reason
+    assert f"node {gpu_nodes[1]}" in reason and gpu_nodes[0] not in reason
+    assert "vpc.amazonaws.com/efa 0 (want >= 1)" in reason
+    assert "no aws-efa-k8s-device-plugin-daemonset pod on this node" in reason
+    assert steps["raycluster"].outcome == "skipped" and "device-plugins" in steps["raycluster"].reason
+    assert steps["kuberay"].outcome == "done"  # independent of the failed branch
+
+
+def test_stale_rollback_complete_stack_is_removed_and_the_create_retried(world) -> None:
+    cfn = world.client("cloudformation")
+    stack = f"eksctl-{CLUSTER}-cluster"
+    old = cfn.create_stack(StackName=stack, TemplateBody=json.dumps(
+        {"Resources": {"T": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {}}}}}))["StackId"]
+    world.set_stack_status(stack, "ROLLBACK_COMPLETE")  # moto has no failing create; flipped in its backend
+    plan = lifecycle.up(world.config(), dry_run=True)
+    assert by_step(plan)["cluster"].action == "replace"
+    assert f"cloudformation:DeleteStack {stack}" in by_step(plan)["cluster"].commands[0]
+    run = lifecycle.up(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert "stale stack" in by_step(run)["cluster"].reason
+    now = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+    assert now["StackId"] != old and now["StackStatus"] == "CREATE_COMPLETE"
+    assert [a[:2] for a in world.calls("eksctl")].count(["create", "cluster"]) == 1
+
+
+def test_the_eksctl_double_refuses_a_create_over_a_stale_stack(world) -> None:
+    """The double is not lenient: the stale stack really blocks eksctl, as on AWS."""
+    import subprocess
+
+    from raydlc.render import render_all
+
+    cfn = world.client("cloudformation")
+    cfn.create_stack(StackName=f"eksctl-{CLUSTER}-cluster", TemplateBody=json.dumps(
+        {"Resources": {"T": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {}}}}}))
+    world.set_stack_status(f"eksctl-{CLUSTER}-cluster", "ROLLBACK_COMPLETE")
+    f = world.tmp / "c.yaml"
+    from raydlc.render import to_yaml
+
+    f.write_text(to_yaml(render_all(world.config(), ["us-east-2a", "us-east-2b"], only="eksctl")["eksctl-cluster.yaml"]))
+    r = subprocess.run(["eksctl", "create", "cluster", "--config-file", str(f), "--without-nodegroup"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "AlreadyExistsException" in r.stderr
+
+
+def test_the_eksctl_double_validates_the_cluster_config_it_is_given(world) -> None:
+    import subprocess
+
+    f = world.tmp / "bad.yaml"
+    f.write_text("apiVersion: eksctl.io/v1alpha5\nkind: ClusterConfig\nmetadata: {name: x, region: us-east-2}\n"
+                 "managedNodeGroups: [{name: g, instanceType: g6.12xlarge, efaEnabled: yes-please}]\n")
+    r = subprocess.run(["eksctl", "create", "cluster", "--config-file", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "invalid ClusterConfig" in r.stderr and "efaEnabled" in r.stderr
+    r = subprocess.run(["eksctl", "create", "cluster", "--config-file", str(f), "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
+    assert world.client("eks").list_clusters()["clusters"] == []
+
+
+def test_node_group_short_of_capacity_in_the_first_az_comes_up_in_the_second(world) -> None:
+    world.fail_nodegroups_in({"us-east-2a"})  # moto's node groups are ACTIVE at once; this flips them
+    run = lifecycle.up(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert world.patches == ["gpu-workers CREATE_FAILED in us-east-2a"]
+    assert "Ready in us-east-2b" in by_step(run)["gpu-nodegroup"].reason
+    assert any("InsufficientInstanceCapacity" in n and "us-east-2b" in n for n in run.notes["gpu-nodegroup"])
+    eksctl = [a[:2] + a[-3:-2] for a in world.calls("eksctl") if a[:2] in (["create", "nodegroup"], ["delete", "nodegroup"])]
+    assert [a[:2] for a in eksctl] == [["create", "nodegroup"], ["create", "nodegroup"], ["delete", "nodegroup"], ["create", "nodegroup"]]
+    ng = world.client("eks").describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpu-workers")["nodegroup"]
+    zones = {s["AvailabilityZone"] for s in world.client("ec2").describe_subnets(SubnetIds=ng["subnets"])["Subnets"]}
+    assert zones == {"us-east-2b"}
+    rendered = (Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "eksctl-cluster.yaml").read_text()
+    assert "- us-east-2b\n" in rendered.split("name: gpu-workers")[1]
+    assert inventory(world) == FULL
+
+
+def test_capacity_failure_in_an_az_the_user_chose_is_reported_not_moved(world) -> None:
+    world.fail_nodegroups_in({"us-east-2a"})
+    run = lifecycle.up(world.config(RAYDLC_GPU_AZ="us-east-2a"), timings=FAST)
+    gpu = by_step(run)["gpu-nodegroup"]
+    assert gpu.outcome == "failed"
+    assert "us-east-2a: AsgInstanceLaunchFailures" in gpu.reason and "InsufficientInstanceCapacity" in gpu.reason
+    assert "us-east-2b" not in gpu.reason
+    assert "GPU_AZ" in (gpu.error.hint or "")
+    assert world.client("eks").list_nodegroups(clusterName=CLUSTER)["nodegroups"] == ["system"], "the failed group is removed"
+
+
+def test_head_pending_for_insufficient_cpu_is_named_with_the_schedulers_reason(world) -> None:
+    assert lifecycle.up(world.config(), until="device-plugins", timings=FAST).ok
+    from world import Kube
+
+    kube = Kube(world.kube.url)
+    system = next(o for k, o in world.kube.snapshot().items()
+                  if k.startswith("/v1/nodes/") and o["metadata"]["labels"].get("role") == "system")
+    kube.patch("Node", system["metadata"]["name"], {"status": {"allocatable": {"cpu": "1500m"}}})
+    run = lifecycle.up(world.config(), timings=FAST)
+    rc = by_step(run)["raycluster"]
+    assert rc.outcome == "failed"
+    assert "pod ray-train-cluster-head (head) is Pending: FailedScheduling: 0/3 nodes are available" in rc.reason
+    assert "Insufficient cpu" in rc.reason and "Insufficient cpu" in (rc.error.hint or "")
+
+
+def test_hf_token_becomes_a_secret_and_appears_nowhere_else(world, capsys: pytest.CaptureFixture[str]) -> None:
+    token = "hf_" + "Zq7" * 10
+    world.monkeypatch.setenv("HF_TOKEN", token)
+    rec = Recorder()
+    run = lifecycle.up(world.config(), timings=FAST, reporter=rec)
+    assert run.ok
+    snap = world.kube.snapshot()
+    secret = snap["/v1/secrets/ray-train/raydlc-secrets"]
+    assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == token
+    head = snap["ray.io/v1/rayclusters/ray-train/ray-train-cluster"]["spec"]["headGroupSpec"]["template"]["spec"]
+    env = {e["name"]: e for e in head["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "raydlc-secrets", "key": "HF_TOKEN", "optional": True}
+    elsewhere = [json.dumps(rec.events), world.log.read_text(), json.dumps(run.to_dict()), capsys.readouterr().out]
+    elsewhere += [p.read_text() for p in (Path(os.environ["HOME"]) / ".raydlc").rglob("*") if p.is_file()]
+    elsewhere += [json.dumps(o) for k, o in snap.items() if k != "/v1/secrets/ray-train/raydlc-secrets"]
+    assert not [t for t in elsewhere if token in t]
+
+
+# ---------------------------------------------------------------------- down
+
+
+def test_down_after_a_partial_up_removes_what_exists_and_reports_what_was_absent(world) -> None:
+    assert lifecycle.up(world.config(), until="cluster", timings=FAST).ok
+    run = lifecycle.down(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    steps = by_step(run)
+    assert {s: steps[s].action for s in ("raycluster", "device-plugins", "kuberay", "gpu-nodegroup")} == dict.fromkeys(
+        ("raycluster", "device-plugins", "kuberay", "gpu-nodegroup"), "none")
+    assert steps["cluster"].action == "delete"
+    doc = run.to_dict()
+    assert f"EKS cluster {CLUSTER}" in doc["removed"]
+    assert any("release nvidia-device-plugin is not installed" in a for a in doc["absent"]), doc
+    assert any("node group gpu-workers does not exist" in a for a in doc["absent"])
+    assert world.tagged(CLUSTER) == {}
+
+
+def test_down_interrupted_then_rerun_leaves_nothing_tagged_for_the_cluster(world) -> None:
+    world.reservations.append({"CapacityReservationId": "cr-0probe", "State": "active",
+                               "Tags": [{"Key": "raydlc:capacity-probe", "Value": "t"}]})
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    kubeconfig = Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig"
+    assert kubeconfig.is_file() and world.tagged(CLUSTER)
+    with pytest.raises(Interrupted) as e:
+        lifecycle.down(world.config(), timings=FAST, reporter=Recorder(interrupt_after="gpu-nodegroup"))
+    first = by_step(lifecycle.Run("down", False, e.value.results))
+    assert first["gpu-nodegroup"].outcome == "done" and first["capacity"].outcome != "done"
+    assert world.tagged(CLUSTER)
+    run = lifecycle.down(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert [r.step for r in run.results] == ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"]
+    assert {r.step: r.action for r in run.results} == {
+        **dict.fromkeys(["raycluster", "device-plugins", "kuberay", "gpu-nodegroup"], "none"), "cluster": "delete",
+        "capacity": "delete"}
+    assert world.tagged(CLUSTER) == {}
+    assert not kubeconfig.exists()
+    assert "capacity reservation cr-0probe" in " ".join(run.to_dict()["removed"])
+    again = lifecycle.down(world.config(), timings=FAST)
+    assert again.ok and all(r.action == "none" for r in again.results)
+
+
+def test_down_removes_what_a_failed_cluster_delete_left_billing(world) -> None:
+    assert lifecycle.up(world.config(), until="cluster", timings=FAST).ok
+    world.scenario(delete_leaves_nat=True)
+    world.stack_delete_fails_once(f"eksctl-{CLUSTER}-cluster")  # CloudFormation's DELETE_FAILED, flipped in moto
+    run = lifecycle.down(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    removed = " ".join(run.to_dict()["removed"])
+    assert "NAT gateway nat-" in removed and "Elastic IP eipalloc-" in removed and f"stack eksctl-{CLUSTER}-cluster" in removed
+    assert world.tagged(CLUSTER) == {}
+
+
+def test_down_keep_cluster_stops_after_the_node_groups_and_up_brings_back_the_rest(world) -> None:
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    run = lifecycle.down(world.config(), keep_cluster=True, timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert "cluster" not in by_step(run)
+    left = inventory(world)
+    assert left["clusters"] == [CLUSTER] and left["nodegroups"] == ["system"]
+    assert left["instances"] == Counter({"m7i.xlarge": 1}) and left["rayclusters"] == 0 and left["helm"] == []
+    again = lifecycle.up(world.config(), timings=FAST)
+    assert again.ok, [(r.step, r.reason) for r in again.failed]
+    assert {r.step: r.action for r in again.results} == {
+        "capacity": "none", "cluster": "none", **dict.fromkeys(UP_ORDER[2:], "create")}
+    assert inventory(world) == FULL
+
+
+def test_down_refuses_a_cluster_raydlc_did_not_create_unless_forced(world) -> None:
+    from raydlc.errors import InputError
+
+    ec2, eks = world.client("ec2"), world.client("eks")
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.0.0/24", AvailabilityZone="us-east-2a")["Subnet"]["SubnetId"]
+    eks.create_cluster(name=CLUSTER, roleArn="arn:aws:iam::123456789012:role/someone", resourcesVpcConfig={"subnetIds": [sub]})
+    with pytest.raises(InputError, match="was not created by raydlc"):
+        lifecycle.down(world.config(), timings=FAST)
+    with pytest.raises(InputError, match="was not created by raydlc"):
+        lifecycle.down(world.config(), dry_run=True)
+    plan = lifecycle.up(world.config(), dry_run=True)
+    assert by_step(plan)["cluster"].action == "refuse"
+    assert eks.list_clusters()["clusters"] == [CLUSTER]
+    run = lifecycle.down(world.config(), timings=FAST, force=True)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert eks.list_clusters()["clusters"] == []
+
+
+# ---------------------------------------------------------------------- dry run and partial runs
+
+
+def _unchanged(world: Any, fn: Any) -> Any:
+    aws, kube = world.aws_snapshot(), world.kube.snapshot()
+    home = sorted(str(p) for p in Path(os.environ["HOME"]).rglob("*"))
+    calls = len(world.mutating_calls())
+    out = fn()
+    assert world.aws_snapshot() == aws
+    assert world.kube.snapshot() == kube
+    assert sorted(str(p) for p in Path(os.environ["HOME"]).rglob("*")) == home
+    assert len(world.mutating_calls()) == calls
+    return out
+
+
+@pytest.mark.parametrize("command", ["up", "down"])
+def test_dry_run_on_a_fresh_account_lists_the_steps_and_changes_nothing(world, capsys, command: str) -> None:
+    from raydlc.cli import main
+
+    rc = _unchanged(world, lambda: main([command, "--dry-run", "--json"]))
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    names = [s["step"] for s in doc["steps"]]
+    assert sorted(names) == sorted(UP_ORDER)
+    assert names == (UP_ORDER if command == "up" else
+                     ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"])
+    assert all(set(s) == {"step", "action", "reason", "command"} for s in doc["steps"])
+    if command == "up":
+        acts = {s["step"]: s["action"] for s in doc["steps"]}
+        assert acts == {"capacity": "none", **dict.fromkeys(UP_ORDER[1:], "create")}
+        cluster = next(s for s in doc["steps"] if s["step"] == "cluster")
+        assert "eksctl create cluster --config-file" in cluster["command"] and "--without-nodegroup" in cluster["command"]
+    else:
+        assert all(s["action"] == "none" for s in doc["steps"])
+
+
+def test_until_and_only_run_just_those_steps(world) -> None:
+    run = lifecycle.up(world.config(), until="gpu-nodegroup", timings=FAST)
+    assert [r.step for r in run.results] == ["capacity", "cluster", "gpu-nodegroup"] and run.ok
+    assert world.calls("helm") == [], "no step that runs helm was selected"
+    only = lifecycle.up(world.config(), only="kuberay", timings=FAST)
+    assert [r.step for r in only.results] == ["kuberay"] and only.ok
+    rest = lifecycle.up(world.config(), from_="device-plugins", timings=FAST)
+    assert [r.step for r in rest.results] == ["device-plugins", "raycluster"] and rest.ok
+    assert inventory(world) == FULL
+
+
+# ---------------------------------------------------------------------- status
+
+
+def test_status_and_dry_runs_on_a_running_cluster(world, capsys) -> None:
+    """status: each step, the nodes with GPUs/EFA, the Ray pods, the cost; dry runs change nothing."""
+    from raydlc.cli import main
+
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    assert main(["status", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(s["step"], s["state"]) for s in doc["steps"]] == [(s, "ready") for s in UP_ORDER]
+    gpu = [n for n in doc["nodes"] if n["role"] == "gpu-worker"]
+    assert len(gpu) == 2 and all((n["gpu"], n["efa"], n["instance_type"], n["zone"], n["ready"]) ==
+                                 (4, 1, "g6.12xlarge", "us-east-2a", True) for n in gpu)
+    pods = doc["raycluster"]["pods"]
+    assert sorted(p["type"] for p in pods) == ["head", "worker", "worker"]
+    assert {p["node"] for p in pods if p["type"] == "worker"} == {n["name"] for n in gpu}
+    cost = doc["cost"]
+    assert cost["estimate"] is True and "as of 2025-06" in cost["prices"]
+    assert cost["total_usd_per_hour"] == round(2 * 4.6016 + 0.2016 + 0.10 + 0.045, 2) == 9.55
+    assert main(["status"]) == 0
+    human = capsys.readouterr().out
+    assert "$9.55/h (estimate)" in human and "g6.12xlarge" in human
+
+    # the dry runs on this running cluster: up has nothing to do, down plans the teardown
+    assert _unchanged(world, lambda: main(["up", "--dry-run", "--json"])) == 0
+    up = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {s["action"] for s in up["steps"]} == {"none"}
+    assert _unchanged(world, lambda: main(["down", "--dry-run", "--json"])) == 0
+    down = {s["step"]: s for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
+    assert {k: v["action"] for k, v in down.items()} == {**dict.fromkeys(UP_ORDER[1:], "delete"), "capacity": "none"}
+    assert down["cluster"]["command"].startswith(f"eksctl delete cluster --name {CLUSTER} --region us-east-2 --wait")
+    assert "helm uninstall kuberay-operator --namespace kuberay-operator" in down["kuberay"]["command"]
