@@ -248,11 +248,11 @@ def causal_masks(model: nn.Module) -> dict[str, None] | None:
 
     Handed `None`, transformers builds the mask and first looks for packed sequences in the
     position ids with a `.all()` that waits for the GPU on every forward; a ready mask mapping
-    (what `generate` passes) skips that. Only for models whose layers all attend fully: a
-    sliding window needs its mask built.
+    (what `generate` passes) skips that. Only for models that take a mapping per layer type (Qwen2
+    does, Llama does not) and whose layers all attend fully: a sliding window needs its mask built.
     """
-    kinds = getattr(model.config, "layer_types", None) or ["full_attention"]
-    return {"full_attention": None} if all(k == "full_attention" for k in kinds) else None
+    kinds = getattr(model.config, "layer_types", None)
+    return {"full_attention": None} if kinds and all(k == "full_attention" for k in kinds) else None
 
 
 def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
