@@ -108,6 +108,13 @@ def instance_type(name: str) -> InstanceType | None:
     return INSTANCE_TYPES.get(name)
 
 
+def type_with_gpu(gpu: str, gpus: int) -> InstanceType | None:
+    """The catalogue's type with `gpus` of this GPU per node, else any with this GPU: the fastest network wins."""
+    with_gpu = [t for t in INSTANCE_TYPES.values() if t.gpu == gpu]
+    exact = [t for t in with_gpu if t.gpus == gpus]
+    return max(exact or with_gpu, key=lambda t: t.network_gbps, default=None)
+
+
 @dataclass(frozen=True)
 class ImageFacts:
     image: str
