@@ -465,7 +465,7 @@ def raydlc_loop(
                 assert_finite("raydlc", torch.stack(losses).float().tolist())
             losses.clear()
             clock.mark()
-        out = product.train_step(t, (ids, ids), product.lr_at(step + 1, settings.learning_rate, settings.warmup_steps))
+        out = product.train_step(t, [(ids, ids)], product.lr_at(step + 1, settings.learning_rate, settings.warmup_steps))
         losses.append(out.loss)
         if step >= warmup:
             clock.mark()

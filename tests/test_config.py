@@ -155,7 +155,7 @@ TRAINING_KNOBS = [
     "MODEL_ID", "STEPS", "SEQ_LEN", "BATCH_SIZE", "LEARNING_RATE", "NUM_WORKERS", "DATA", "CHECKPOINT_EVERY",
     "STORAGE_PATH", "MAX_FAILURES", "SHARDING", "WARMUP_STEPS", "WEIGHT_DECAY", "MAX_GRAD_NORM", "SEED",
     "EVAL_FRACTION", "EVAL_EVERY", "REPORT_EVERY", "HSDP_REPLICAS", "BF16", "ACTIVATION_CHECKPOINTING", "COMPILE",
-    "USE_GPU", "RUN_NAME", "RESUME", "RESUME_FROM", "STORAGE_SHARED", "PREFLIGHT",
+    "USE_GPU", "RUN_NAME", "RESUME", "RESUME_FROM", "STORAGE_SHARED", "PREFLIGHT", "GRAD_ACCUM", "GRAD_SYNC", "MAX_GLOBAL_BATCH",
 ]
 
 
@@ -175,6 +175,9 @@ def test_every_training_knob_is_a_train_field_settable_from_the_environment(clea
     assert (t.warmup_steps, t.weight_decay, t.max_grad_norm, t.seed, t.eval_fraction, t.eval_every, t.report_every) == (3, 0.1, 0.5, 7, 0.1, 5, 2)
     assert (t.hsdp_replicas, t.bf16, t.activation_checkpointing, t.compile, t.use_gpu) == (2, True, True, True, False)
     assert (t.run_name, t.resume, t.resume_from, t.storage_shared, t.preflight) == ("first", True, "s3://b/r/checkpoint_000004", True, True)
+    acc = load_config(env={"RAYDLC_GRAD_ACCUM": " Auto ", "RAYDLC_GRAD_SYNC": "all-reduce-once", "RAYDLC_MAX_GLOBAL_BATCH": "65536"}).train
+    assert (acc.grad_accum, acc.grad_sync, acc.max_global_batch) == ("auto", "all-reduce-once", 65536)
+    assert load_config(env={"RAYDLC_GRAD_ACCUM": "8"}).train.grad_accum == 8
     empty = load_config(env={"RAYDLC_BF16": "", "RAYDLC_USE_GPU": "", "RAYDLC_RUN_NAME": ""}).train
     assert (empty.bf16, empty.use_gpu, empty.run_name) == (None, None, None)  # empty = decided from the hardware / the clock
 
@@ -190,6 +193,10 @@ def test_every_training_knob_is_a_train_field_settable_from_the_environment(clea
         ({"RAYDLC_HSDP_REPLICAS": "-2"}, "HSDP_REPLICAS", "0 or more"),
         ({"RAYDLC_RUN_NAME": "a/b"}, "RUN_NAME", "one folder name"),
         ({"RAYDLC_BF16": "maybe"}, "BF16", "boolean"),
+        ({"RAYDLC_GRAD_ACCUM": "0"}, "GRAD_ACCUM", "at least 1, or auto"),
+        ({"RAYDLC_GRAD_ACCUM": "four"}, "GRAD_ACCUM", "whole number of micro-batches or auto"),
+        ({"RAYDLC_GRAD_SYNC": "sometimes"}, "GRAD_SYNC", "'every', 'once' or 'all-reduce-once'"),
+        ({"RAYDLC_MAX_GLOBAL_BATCH": "0"}, "MAX_GLOBAL_BATCH", "at least 1"),
     ],
 )
 def test_training_knobs_are_validated_naming_field_and_source(clean_env: Path, env: dict[str, str], field: str, fragment: str) -> None:

@@ -210,3 +210,94 @@ def test_compute_bound_layouts_keep_fsdp_for_its_memory() -> None:
     assert p.step_time_s["bound"] == "compute"
     assert p.recommendation["strategy"] == "fsdp" and "compute-bound either way" in p.recommendation["reason"]
     assert p.strategies["fsdp"].per_gpu_bytes["total"] < p.strategies["hsdp"].per_gpu_bytes["total"]
+
+
+def test_accumulation_gathers_every_micro_batch_and_reduces_as_the_sync_mode_says() -> None:
+    spec = get_spec("qwen2.5-1.5b")
+    one = {s: planner.traffic_bytes(spec, s, G6, "bf16-mixed") for s in ("fsdp", "hsdp")}
+    for strategy, sync, rs_times, ar_times in [
+        ("fsdp", "every", 8, 8), ("fsdp", "once", 1, 1),
+        ("hsdp", "every", 8, 8), ("hsdp", "once", 1, 1), ("hsdp", "all-reduce-once", 8, 1),
+    ]:
+        t = planner.traffic_bytes(spec, strategy, G6, "bf16-mixed", grad_accum=8, sync=sync)
+        base = one[strategy]
+        assert t["all_gather"] == pytest.approx(8 * base["all_gather"], abs=8), (strategy, sync)
+        assert t["reduce_scatter"] == pytest.approx(rs_times * base["reduce_scatter"], abs=8), (strategy, sync)
+        assert t["all_reduce"] == pytest.approx(ar_times * base["all_reduce"], abs=8), (strategy, sync)
+    # HSDP's network carries only the all-reduce: paying it once is what makes accumulation pay off.
+    hsdp_once = planner.traffic_bytes(spec, "hsdp", G6, "bf16-mixed", grad_accum=8, sync="all-reduce-once")
+    assert hsdp_once["cross_node_per_node"] == one["hsdp"]["cross_node_per_node"]
+    assert planner.traffic_bytes(spec, "fsdp", G6, "bf16-mixed", grad_accum=1, sync="once") == planner.traffic_bytes(spec, "fsdp", G6, "bf16-mixed") | {"sync": "once"}
+
+
+def test_accumulation_memory_is_the_unsharded_gradient_for_once_and_a_shard_for_all_reduce_once() -> None:
+    spec, p = get_spec("qwen2.5-1.5b"), P15
+    m = lambda **kw: planner.memory_bytes(spec, 4, "bf16-mixed", 128, 4, False, **kw)
+    assert m()["accumulated_grads"] == 0 == m(grad_accum=1, sync="once")["accumulated_grads"]
+    assert m(grad_accum=4, sync="once")["accumulated_grads"] == 4 * p  # fp32 reduce dtype, whole model
+    assert m(grad_accum=4, sync="all-reduce-once")["accumulated_grads"] == 4 * -(-p // 4)
+    assert m(grad_accum=4, sync="every")["accumulated_grads"] == 0
+    pure = planner.memory_bytes(spec, 4, "pure-bf16", 128, 4, False, grad_accum=4, sync="once")
+    assert pure["accumulated_grads"] == 2 * p  # no reduce dtype: kept in bf16
+
+
+def test_step_time_overlaps_within_each_micro_batch_and_one_micro_batch_is_the_old_formula() -> None:
+    spec = get_spec("qwen2.5-1.5b")
+    st1 = planner.step_time(spec, "hsdp", G6, "bf16-mixed", 128, 16, False)
+    assert st1["estimate"] == max(st1["compute"], st1["communication"])
+    st = planner.step_time(spec, "hsdp", G6, "bf16-mixed", 128, 16, False, grad_accum=8, sync="all-reduce-once")
+    assert st["compute"] == pytest.approx(8 * st1["compute"], abs=1e-3)
+    assert st["tokens_per_step"] == 16 * 128 * 8 * 8 and st["tokens_per_s"] == pytest.approx(st["tokens_per_step"] / st["estimate"], rel=1e-3)
+    # The cross-node all-reduce is paid once for 8 micro-batches; the all-gathers inside the node 8 times.
+    assert st["network"] == pytest.approx(st1["network"], abs=1e-3) and st["intra_node"] > 7 * st1["intra_node"]
+    assert st["tokens_per_s"] > 2 * st1["tokens_per_s"]
+    serial = planner.step_time(spec, "hsdp", G6, "bf16-mixed", 128, 16, False, planner.Assumptions(overlap=False), grad_accum=8, sync="all-reduce-once")
+    assert serial["estimate"] == pytest.approx(serial["compute"] + serial["communication"], abs=1e-3)
+    assert serial["estimate"] > st["estimate"]
+
+
+def test_acceptance_plan_recommends_accumulation_and_tokens_per_s_on_the_reference_cluster() -> None:
+    doc = cli_json(["plan", "--model", "qwen2.5-1.5b", "--nodes", "2", "--gpus-per-node", "4", "--json"])
+    rec = doc["recommendation"]
+    assert rec["grad_accum"] > 1 and rec["tokens_per_s"] > 0
+    assert rec["tokens_per_step"] == rec["micro_batch"] * rec["grad_accum"] * 8 * 128 <= rec["max_global_batch"] == 131072
+    # The reference's own layout, 1 x 128 per GPU without accumulation, is what it beats.
+    ref = planner.recommend(get_spec("qwen2.5-1.5b"), G6, micro_batches=(1,), grad_accums=(1,), strategies=("fsdp",), policy="bf16-mixed")
+    assert ref.best is not None and rec["tokens_per_s"] > 20 * ref.best.tokens_per_s
+    assert rec["runner_up"] is not None and (rec["runner_up"]["strategy"], rec["runner_up"]["sync"]) != (rec["strategy"], rec["sync"])
+    assert rec["candidates_considered"] > 50 and rec["top"][0]["tokens_per_s"] >= rec["tokens_per_s"]
+    assert "runner-up" in rec["reason"] and "131,072 tokens" in rec["reason"]
+
+
+def test_recommend_is_the_fastest_that_fits_within_the_ceiling_and_honours_pinned_dimensions() -> None:
+    spec = get_spec("qwen2.5-1.5b")
+    rec = planner.recommend(spec, G6, seq_len=128)
+    assert rec.best is not None
+    fitting = [c for c in rec.candidates if c.fits]
+    assert all(c.tokens_per_step <= 131072 for c in rec.candidates)
+    assert rec.best.tokens_per_s >= max(c.tokens_per_s for c in fitting) * (1 - planner.DEFAULT_ASSUMPTIONS.tie_fraction)
+    assert {c.strategy for c in rec.candidates} == {"fsdp", "hsdp"} and {c.sync for c in rec.candidates} == {"every", "once", "all-reduce-once"}
+    assert not any(c.sync == "all-reduce-once" for c in rec.candidates if c.strategy == "fsdp")
+    # Each candidate is the planner's own arithmetic for that layout.
+    b = rec.best
+    again = planner.candidate(spec, b.strategy, G6, seq_len=128, micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync)
+    assert again == b
+    small = planner.recommend(spec, G6, seq_len=128, max_global_batch=16384)
+    assert small.best is not None and small.best.tokens_per_step <= 16384 < rec.best.tokens_per_step
+    pinned = planner.recommend(spec, G6, micro_batches=(2,), grad_accums=(4,), strategies=("fsdp",), syncs=("every",))
+    assert [(c.strategy, c.micro_batch, c.grad_accum, c.sync) for c in pinned.candidates] == [("fsdp", 2, 4, "every")]
+    # One node: no HSDP; a compute-bound single GPU takes the largest micro-batch, not accumulation.
+    h200 = planner.recommend(spec, planner.layout_for(1, 1, gpu="h200", network_gbps=100))
+    assert h200.best is not None and h200.best.strategy == "fsdp" and h200.best.grad_accum == 1 and h200.best.micro_batch >= 64
+    nothing = planner.recommend(spec, planner.layout_for(1, 1, gpu="l4", network_gbps=40))
+    assert nothing.best is None and "nothing fits" in nothing.reason and nothing.to_dict()["micro_batch"] == 0
+
+
+def test_plan_grad_accum_auto_shows_the_recommended_layouts_figures(clean_env: object) -> None:
+    doc = cli_json(["plan", "--model", "qwen2.5-1.5b", "--grad-accum", "auto", "--json"])
+    rec = doc["recommendation"]
+    assert (doc["strategy"], doc["micro_batch"], doc["grad_accum"], doc["sync"]) == (rec["strategy"], rec["micro_batch"], rec["grad_accum"], rec["sync"])
+    assert doc["step_time_s"]["tokens_per_s"] == rec["tokens_per_s"]
+    fixed = cli_json(["plan", "--model", "qwen2.5-1.5b", "--grad-accum", "4", "--micro-batch", "2", "--sync", "every", "--json"])
+    assert (fixed["grad_accum"], fixed["micro_batch"], fixed["strategies"]["hsdp"]["sync"]) == (4, 2, "every")
+    assert fixed["traffic_bytes_per_step"]["micro_batches"] == 4

@@ -52,6 +52,33 @@ def test_worker_env_is_decided_once_and_the_callers_value_wins(monkeypatch: pyte
 
 
 @pytest.mark.slow
+def test_a_local_ray_starts_without_the_background_work_nothing_reads() -> None:
+    """In a fresh process (the session's Ray would be reused): the local start's system config
+    reaches the GCS, its environment every actor, and the driver's environment is left as it was."""
+    code = """
+import json, os
+from raydlc import rayedge
+with rayedge.connected(workers=1, log_to_driver=False):
+    import ray
+    @ray.remote(num_cpus=0)
+    def env():
+        return {k: os.environ.get(k) for k in rayedge.LOCAL_ENV}
+    seen = {"config": ray._private.state.state.get_system_config(), "actor_env": ray.get(env.remote())}
+seen["driver_env_after"] = {k: os.environ.get(k) for k in rayedge.LOCAL_ENV}
+seen["table_after"] = rayedge.LOCAL_SYSTEM_CONFIG  # Ray adds keys to the dict it is given: a second start must not inherit them
+print(json.dumps(seen))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in rayedge.LOCAL_ENV and k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {k: seen["config"][k] for k in rayedge.LOCAL_SYSTEM_CONFIG} == rayedge.LOCAL_SYSTEM_CONFIG
+    assert seen["actor_env"] == rayedge.LOCAL_ENV
+    assert seen["driver_env_after"] == dict.fromkeys(rayedge.LOCAL_ENV)
+    assert seen["table_after"] == rayedge.LOCAL_SYSTEM_CONFIG
+
+
+@pytest.mark.slow
 def test_a_head_in_its_own_process_is_joined_by_address_and_streams_progress(tmp_path: Path) -> None:
     """The cluster entrypoint against a real head, as on a cluster: settings from the command line
     reach the workers, and each step's progress reaches the driver through Ray, not a file."""

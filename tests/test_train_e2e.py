@@ -74,7 +74,9 @@ def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: 
     from_file = M.summarize(M.read_jsonl(Path(s["metrics"])))
     assert {k: s[k] for k in from_file} == from_file
     seen = json.loads((Path(s["run_dir"]) / "run.json").read_text())  # the RunSpec as rank 0 validated it
-    assert seen["train"] == json.loads(base.updated(storage_path=seen["train"]["storage_path"], use_gpu=False).model_dump_json())
+    # ... with what the driver decided made concrete: the GPUs, and when gradients sync (one micro-batch: every).
+    decided = base.updated(storage_path=seen["train"]["storage_path"], use_gpu=False, grad_sync="every")
+    assert seen["train"] == json.loads(decided.model_dump_json())
     assert (seen["mesh"]["sharding"], seen["use_gpu"], seen["bf16"]) == ("fsdp", False, False)
     assert Path(s["checkpoint"]).name == "checkpoint_000006"
     run_dir = Path(s["run_dir"])
@@ -98,13 +100,19 @@ def test_one_worker_and_two_workers_take_the_same_steps(two_workers: dict[str, A
     assert fingerprints(one) == fingerprints(two_workers)
 
 
-def test_hsdp_two_replicas_matches_fsdp(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
-    hsdp = run(base.updated(sharding="hsdp", hsdp_replicas=2, storage_path=str(tmp_path)), QUIET)
+def test_hsdp_two_replicas_with_accumulation_matches_fsdp(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    """The whole product path (config, driver decision, RunSpec, the loop's micro-batches and FSDP2's
+    switches): HSDP, 2 accumulated micro-batches of 1, against FSDP with one micro-batch of 2."""
+    hsdp = run(base.updated(sharding="hsdp", hsdp_replicas=2, batch_size=1, grad_accum=2, storage_path=str(tmp_path)), QUIET)
     assert hsdp["sharding"] == "hsdp"
+    assert (hsdp["micro_batch"], hsdp["grad_accum"], hsdp["grad_sync"], hsdp["global_batch"]) == (1, 2, "all-reduce-once", 4)
+    assert (two_workers["micro_batch"], two_workers["grad_accum"], two_workers["global_batch"]) == (2, 1, 4)
     # The driver's plan and the mesh the workers built agree: 2 replicas of 1 rank, not (1, 2).
     assert hsdp["mesh"] == {"shape": [2, 1], "replicas": 2, "shard": 1, "ranks_per_node": [2], "built": [2, 1]}
     assert two_workers["mesh"] == {"shape": [2], "replicas": 1, "shard": 2, "ranks_per_node": [2], "built": [2]}
     assert_close(losses(hsdp), losses(two_workers))
+    assert fingerprints(hsdp) == fingerprints(two_workers)
+    assert json.loads((Path(hsdp["run_dir"]) / "run.json").read_text())["train"]["grad_accum"] == 2
 
 
 def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_workers: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:

@@ -19,24 +19,78 @@ from raydlc.train import layout
 LOCAL = TrainConfig().updated(**{FIELDS[k].key: v for k, v in LOCAL_DEFAULTS.items()})
 
 
+G6 = "g6.12xlarge"
+
+
 def test_auto_sharding_asks_the_planner_on_several_nodes_and_bad_names_fail() -> None:
     from raydlc.models import SPECS
     from raydlc.plan import recommend_sharding
 
-    big = SPECS["qwen2.5-1.5b"]
-    planned = recommend_sharding(big, 2, 4, None, 128, 1, instance_type="g6.12xlarge")
+    big, tiny = SPECS["qwen2.5-1.5b"], SPECS["tiny"]
+    planned = recommend_sharding(big, 2, 4, None, 128, 1, instance_type=G6)
     assert planned == "hsdp"  # 40 Gb/s between nodes: replicate across them, shard within
-    assert layout.resolve_sharding("auto", 2, 4, model=big, seq_len=128, micro_batch=1, instance_type="g6.12xlarge") == planned
-    assert layout.resolve_sharding("auto", 1, 4, model=big, instance_type="g6.12xlarge") == "fsdp"  # one node: one replica
-    assert layout.resolve_sharding("auto", 2, 4) == "fsdp"  # no architecture to plan with
-    assert layout.resolve_sharding("auto", 2, 1, model=SPECS["tiny"]) == "fsdp"  # local: no GPU type
-    assert layout.resolve_sharding("hsdp", 2, 4) == "hsdp"
-    assert layout.resolve_sharding("fsdp", 2, 4, model=big, instance_type="g6.12xlarge") == "fsdp"
+    t = TrainConfig(model_id="qwen2.5-1.5b", num_workers=8)
+
+    def sharding(train: TrainConfig, counts: list[int], model: object, instance_type: str | None) -> str:
+        return layout.decide(train, counts, model=model, instance_type=instance_type).sharding  # type: ignore[arg-type]
+
+    assert sharding(t, [4, 4], big, G6) == planned
+    assert sharding(t, [4], big, G6) == "fsdp"  # one node: one replica
+    assert sharding(t, [4, 4], None, G6) == "fsdp"  # no architecture to plan with
+    assert sharding(t, [1, 1], tiny, None) == "fsdp"  # local: no GPU type
+    assert sharding(t.updated(sharding="hsdp"), [4, 4], None, None) == "hsdp"
+    assert sharding(t.updated(sharding="fsdp"), [4, 4], big, G6) == "fsdp"
     with pytest.raises(InputError, match="zero"):
-        layout.resolve_sharding("zero", 1, 1)
+        layout.decide(TrainConfig.model_construct(**(t.model_dump() | {"sharding": "zero"})), [1], model=None, instance_type=None)
     # The driver plans `auto` on the nodes Ray grants: 8 GPU workers on 2 x 4 GPUs are HSDP (2, 4).
-    mesh = L.plan_layout(TrainConfig(model_id="qwen2.5-1.5b", num_workers=8), [4, 4], model=big, instance_type="g6.12xlarge")
-    assert (mesh.sharding, mesh.shape) == (planned, (2, 4))
+    mesh, decision = L.plan_layout(t, [4, 4], model=big, instance_type=G6)
+    assert (mesh.sharding, mesh.shape, decision.grad_accum, decision.micro_batch) == (planned, (2, 4), 1, 1)
+
+
+def test_grad_accum_auto_runs_the_planners_layout_on_a_known_cluster_and_1_locally() -> None:
+    from raydlc import plan as planner
+    from raydlc.models import SPECS
+
+    big, tiny = SPECS["qwen2.5-1.5b"], SPECS["tiny"]
+    t = TrainConfig(model_id="qwen2.5-1.5b", num_workers=8, grad_accum="auto", use_gpu=True)
+    d = layout.decide(t, [4, 4], model=big, instance_type=G6)
+    best = planner.recommend(big, planner.layout_for(2, 4, instance_type=G6), seq_len=128).best
+    assert best is not None and d.planned and d.note.startswith("planned: ")
+    assert (d.sharding, d.micro_batch, d.grad_accum, d.grad_sync) == (best.strategy, best.micro_batch, best.grad_accum, best.sync)
+    assert d.grad_accum > 1 and d.micro_batch * d.grad_accum * 8 * 128 <= t.max_global_batch
+    applied = d.apply(t)
+    assert (applied.batch_size, applied.grad_accum, applied.grad_sync) == (d.micro_batch, d.grad_accum, d.grad_sync)
+    assert L.global_sequences(applied) == d.micro_batch * d.grad_accum * 8
+    # The training set caps the global batch too, and so does MAX_GLOBAL_BATCH.
+    few = layout.decide(t, [4, 4], model=big, instance_type=G6, max_sequences=100)
+    assert few.micro_batch * few.grad_accum * 8 <= 100
+    low = layout.decide(t.updated(max_global_batch=8192), [4, 4], model=big, instance_type=G6)
+    assert low.micro_batch * low.grad_accum * 8 * 128 <= 8192
+    # A fixed accumulation keeps BATCH_SIZE; GRAD_SYNC=auto is the planner's fastest mode at it.
+    fixed = layout.decide(t.updated(grad_accum=4, batch_size=2), [4, 4], model=big, instance_type=G6)
+    assert (fixed.micro_batch, fixed.grad_accum) == (2, 4) and fixed.grad_sync in planner.SYNCS[fixed.sharding]
+    # Locally there is no GPU type to plan with: accumulation 1, and the note says so.
+    local = layout.decide(t.updated(model_id="tiny", num_workers=2, batch_size=8), [2], model=tiny, instance_type=None)
+    assert (local.grad_accum, local.micro_batch, local.planned) == (1, 8, False)
+    assert "GRAD_ACCUM=auto" in local.note and "no known GPU type" in local.note
+    # Without a plan, the sync mode is the FSDP2 switch for the sharding.
+    plain = TrainConfig(model_id="tiny", num_workers=2, grad_accum=4)
+    assert layout.decide(plain, [2], model=tiny, instance_type=None).grad_sync == "once"
+    assert layout.decide(plain.updated(sharding="hsdp", hsdp_replicas=2), [2], model=tiny, instance_type=None).grad_sync == "all-reduce-once"
+    assert layout.decide(plain.updated(grad_accum=1), [2], model=tiny, instance_type=None).grad_sync == "every"
+    with pytest.raises(InputError, match="needs HSDP"):
+        layout.decide(plain.updated(sharding="fsdp", grad_sync="all-reduce-once"), [2], model=tiny, instance_type=None)
+
+
+def test_prepare_counts_accumulation_in_the_global_batch(tmp_path: Path) -> None:
+    data = tmp_path / "d.txt"
+    data.write_text(" ".join(f"word{i % 50}" for i in range(3000)))
+    train = TrainConfig(model_id="tiny", num_workers=2, seq_len=32, batch_size=4, data=str(data), storage_path=str(tmp_path / "o"))
+    p = L.prepare(train, L.Target())
+    assert p.decision is not None and p.decision.grad_accum == 1 and p.n_train >= 8
+    too_many = p.n_train // 8 + 1  # 2 workers x 4 sequences x this many micro-batches outgrows the data
+    with pytest.raises(InputError, match=f"one global batch of {8 * too_many}"):
+        L.prepare(train.updated(grad_accum=too_many), L.Target())
 
 
 def test_cluster_spec_carries_the_gpu_type_for_the_planner(clean_env: Path) -> None:
@@ -45,6 +99,8 @@ def test_cluster_spec_carries_the_gpu_type_for_the_planner(clean_env: Path) -> N
     cfg = load_config(env={})
     assert L.target(cfg, local=False).instance_type == "g6.12xlarge"
     assert L.target(cfg, local=True).instance_type is None
+    # `raydlc train --address` keeps the local defaults but joins the cluster: it plans with its GPU type.
+    assert L.target(cfg, local=True, address="127.0.0.1:6379").instance_type == "g6.12xlarge"
 
 
 def test_mesh_shape_replicates_across_nodes_and_shards_within() -> None:

@@ -80,6 +80,12 @@ def test_runspec_round_trips_through_json_and_is_validated_again_on_the_worker_s
     assert back == s and isinstance(back.mesh, Mesh) and back.mesh.shape == (2, 1)
     assert (back.train.weight_decay, back.train.warmup_steps, back.crash) == (0.1, 3, Crash(rank=1, step=5))
     assert back.checkpoint_meta() == {"model": "tiny", "spec": "tiny", "seq_len": 128, "global_batch": 2, "seed": 0, "data": "abc"}
+    # Accumulation is part of the global batch (the data order), and arrives decided.
+    assert spec(train=TrainConfig(model_id="tiny", num_workers=2, batch_size=3, grad_accum=4)).global_batch == 3 * 4 * 2
+    with pytest.raises(ValidationError, match="decided accumulation"):
+        spec(train=TrainConfig(grad_accum="auto"))
+    with pytest.raises(ValidationError, match="needs an HSDP mesh"):
+        spec(train=TrainConfig(grad_accum=2, grad_sync="all-reduce-once"), mesh=plan_mesh("fsdp", [2]))
     wire = json.loads(s.to_wire())
     wire["train"]["steps"] = 0
     with pytest.raises(ValidationError, match="at least 1"):
@@ -93,10 +99,10 @@ def test_a_layout_on_several_nodes_needs_storage_every_node_sees(tmp_path: Path)
     from raydlc.errors import ConfigError
 
     train = TrainConfig(model_id="tiny", num_workers=8, storage_path=str(tmp_path))
-    two_nodes = L.plan_layout(train, [4, 4, 0], model=None, instance_type=None)
+    two_nodes, _ = L.plan_layout(train, [4, 4, 0], model=None, instance_type=None)
     assert two_nodes.nodes == 2
     with pytest.raises(ConfigError, match="STORAGE_PATH: 2 nodes need storage every node sees"):
         L.check_storage(train, two_nodes)
     L.check_storage(train.updated(storage_shared=True), two_nodes)
     L.check_storage(train.updated(storage_path="s3://bucket/runs"), two_nodes)
-    L.check_storage(train, L.plan_layout(train, [8], model=None, instance_type=None))  # one node: its disk will do
+    L.check_storage(train, L.plan_layout(train, [8], model=None, instance_type=None)[0])  # one node: its disk will do

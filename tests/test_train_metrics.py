@@ -22,6 +22,15 @@ def test_summary_uses_first_and_last_loss_and_skips_the_warm_up_step() -> None:
     assert M.summarize([])["final_loss"] is None
 
 
+def test_steps_read_together_on_a_gpu_leave_the_whole_first_window_out() -> None:
+    """Steps 1-3 read at once share one window's time, warm-up included; so do steps 4-6."""
+    recs = [{"step": s, "loss": 1.0, "tokens": 100, "step_time_s": 3.0 if s <= 3 else 1.0, "time": 10.0 if s <= 3 else 13.0} for s in range(1, 7)]
+    s = M.summarize(recs)
+    assert (s["step_time_s"], s["tokens_per_s"]) == (1.0, 100.0)
+    cpu = [{"step": s, "loss": 1.0, "tokens": 100, "step_time_s": 9.0 if s == 1 else 1.0, "time": float(s)} for s in range(1, 4)]
+    assert M.summarize(cpu)["step_time_s"] == 1.0  # one step per read: only the first is left out
+
+
 def test_jsonl_round_trip_and_plot_is_a_png(tmp_path: Path) -> None:
     M.write_jsonl(records(), tmp_path / "m.jsonl")
     assert M.read_jsonl(tmp_path / "m.jsonl") == records()

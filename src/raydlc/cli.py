@@ -282,24 +282,31 @@ def plan_cmd(
         None, "--network-gbps", callback=_finite, help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."
     ),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
-    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per step [BATCH_SIZE]."),
-    policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute) or pure-bf16."),
-    strategy: str = typer.Option("fsdp", "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed)."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per micro-batch [BATCH_SIZE]."),
+    grad_accum: str | None = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step, or auto: the figures of the recommended layout [GRAD_ACCUM]."),
+    sync: str | None = typer.Option(None, "--sync", help="Gradient sync with accumulation: every, once, all-reduce-once (HSDP), auto [GRAD_SYNC]."),
+    max_global_batch: int | None = typer.Option(None, "--max-global-batch", help="Most tokens per optimizer step the recommendation may use [MAX_GLOBAL_BATCH]."),
+    policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute), pure-bf16 or fp32."),
+    strategy: str | None = typer.Option(None, "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed); default fsdp, or the recommended one with --grad-accum auto."),
     activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each block in backward."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Per-GPU memory, per-step traffic and step time for FSDP and HSDP, and the recommended choice."""
+    """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits."""
     from raydlc import plan as planner
     from raydlc.models import get_spec
 
-    cfg = load(ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch)
+    cfg = load(
+        ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch, GRAD_ACCUM=grad_accum,
+        GRAD_SYNC=sync, MAX_GLOBAL_BATCH=max_global_batch,
+    )
     layout = planner.layout_for(
         cfg.gpu_nodes.count, cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node,
         gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps,
     )
+    t = cfg.train
     result = planner.plan(
-        get_spec(cfg.train.model_id), layout, seq_len=cfg.train.seq_len, micro_batch=cfg.train.batch_size,
-        policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
+        get_spec(t.model_id), layout, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync,
+        max_global_batch=t.max_global_batch, policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
     )
     if json_:
         emit_json(result.to_dict())
@@ -368,6 +375,7 @@ def train(
     out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [STORAGE_PATH; default: ./raydlc-out]."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN; default: 128]."),
     batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [BATCH_SIZE; local default: 8]."),
+    grad_accum: str | None = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step, or auto: the planner's micro-batch and accumulation on a known GPU cluster [GRAD_ACCUM]."),
     lr: float | None = typer.Option(None, "--lr", callback=_finite, help="AdamW learning rate [LEARNING_RATE; local default: 0.002]."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end [CHECKPOINT_EVERY; local default: 100]."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the model init, data order and eval split [SEED]."),
@@ -400,6 +408,7 @@ def train(
         STORAGE_PATH=str(out) if out is not None else None,
         SEQ_LEN=seq_len,
         BATCH_SIZE=batch_size,
+        GRAD_ACCUM=grad_accum,
         LEARNING_RATE=lr,
         CHECKPOINT_EVERY=checkpoint_every,
         SEED=seed,

@@ -350,6 +350,13 @@ class TrainConfig(_Section):
     steps: int = _env("STEPS", "optimizer steps", default=5)
     seq_len: int = _env("SEQ_LEN", "tokens per sequence", default=128)
     batch_size: int = _env("BATCH_SIZE", "sequences per worker per step (micro-batch)", default=1)
+    grad_accum: int | Literal["auto"] = _env(
+        "GRAD_ACCUM", "micro-batches per optimizer step; auto = the planner's micro-batch and accumulation on a known GPU cluster (1 elsewhere)", default=1
+    )
+    grad_sync: Literal["auto", "every", "once", "all-reduce-once"] = _env(
+        "GRAD_SYNC", "when accumulated gradients are reduced: every micro-batch, once per step, or (HSDP) all-reduce once; auto = the planner's, else once (FSDP) / all-reduce-once (HSDP)", default="auto"
+    )
+    max_global_batch: int = _env("MAX_GLOBAL_BATCH", "most tokens per optimizer step GRAD_ACCUM=auto may choose", default=131072)
     learning_rate: float = _env("LEARNING_RATE", "AdamW learning rate", default=2e-5)
     num_workers: int = _env("NUM_WORKERS", "Ray Train workers; 0 = one per GPU in the cluster", default=0)
     data: str | None = _env("DATA", "training data: .txt/.jsonl file or dir, or a dataset id; empty = bundled corpus", default=None)
@@ -375,11 +382,33 @@ class TrainConfig(_Section):
     storage_shared: bool = _env("STORAGE_SHARED", "STORAGE_PATH is a file system every node mounts (EFS, FSx, NFS)", default=False)
     preflight: bool = _env("PREFLIGHT", "measure collective bandwidth on the workers first; stop if it fails", default=False)
 
-    @field_validator("steps", "seq_len", "batch_size", "report_every")
+    @field_validator("steps", "seq_len", "batch_size", "report_every", "max_global_batch")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"must be at least 1, got {v}")
+        return v
+
+    @field_validator("grad_accum", mode="before")
+    @classmethod
+    def _accum_word(cls, v: Any) -> Any:
+        """One message for anything that is neither a whole number nor `auto` (not one per union member)."""
+        if isinstance(v, str):
+            v = v.strip().lower()
+            if v == "auto":
+                return v
+            if not v.lstrip("+-").isdigit():
+                raise ValueError(f"must be a whole number of micro-batches or auto, got {v!r}")
+            return int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be a whole number of micro-batches or auto, got {v!r}")
+        return v
+
+    @field_validator("grad_accum")
+    @classmethod
+    def _accum(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be at least 1, or auto, got {v}")
         return v
 
     @field_validator("num_workers", "checkpoint_every", "max_failures", "warmup_steps", "seed", "eval_every", "hsdp_replicas")

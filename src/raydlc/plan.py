@@ -7,6 +7,14 @@ parameters in their original dtype (fp32 under a bf16 MixedPrecisionPolicy, so t
 unit, with the embeddings, stays gathered through all of forward and again all of backward),
 and moves every parameter across the node boundary three times per step. Everything here is arithmetic on
 a `ModelSpec`; the assumptions that are not arithmetic are fields of `Assumptions`.
+
+Gradient accumulation changes all three: N micro-batches per optimizer step pay the
+all-gathers N times but, with FSDP2's switches, the gradient reductions once
+(`set_requires_gradient_sync(False)`, which keeps every unit's unsharded gradient until the
+last micro-batch) or, for HSDP, only the cross-node all-reduce once
+(`set_requires_all_reduce(False)`, reduce-scatter inside the node every micro-batch).
+`recommend` weighs every sharding × micro-batch × accumulation × sync mode that fits and
+returns the fastest by tokens/s, with the runner-up and the candidates it compared.
 """
 
 from __future__ import annotations
@@ -19,11 +27,18 @@ from raydlc import catalog
 from raydlc.errors import InputError
 from raydlc.models import ModelSpec
 
-Policy = Literal["bf16-mixed", "pure-bf16"]
+Policy = Literal["bf16-mixed", "pure-bf16", "fp32"]
 Strategy = Literal["fsdp", "hsdp"]
-POLICIES: tuple[str, ...] = ("bf16-mixed", "pure-bf16")
+Sync = Literal["every", "once", "all-reduce-once"]
+POLICIES: tuple[str, ...] = ("bf16-mixed", "pure-bf16", "fp32")
 STRATEGIES: tuple[str, ...] = ("fsdp", "hsdp")
+SYNCS: dict[str, tuple[str, ...]] = {"fsdp": ("every", "once"), "hsdp": ("every", "once", "all-reduce-once")}
 GB = 1e9
+# The global-batch ceiling of the search, in tokens per optimizer step. Supervised fine-tuning
+# recipes use ~64k (Alpaca: 128 x 512) to ~256k tokens per step (Llama 2's SFT: 64 x 4096);
+# 128 Ki tokens sits between, so accumulation can amortise the gradient traffic without the
+# planner winning by a batch no fine-tune would use.
+DEFAULT_MAX_GLOBAL_BATCH = 131072
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,8 @@ PRECISION: dict[str, PrecisionBytes] = {
     "bf16-mixed": PrecisionBytes(param=4, grad=4, optimizer=8, master=0, compute=2, reduce=4),
     # The model itself in bf16, no MixedPrecisionPolicy: 2 + 2 + 4 bytes per parameter.
     "pure-bf16": PrecisionBytes(param=2, grad=2, optimizer=4, master=0, compute=2, reduce=2),
+    # No policy on an fp32 model (BF16=false, the CPU runs): everything in fp32.
+    "fp32": PrecisionBytes(param=4, grad=4, optimizer=8, master=0, compute=4, reduce=4),
 }
 
 
@@ -57,7 +74,10 @@ class Assumptions:
     nvlink_gbytes_s: float = 200.0  # inside p4d/p5 nodes, GB/s per direction
     overhead_fixed_bytes: int = 1 << 30  # CUDA context, NCCL buffers, cuBLAS workspace
     overhead_fraction: float = 0.05  # caching-allocator fragmentation on top of everything else
-    overlap: bool = True  # FSDP2 prefetch overlaps communication with compute
+    # FSDP2's prefetch overlaps each micro-batch's collectives with that micro-batch's compute;
+    # the reductions paid once per step run in the last micro-batch's backward and overlap only it.
+    overlap: bool = True
+    tie_fraction: float = 0.02  # layouts this close to the fastest count as as fast: the smaller global batch wins
 
 
 DEFAULT_ASSUMPTIONS = Assumptions()
@@ -82,11 +102,71 @@ class StrategyPlan:
     strategy: str
     shard_size: int
     replicate_size: int
+    sync: str
     per_gpu_bytes: dict[str, int]
     fits: bool
     max_micro_batch: int
     traffic_bytes_per_step: dict[str, Any]
     step_time_s: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run an optimizer step: what `recommend` compares."""
+
+    strategy: str
+    micro_batch: int
+    grad_accum: int
+    sync: str
+    global_batch: int  # sequences per optimizer step, all ranks and micro-batches
+    tokens_per_step: int
+    per_gpu_bytes: int  # the total that must fit
+    fits: bool
+    step_time_s: float
+    tokens_per_s: float
+    bound: str
+    cross_node_bytes_per_node: int
+    intra_node_bytes_per_gpu: int
+
+    @property
+    def mode(self) -> tuple[str, str]:
+        """Sharding and sync mode; with one micro-batch every sync mode is the same step."""
+        return self.strategy, self.sync if self.grad_accum > 1 else "every"
+
+    def describe(self) -> str:
+        accum = f" x {self.grad_accum} accumulated, sync {self.sync}" if self.grad_accum > 1 else ""
+        return f"{self.strategy}, micro-batch {self.micro_batch}{accum}"
+
+
+@dataclass
+class Recommendation:
+    best: Candidate | None
+    runner_up: Candidate | None
+    candidates: list[Candidate]  # every layout compared, fastest first (those that fit before those that do not)
+    max_global_batch: int  # tokens per step the search allowed
+    reason: str
+    micro_batch_reason: str
+
+    def to_dict(self, top: int = 8) -> dict[str, Any]:
+        b = self.best
+        return {
+            "strategy": b.strategy if b else "fsdp",
+            "micro_batch": b.micro_batch if b else 0,
+            "grad_accum": b.grad_accum if b else 1,
+            "sync": b.sync if b else "every",
+            "global_batch": b.global_batch if b else 0,
+            "tokens_per_step": b.tokens_per_step if b else 0,
+            "tokens_per_s": b.tokens_per_s if b else 0.0,
+            "step_time_s": b.step_time_s if b else None,
+            "per_gpu_bytes": b.per_gpu_bytes if b else None,
+            "bound": b.bound if b else None,
+            "reason": self.reason,
+            "micro_batch_reason": self.micro_batch_reason,
+            "max_global_batch": self.max_global_batch,
+            "runner_up": asdict(self.runner_up) if self.runner_up else None,
+            "candidates_considered": len(self.candidates),
+            "top": [asdict(c) for c in self.candidates[:top]],
+        }
 
 
 @dataclass
@@ -96,10 +176,12 @@ class Plan:
     policy: str
     seq_len: int
     micro_batch: int
+    grad_accum: int
     activation_checkpointing: bool
     layout: dict[str, Any]
     gpu_memory_bytes: int
     strategy: str
+    sync: str
     per_gpu_bytes: dict[str, int]
     activations_bytes: dict[str, int]
     traffic_bytes_per_step: dict[str, Any]
@@ -153,6 +235,19 @@ def activation_bytes(spec: ModelSpec, seq_len: int, micro_batch: int, checkpoint
     return sum(activation_parts(spec, seq_len, micro_batch, checkpointing).values())
 
 
+def default_sync(strategy: str, grad_accum: int = 2) -> str:
+    """The sync mode a run uses when nothing chose one: the issue's FSDP2 switch for each sharding."""
+    if grad_accum <= 1:
+        return "every"
+    return "all-reduce-once" if strategy == "hsdp" else "once"
+
+
+def _sync_for(strategy: str, sync: str, grad_accum: int) -> str:
+    if sync == "auto" or sync not in SYNCS[strategy]:
+        return default_sync(strategy, grad_accum)
+    return sync
+
+
 def memory_bytes(
     spec: ModelSpec,
     shard_size: int,
@@ -161,12 +256,25 @@ def memory_bytes(
     micro_batch: int,
     checkpointing: bool,
     a: Assumptions = DEFAULT_ASSUMPTIONS,
+    *,
+    grad_accum: int = 1,
+    sync: str = "every",
 ) -> dict[str, int]:
-    """Per-GPU bytes by component; `total` is what must fit in the GPU's memory."""
+    """Per-GPU bytes by component; `total` is what must fit in the GPU's memory.
+
+    `accumulated_grads` is what accumulation keeps between micro-batches: with sync `once`
+    every unit's unsharded gradient in the reduce dtype (FSDP2 upcasts it after each
+    backward), with `all-reduce-once` the reduce-scattered shard waiting for the all-reduce.
+    """
     pb = PRECISION[policy]
     p = spec.param_count()
     local = math.ceil(p / shard_size)
     root, block = root_unit_params(spec), spec.layer_params()
+    accumulated = 0
+    if grad_accum > 1 and sync == "once":
+        accumulated = p * pb.reduce
+    elif grad_accum > 1 and sync == "all-reduce-once":
+        accumulated = local * pb.reduce
     out = {
         "params": local * pb.param,
         "grads": local * pb.grad,
@@ -177,6 +285,7 @@ def memory_bytes(
         "unsharded_params": (root + 2 * block) * pb.compute,
         # A unit's full gradient before reduce-scatter, plus its reduce_dtype copy when that differs.
         "unsharded_grads": max(root, block) * (pb.compute + (pb.reduce if pb.reduce != pb.compute else 0)),
+        "accumulated_grads": accumulated,
         "activations": activation_bytes(spec, seq_len, micro_batch, checkpointing),
     }
     subtotal = sum(out.values())
@@ -193,12 +302,13 @@ def _layout_groups(strategy: str, layout: Layout) -> tuple[int, int]:
 
 def max_micro_batch(
     spec: ModelSpec, shard_size: int, policy: str, seq_len: int, checkpointing: bool, capacity: int,
-    a: Assumptions = DEFAULT_ASSUMPTIONS, limit: int = 1 << 16,
+    a: Assumptions = DEFAULT_ASSUMPTIONS, limit: int = 1 << 16, *, grad_accum: int = 1, sync: str = "every",
 ) -> int:
     """The largest micro-batch whose total fits `capacity`; 0 when not even one sequence fits."""
 
     def fits(b: int) -> bool:
-        return memory_bytes(spec, shard_size, policy, seq_len, b, checkpointing, a)["total"] <= capacity
+        mem = memory_bytes(spec, shard_size, policy, seq_len, b, checkpointing, a, grad_accum=grad_accum, sync=sync)
+        return mem["total"] <= capacity
 
     if not fits(1):
         return 0
@@ -212,16 +322,8 @@ def max_micro_batch(
     return lo
 
 
-def traffic_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -> dict[str, Any]:
-    """Bytes each GPU receives per step (ring collectives), and what crosses each node's NIC.
-
-    FSDP: every unit is all-gathered in forward and again in backward, except the root unit
-    and the last block, which apply_fsdp keeps unsharded from forward into backward (measured:
-    one all-gather each per step); every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
-    much as each intra-node link, so a node's NIC moves one GPU's full share.
-    HSDP: the same three collectives inside the node, then an all-reduce of each GPU's
-    gradient shard with its peers on the other nodes; G such all-reduces share the node's NIC.
-    """
+def _micro_batch_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -> tuple[float, float, float]:
+    """(all-gather, reduce-scatter, all-reduce) bytes each GPU receives for one micro-batch that reduces."""
     pb = PRECISION[policy]
     p = spec.param_count()
     resharded = p - spec.layer_params() - root_unit_params(spec)
@@ -230,6 +332,34 @@ def traffic_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -
     ag = f * (p + resharded) * pb.compute
     rs = f * p * pb.reduce
     ar = 2 * _ring(replicate) * math.ceil(p / shard) * pb.reduce
+    return ag, rs, ar
+
+
+def _reductions(grad_accum: int, sync: str) -> tuple[int, int]:
+    """How many reduce-scatters and all-reduces one optimizer step of `grad_accum` micro-batches runs."""
+    rs = 1 if sync == "once" else grad_accum
+    ar = grad_accum if sync == "every" else 1
+    return rs, ar
+
+
+def traffic_bytes(
+    spec: ModelSpec, strategy: str, layout: Layout, policy: str, *, grad_accum: int = 1, sync: str = "every"
+) -> dict[str, Any]:
+    """Bytes each GPU receives per optimizer step (ring collectives), and what crosses each node's NIC.
+
+    FSDP: every unit is all-gathered in forward and again in backward, except the root unit
+    and the last block, which apply_fsdp keeps unsharded from forward into backward (measured:
+    one all-gather each per step); every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
+    much as each intra-node link, so a node's NIC moves one GPU's full share.
+    HSDP: the same three collectives inside the node, then an all-reduce of each GPU's
+    gradient shard with its peers on the other nodes; G such all-reduces share the node's NIC.
+    With `grad_accum` micro-batches the all-gathers run for each; the reductions for each
+    (`every`), once (`once`), or the reduce-scatter for each and the all-reduce once
+    (`all-reduce-once`).
+    """
+    ag1, rs1, ar1 = _micro_batch_bytes(spec, strategy, layout, policy)
+    n_rs, n_ar = _reductions(grad_accum, sync)
+    ag, rs, ar = grad_accum * ag1, n_rs * rs1, n_ar * ar1
     if strategy == "hsdp":
         intra, cross_node = ag + rs, layout.gpus_per_node * ar
     else:
@@ -244,11 +374,13 @@ def traffic_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -
         "cross_node_per_node": int(cross_node),
         "cross_node_per_gpu": int(cross_node / layout.gpus_per_node),
         "cross_node_share": round(cross_node / layout.gpus_per_node / per_gpu, 4) if per_gpu else 0.0,
+        "micro_batches": grad_accum,
+        "sync": sync,
     }
 
 
 def flops_per_step(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> float:
-    """Per GPU: 6 x params per token (8 with the forward recomputed) plus attention scores."""
+    """Per GPU and micro-batch: 6 x params per token (8 with the forward recomputed) plus attention scores."""
     tokens = seq_len * micro_batch
     passes = 8 if checkpointing else 6
     attention = (passes * 2) * spec.num_layers * spec.hidden_size * seq_len
@@ -257,23 +389,42 @@ def flops_per_step(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointin
 
 def step_time(
     spec: ModelSpec, strategy: str, layout: Layout, policy: str, seq_len: int, micro_batch: int,
-    checkpointing: bool, a: Assumptions = DEFAULT_ASSUMPTIONS,
+    checkpointing: bool, a: Assumptions = DEFAULT_ASSUMPTIONS, *, grad_accum: int = 1, sync: str = "every",
 ) -> dict[str, Any]:
-    """Compute vs communication per step; the larger bounds it when FSDP2's prefetch overlaps them."""
+    """Compute vs communication per optimizer step, and the tokens per second that makes.
+
+    With overlap (FSDP2's prefetch) a micro-batch takes the larger of its compute and its
+    collectives; the reductions paid once per step belong to the last micro-batch, whose
+    backward is the only compute they can hide behind. Without overlap everything adds up.
+    """
     gpu = catalog.GPUS[layout.gpu]
-    t = traffic_bytes(spec, strategy, layout, policy)
-    compute = flops_per_step(spec, seq_len, micro_batch, checkpointing) / (gpu.bf16_tflops * 1e12 * a.mfu)
+    n = grad_accum
+    compute_one = flops_per_step(spec, seq_len, micro_batch, checkpointing) / (gpu.bf16_tflops * 1e12 * a.mfu)
+    ag, rs, ar = _micro_batch_bytes(spec, strategy, layout, policy)
+    # A micro-batch before the last reduces what the sync mode reduces every time; the last reduces all.
+    rs_each = rs if sync != "once" else 0.0
+    ar_each = ar if sync == "every" else 0.0
     intra_rate = (a.nvlink_gbytes_s if layout.nvlink else a.pcie_gbytes_s) * GB
-    intra = t["intra_node_per_gpu"] / intra_rate
+    tokens = micro_batch * seq_len * n * layout.world
+
+    def phases(ag_b: float, rs_b: float, ar_b: float, rate: float) -> tuple[float, float, float]:
+        intra = (ag_b + rs_b) / intra_rate
+        cross = layout.gpus_per_node * ar_b if strategy == "hsdp" else ((ag_b + rs_b) if layout.nodes > 1 else 0.0)
+        network = cross / rate if rate else (math.inf if cross else 0.0)
+        # One FSDP ring runs at its slowest link; HSDP's intra-node and cross-node phases follow each other.
+        return (max(intra, network) if strategy == "fsdp" else intra + network), intra, network
 
     def estimate(efficiency: float) -> dict[str, Any]:
         rate = layout.network_gbps / 8 * GB * efficiency
-        network = t["cross_node_per_node"] / rate if rate else math.inf
-        # One FSDP ring runs at its slowest link; HSDP's intra-node and cross-node phases follow each other.
-        comm = max(intra, network) if strategy == "fsdp" else intra + network
+        each, each_intra, each_net = phases(ag, rs_each, ar_each, rate)
+        last, last_intra, last_net = phases(ag, rs, ar, rate)
+        compute = n * compute_one
+        comm = (n - 1) * each + last
+        network = (n - 1) * each_net + last_net
+        intra = (n - 1) * each_intra + last_intra
         parts = {"compute": compute, "network": network, "intra-node": intra}
         bound = max(parts, key=lambda k: parts[k])
-        total = max(compute, comm) if a.overlap else compute + comm
+        total = (n - 1) * max(compute_one, each) + max(compute_one, last) if a.overlap else compute + comm
         return {
             "estimate": round(total, 4),
             "bound": bound,
@@ -283,68 +434,186 @@ def step_time(
             "intra_node": round(intra, 4),
             "no_overlap": round(compute + comm, 4),
             "network_gbytes_s": round(rate / GB, 3),
+            "tokens_per_step": tokens,
+            "tokens_per_s": round(tokens / total, 1) if total > 0 else 0.0,
         }
 
     efa, tcp = estimate(a.efa_efficiency), estimate(a.tcp_efficiency)
     chosen = efa if layout.efa else tcp
-    return chosen | {"transport": "efa" if layout.efa else "tcp", "efa": efa, "tcp": tcp}
+    return chosen | {"transport": "efa" if layout.efa else "tcp", "micro_batches": n, "sync": sync, "efa": efa, "tcp": tcp}
 
 
 def _strategy_plan(
     spec: ModelSpec, strategy: str, layout: Layout, policy: str, seq_len: int, micro_batch: int,
-    checkpointing: bool, capacity: int, a: Assumptions,
+    checkpointing: bool, capacity: int, a: Assumptions, grad_accum: int, sync: str,
 ) -> StrategyPlan:
     shard, replicate = _layout_groups(strategy, layout)
-    mem = memory_bytes(spec, shard, policy, seq_len, micro_batch, checkpointing, a)
+    sync = _sync_for(strategy, sync, grad_accum)
+    acc = {"grad_accum": grad_accum, "sync": sync}
+    mem = memory_bytes(spec, shard, policy, seq_len, micro_batch, checkpointing, a, **acc)
     return StrategyPlan(
         strategy=strategy,
         shard_size=shard,
         replicate_size=replicate,
+        sync=sync,
         per_gpu_bytes=mem,
         fits=mem["total"] <= capacity,
-        max_micro_batch=max_micro_batch(spec, shard, policy, seq_len, checkpointing, capacity, a),
-        traffic_bytes_per_step=traffic_bytes(spec, strategy, layout, policy),
-        step_time_s=step_time(spec, strategy, layout, policy, seq_len, micro_batch, checkpointing, a),
+        max_micro_batch=max_micro_batch(spec, shard, policy, seq_len, checkpointing, capacity, a, **acc),
+        traffic_bytes_per_step=traffic_bytes(spec, strategy, layout, policy, **acc),
+        step_time_s=step_time(spec, strategy, layout, policy, seq_len, micro_batch, checkpointing, a, **acc),
     )
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def gpu_capacity(layout: Layout) -> int:
+    return int(catalog.GPUS[layout.gpu].memory_gib * (1 << 30))
+
+
+def candidate(
+    spec: ModelSpec, strategy: str, layout: Layout, *, seq_len: int, micro_batch: int, grad_accum: int, sync: str,
+    policy: str = "bf16-mixed", activation_checkpointing: bool = False, a: Assumptions = DEFAULT_ASSUMPTIONS,
+) -> Candidate:
+    """One layout's memory, traffic and speed, in the form `recommend` compares."""
+    shard, _ = _layout_groups(strategy, layout)
+    acc = {"grad_accum": grad_accum, "sync": sync}
+    mem = memory_bytes(spec, shard, policy, seq_len, micro_batch, activation_checkpointing, a, **acc)["total"]
+    traffic = traffic_bytes(spec, strategy, layout, policy, **acc)
+    st = step_time(spec, strategy, layout, policy, seq_len, micro_batch, activation_checkpointing, a, **acc)
+    return Candidate(
+        strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum, sync=sync,
+        global_batch=micro_batch * grad_accum * layout.world, tokens_per_step=st["tokens_per_step"],
+        per_gpu_bytes=mem, fits=mem <= gpu_capacity(layout), step_time_s=st["estimate"], tokens_per_s=st["tokens_per_s"],
+        bound=st["bound"], cross_node_bytes_per_node=traffic["cross_node_per_node"], intra_node_bytes_per_gpu=traffic["intra_node_per_gpu"],
+    )
+
+
+def recommend(
+    spec: ModelSpec,
+    layout: Layout,
+    *,
+    seq_len: int = 128,
+    policy: str = "bf16-mixed",
+    activation_checkpointing: bool = False,
+    max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH,
+    strategies: tuple[str, ...] | None = None,
+    micro_batches: tuple[int, ...] | None = None,
+    grad_accums: tuple[int, ...] | None = None,
+    syncs: tuple[str, ...] | None = None,
+    assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
+) -> Recommendation:
+    """The fastest layout that fits, by tokens/s, among sharding x micro-batch x accumulation x sync.
+
+    Unconstrained, micro-batches and accumulations are powers of two whose global batch stays
+    within `max_global_batch` tokens (one micro-batch of one sequence per GPU always counts).
+    Each of `strategies`, `micro_batches`, `grad_accums`, `syncs` pins that dimension (what a
+    run fixed in its config). Layouts within `tie_fraction` of the fastest are as fast: the
+    largest micro-batch wins (the assumed MFU does not fall for small matmuls, a real GPU's
+    does), then the fewest micro-batches (accumulation only where it buys speed), then the
+    least memory. The runner-up is the fastest layout of another sharding or sync mode.
+    """
+    a = assumptions
+    capacity = gpu_capacity(layout)
+    world = layout.world
+    if strategies is None:
+        strategies = STRATEGIES if layout.nodes > 1 else ("fsdp",)
+    within = lambda mb, n: mb * n * world * seq_len <= max_global_batch
+    seen: set[tuple[str, int, int, str]] = set()
+    out: list[Candidate] = []
+    for strategy in strategies:
+        shard, _ = _layout_groups(strategy, layout)
+        modes = [m for m in SYNCS[strategy] if syncs is None or m in syncs]
+        for sync in modes:
+            if micro_batches is not None:
+                mbs = list(micro_batches)
+            else:
+                top = max_micro_batch(spec, shard, policy, seq_len, activation_checkpointing, capacity, a)
+                mbs = [mb for mb in _pow2_upto(max(top, 1)) if mb == 1 or within(mb, 1)]
+            for mb in mbs:
+                ns = list(grad_accums) if grad_accums is not None else [n for n in _pow2_upto(max_global_batch) if n == 1 or within(mb, n)]
+                for n in ns:
+                    label = sync if n > 1 else ("every" if "every" in modes else sync)
+                    key = (strategy, mb, n, label)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    out.append(candidate(spec, strategy, layout, seq_len=seq_len, micro_batch=mb, grad_accum=n, sync=label,
+                                         policy=policy, activation_checkpointing=activation_checkpointing, a=a))
+    out.sort(key=lambda c: (not c.fits, -c.tokens_per_s, c.tokens_per_step))
+    fitting = [c for c in out if c.fits]
+    best: Candidate | None = None
+    runner: Candidate | None = None
+    if fitting:
+        best = _pick(fitting, a.tie_fraction)
+        runner = _pick([c for c in fitting if c.mode != best.mode], a.tie_fraction)
+    reason, mb_reason = _reasons(spec, layout, best, runner, out, strategies, max_global_batch, seq_len, policy, activation_checkpointing, a)
+    return Recommendation(best, runner, out, max_global_batch, reason, mb_reason)
+
+
+def _pick(fastest_first: list[Candidate], tie: float) -> Candidate | None:
+    if not fastest_first:
+        return None
+    top = fastest_first[0].tokens_per_s
+    near = [c for c in fastest_first if c.tokens_per_s >= top * (1 - tie)]
+    return min(near, key=lambda c: (-c.micro_batch, c.grad_accum, c.per_gpu_bytes))
+
+
+def _reasons(
+    spec: ModelSpec, layout: Layout, best: Candidate | None, runner: Candidate | None, cands: list[Candidate],
+    strategies: tuple[str, ...], ceiling: int, seq_len: int, policy: str, checkpointing: bool, a: Assumptions,
+) -> tuple[str, str]:
+    """Why this layout, in a sentence a person can check against the tables."""
+    gb = lambda n: f"{n / GB:.2f} GB"
+    capacity = gpu_capacity(layout)
+    if best is None:
+        smallest = min(cands, key=lambda c: c.per_gpu_bytes) if cands else None
+        need = f" (the smallest layout needs {gb(smallest.per_gpu_bytes)} per GPU of {gb(capacity)})" if smallest else ""
+        return (f"nothing fits{need}", "not even one sequence fits: enable activation checkpointing, shorten sequences or add GPUs")
+    parts = [
+        f"{best.describe()}: {best.global_batch:,} sequences ({best.tokens_per_step:,} tokens) per step in ~{best.step_time_s:.3g} s "
+        f"= ~{best.tokens_per_s:,.0f} tokens/s, {best.bound}-bound, {gb(best.per_gpu_bytes)} of {gb(capacity)} per GPU"
+    ]
+    if layout.nodes == 1 and "hsdp" not in strategies:
+        parts.append("one node: HSDP's replicate group would have a single member, so it is FSDP")
+    fit_by = {s: [c for c in cands if c.strategy == s and c.fits] for s in strategies}
+    for s in strategies:
+        if s != best.strategy and not fit_by[s]:
+            least = min((c for c in cands if c.strategy == s), key=lambda c: c.per_gpu_bytes, default=None)
+            if least is not None:
+                parts.append(f"{s.upper()} needs {gb(least.per_gpu_bytes)} per GPU even at micro-batch {least.micro_batch}, more than the GPU has")
+    other = next((s for s in strategies if s != best.strategy and fit_by[s]), None)
+    if other is not None:
+        same = [c for c in fit_by[other] if (c.micro_batch, c.grad_accum) == (best.micro_batch, best.grad_accum)]
+        rival = same[0] if same else fit_by[other][0]
+        if best.bound == rival.bound == "compute" and rival.tokens_per_s >= best.tokens_per_s * (1 - a.tie_fraction):
+            why = (f"{best.strategy.upper()} leaves more memory ({gb(best.per_gpu_bytes)} vs {gb(rival.per_gpu_bytes)} per GPU)"
+                   if best.per_gpu_bytes <= rival.per_gpu_bytes else f"{best.strategy.upper()} takes the larger micro-batch")
+            parts.append(f"the step is compute-bound either way, and {why}")
+    if best.tokens_per_step * 2 > ceiling and best.bound != "compute":
+        parts.append(f"the global batch stops at {ceiling:,} tokens per step (--max-global-batch)")
+    if runner is not None:
+        ratio = runner.tokens_per_s / best.tokens_per_s if best.tokens_per_s else 1.0
+        gap = f"{1 - ratio:.0%} slower" if ratio <= 1 else f"{ratio - 1:.0%} faster, within the tie margin"
+        parts.append(f"runner-up: {runner.describe()}, ~{runner.tokens_per_s:,.0f} tokens/s ({gap}, {gb(runner.per_gpu_bytes)} per GPU)")
+    shard, _ = _layout_groups(best.strategy, layout)
+    top = max_micro_batch(spec, shard, policy, seq_len, checkpointing, capacity, a, grad_accum=best.grad_accum, sync=best.sync)
+    if best.micro_batch == _pow2_floor(top):
+        mb = f"largest power of two within the largest micro-batch that fits ({top})"
+    elif best.micro_batch * 2 * layout.world * seq_len > ceiling:
+        mb = f"the largest power of two within the global-batch ceiling ({top} would fit)"
+    else:
+        mb = f"a larger micro-batch is slower here ({top} would fit)"
+    return "; ".join(parts), mb
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n > 0 else 0
-
-
-def recommend(plans: dict[str, StrategyPlan], layout: Layout, micro_batch: int) -> dict[str, Any]:
-    """HSDP when it fits and is faster (it crosses the node boundary less); FSDP otherwise."""
-    f, h = plans["fsdp"], plans["hsdp"]
-    gb = lambda n: f"{n / GB:.2f} GB"
-    if layout.nodes == 1:
-        choice, reason = "fsdp", "one node: HSDP's replicate group would have a single member, so it is FSDP"
-    elif not h.fits:
-        choice = "fsdp"
-        reason = (
-            f"HSDP needs {gb(h.per_gpu_bytes['total'])} per GPU at micro-batch {micro_batch}, more than the GPU has; "
-            f"FSDP over all {layout.world} GPUs needs {gb(f.per_gpu_bytes['total'])}"
-        )
-    elif h.step_time_s["estimate"] < f.step_time_s["estimate"]:
-        choice = "hsdp"
-        reason = (
-            f"HSDP fits ({gb(h.per_gpu_bytes['total'])} per GPU) and moves "
-            f"{gb(h.traffic_bytes_per_step['cross_node_per_node'])} per node across the network per step "
-            f"instead of FSDP's {gb(f.traffic_bytes_per_step['cross_node_per_node'])}: "
-            f"~{h.step_time_s['estimate']:.3g} s vs ~{f.step_time_s['estimate']:.3g} s per step"
-        )
-    else:
-        choice = "fsdp"
-        reason = (
-            f"the step is {f.step_time_s['bound']}-bound either way (~{f.step_time_s['estimate']:.3g} s), "
-            f"and FSDP leaves more memory ({gb(f.per_gpu_bytes['total'])} vs {gb(h.per_gpu_bytes['total'])} per GPU)"
-        )
-    best = plans[choice].max_micro_batch
-    rec_mb = _pow2_floor(best)
-    if best == 0:
-        mb_reason = "not even one sequence fits: enable activation checkpointing, shorten sequences or add GPUs"
-    else:
-        mb_reason = f"largest power of two within the largest micro-batch that fits ({best})"
-    return {"strategy": choice, "micro_batch": rec_mb, "reason": reason, "micro_batch_reason": mb_reason}
 
 
 def layout_for(
@@ -382,22 +651,46 @@ def plan(
     micro_batch: int = 1,
     policy: str = "bf16-mixed",
     activation_checkpointing: bool = False,
-    strategy: str = "fsdp",
+    strategy: str | None = None,
+    grad_accum: int | str = 1,
+    sync: str = "auto",
+    max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH,
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
 ) -> Plan:
+    """Both strategies' figures at one micro-batch and accumulation, and the recommended layout.
+
+    `grad_accum="auto"` fills the figures with the recommendation's strategy (unless
+    `strategy` is given), micro-batch, accumulation and sync mode.
+    """
     if policy not in PRECISION:
         raise InputError(f"unknown precision policy {policy!r}", hint=f"use one of: {', '.join(POLICIES)}")
-    if strategy not in STRATEGIES:
+    if strategy is not None and strategy not in STRATEGIES:
         raise InputError(f"unknown sharding strategy {strategy!r}", hint=f"use one of: {', '.join(STRATEGIES)}")
+    if sync != "auto" and sync not in SYNCS["hsdp"]:
+        raise InputError(f"unknown sync mode {sync!r}", hint=f"use auto or one of: {', '.join(SYNCS['hsdp'])}")
     if seq_len < 1 or micro_batch < 1:
         raise InputError(f"sequence length and micro-batch must be at least 1, got {seq_len} and {micro_batch}",
                          hint="pass --seq-len L --micro-batch B with L, B >= 1")
+    if grad_accum != "auto" and (not isinstance(grad_accum, int) or grad_accum < 1):
+        raise InputError(f"gradient accumulation must be at least 1 or auto, got {grad_accum!r}", hint="pass --grad-accum 4 or --grad-accum auto")
+    if max_global_batch < 1:
+        raise InputError(f"the global-batch ceiling must be at least 1 token, got {max_global_batch}", hint="pass --max-global-batch 131072")
     if seq_len > spec.max_position_embeddings:
         raise InputError(f"--seq-len {seq_len} exceeds {spec.name}'s {spec.max_position_embeddings} positions",
                          hint=f"pass --seq-len {spec.max_position_embeddings} or less")
-    capacity = int(catalog.GPUS[layout.gpu].memory_gib * (1 << 30))
+    rec = recommend(spec, layout, seq_len=seq_len, policy=policy, activation_checkpointing=activation_checkpointing,
+                    max_global_batch=max_global_batch, assumptions=assumptions)
+    if grad_accum == "auto":
+        if rec.best is not None:
+            micro_batch, grad_accum, sync = rec.best.micro_batch, rec.best.grad_accum, rec.best.sync
+            strategy = strategy or rec.best.strategy
+        else:
+            grad_accum = 1
+    assert isinstance(grad_accum, int)
+    strategy = strategy or "fsdp"
+    capacity = gpu_capacity(layout)
     plans = {
-        s: _strategy_plan(spec, s, layout, policy, seq_len, micro_batch, activation_checkpointing, capacity, assumptions)
+        s: _strategy_plan(spec, s, layout, policy, seq_len, micro_batch, activation_checkpointing, capacity, assumptions, grad_accum, sync)
         for s in STRATEGIES
     }
     sel = plans[strategy]
@@ -408,10 +701,12 @@ def plan(
         policy=policy,
         seq_len=seq_len,
         micro_batch=micro_batch,
+        grad_accum=grad_accum,
         activation_checkpointing=activation_checkpointing,
         layout=asdict(layout) | {"world": layout.world, "gpu_name": catalog.GPUS[layout.gpu].name},
         gpu_memory_bytes=capacity,
         strategy=strategy,
+        sync=sel.sync,
         per_gpu_bytes=sel.per_gpu_bytes,
         activations_bytes={
             "without_checkpointing": activation_bytes(spec, seq_len, micro_batch, False),
@@ -422,7 +717,7 @@ def plan(
         max_micro_batch=sel.max_micro_batch,
         fits=sel.fits,
         strategies=plans,
-        recommendation=recommend(plans, layout, micro_batch),
+        recommendation=rec.to_dict(),
         assumptions=asdict(assumptions) | {"precision_bytes": asdict(PRECISION[policy]), "shard_size": shard},
     )
 
@@ -431,7 +726,8 @@ def recommend_sharding(
     spec: ModelSpec, nodes: int, gpus_per_node: int, gpu: str | None, seq_len: int, micro_batch: int,
     *, policy: str = "bf16-mixed", instance_type: str | None = None, network_gbps: float | None = None,
 ) -> str:
-    """For `--sharding auto`: the planner's choice, "fsdp" or "hsdp".
+    """The faster sharding that fits at this micro-batch without accumulation, "fsdp" or "hsdp";
+    FSDP (the smaller footprint) when neither fits.
 
     The network comes from `instance_type` when given (g6.12xlarge: 40 Gb/s, EFA), else
     `network_gbps`, else 40 Gb/s over EFA; `gpu=None` takes the instance type's GPU.
@@ -439,4 +735,5 @@ def recommend_sharding(
     if instance_type is None and network_gbps is None:
         network_gbps = 40.0
     layout = layout_for(nodes, gpus_per_node, gpu=gpu, instance_type=instance_type, network_gbps=network_gbps)
-    return plan(spec, layout, seq_len=seq_len, micro_batch=micro_batch, policy=policy).recommendation["strategy"]
+    rec = recommend(spec, layout, seq_len=seq_len, policy=policy, micro_batches=(micro_batch,), grad_accums=(1,))
+    return rec.best.strategy if rec.best is not None else "fsdp"

@@ -39,6 +39,27 @@ WORKER_ENV: dict[str, str] = {
 }
 
 
+# A local run on one machine starts only what it uses. Ray's own background work competes with the
+# training workers for the same cores (measured on 2 cores: benchmarks/ray_vs_torchrun.py --cpu), so
+# what nothing reads locally is switched off: usage reporting; Ray Train's preemption watcher
+# (an actor polling for node drains: one machine is not preempted) and its Prometheus metrics;
+# each process's task-event stream to the GCS (the state API's task table) and metrics export
+# (the dashboard's graphs; there is no dashboard). The log monitor, which forwards worker output
+# only with --debug, looks for new log files every 2 s instead of 10 times a second.
+# A value in the environment wins.
+LOCAL_ENV: dict[str, str] = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    "LOG_NAME_UPDATE_INTERVAL_S": "2",
+}
+LOCAL_SYSTEM_CONFIG: dict[str, Any] = {
+    "task_events_report_interval_ms": 0,
+    "enable_metrics_collection": False,
+}
+
+
 def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of every Ray worker raydlc starts: WORKER_ENV, the caller's values, `extra`."""
     base = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
@@ -59,8 +80,9 @@ def connected(
 ) -> Iterator[None]:
     """Ray for the duration of the block: the running one, `address` (or RAY_ADDRESS), or a local one.
 
-    A local Ray gets at least one CPU per worker (`workers`), no dashboard, and the workers'
-    environment as its job runtime env; it is shut down when the block ends.
+    A local Ray gets at least one CPU per worker (`workers`), no dashboard, none of the
+    background work in LOCAL_ENV / LOCAL_SYSTEM_CONFIG, and the workers' environment as its job
+    runtime env; it is shut down when the block ends.
     """
     import ray
 
@@ -68,27 +90,36 @@ def connected(
         yield
         return
     address = address or address_from_env()
-    env_vars = worker_env(env)
-    for k, v in env_vars.items():
-        os.environ.setdefault(k, v)
+    local = not address
+    env_vars = worker_env({**({k: os.environ.get(k, v) for k, v in LOCAL_ENV.items()} if local else {}), **(env or {})})
     kw: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": log_to_driver}
     if not log_to_driver:
         kw["logging_level"] = logging.WARNING
     if address:
         check_reachable(address)
+    # The driver's environment too: the processes a local ray.init starts inherit it. Undone at the end.
+    added = {k: v for k, v in env_vars.items() if k not in os.environ}
+    os.environ.update(added)
     try:
-        if address:
-            ray.init(address=address, **kw)
-        else:
-            # "local": a new instance even when a `ray start` head on this machine is recorded in
-            # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, **kw)
-    except Exception as e:
-        raise connect_error(e, address) from e
-    try:
-        yield
+        try:
+            if address:
+                ray.init(address=address, **kw)
+            else:
+                # "local": a new instance even when a `ray start` head on this machine is recorded in
+                # /tmp/ray/ray_current_cluster (ray.init() would join that one, someone else's perhaps).
+                ray.init(
+                    address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False,
+                    _system_config=dict(LOCAL_SYSTEM_CONFIG), **kw,  # a copy: Ray adds its own keys to the dict
+                )
+        except Exception as e:
+            raise connect_error(e, address) from e
+        try:
+            yield
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def check_reachable(address: str) -> None:

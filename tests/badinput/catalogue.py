@@ -153,6 +153,10 @@ PLAN = [
     r("plan-nodes-huge", "plan --nodes 100000", 2, "at most 450"),
     r("plan-gpus-per-node-huge", "plan --gpus-per-node 99", 2, "--gpus-per-node"),
     r("plan-micro-batch-zero", "plan --micro-batch 0", 2, "BATCH_SIZE"),
+    r("plan-grad-accum-zero", "plan --grad-accum 0", 2, "GRAD_ACCUM"),
+    r("plan-grad-accum-word", "plan --grad-accum many", 2, "whole number of micro-batches or auto", sub=True),
+    r("plan-sync-unknown", "plan --sync sometimes", 2, "GRAD_SYNC"),
+    r("plan-max-global-batch-zero", "plan --max-global-batch 0", 2, "MAX_GLOBAL_BATCH"),
 ]
 
 PREFLIGHT = [
@@ -176,6 +180,9 @@ TRAIN = [
     r("train-env-lr-inf", "train", 2, "LEARNING_RATE", env={"RAYDLC_LEARNING_RATE": "inf"}),
     r("train-steps-zero", "train --steps 0", 2, "STEPS"),
     r("train-sharding-unknown", "train --sharding zero3", 2, "SHARDING"),
+    r("train-grad-accum-negative", "train --grad-accum -2", 2, "GRAD_ACCUM"),
+    r("train-all-reduce-once-without-hsdp", "train --sharding fsdp --grad-accum 2", 2, "needs HSDP", env={"RAYDLC_GRAD_SYNC": "all-reduce-once"}),
+    r("train-grad-accum-beyond-data", "train --model tiny --grad-accum 100000", 2, "one global batch", sub=True),
     r("train-model-unknown", "train --model nosuch", 2, "nosuch"),
     r("train-seq-len-beyond-positions", "train --seq-len 4096", 2, "positions"),
     r("train-data-missing", "train --data nope.txt", 2, "nope.txt"),

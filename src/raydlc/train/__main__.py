@@ -26,6 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--workers", dest="NUM_WORKERS", type=int)
     ap.add_argument("--seq-len", dest="SEQ_LEN", type=int)
     ap.add_argument("--batch-size", dest="BATCH_SIZE", type=int)
+    ap.add_argument("--grad-accum", dest="GRAD_ACCUM", help="micro-batches per optimizer step, or auto (the planner's layout)")
     ap.add_argument("--lr", dest="LEARNING_RATE", type=float)
     ap.add_argument("--checkpoint-every", dest="CHECKPOINT_EVERY", type=int)
     ap.add_argument("--storage-path", "--out", dest="STORAGE_PATH")

@@ -227,13 +227,17 @@ def split(packed: Packed, *, eval_fraction: float, world_size: int, seed: int, m
 
 def check_size(s: Split, *, global_batch: int, seq_len: int, world_size: int) -> None:
     """Enough blocks for one global batch and one eval block per rank, else a clear error."""
+    check_count(n_train=len(s.train), n_eval=len(s.eval), global_batch=global_batch, seq_len=seq_len, world_size=world_size)
+
+
+def check_count(*, n_train: int, n_eval: int, global_batch: int, seq_len: int, world_size: int) -> None:
     need = global_batch + world_size
-    have = len(s.train) + len(s.eval)
-    if len(s.train) < global_batch or len(s.eval) < world_size:
+    have = n_train + n_eval
+    if n_train < global_batch or n_eval < world_size:
         raise InputError(
             f"the data gives {have} sequences of {seq_len} tokens; this run needs at least {need} "
             f"(one global batch of {global_batch} plus one eval sequence per worker)",
-            hint="add data, or lower --seq-len, the batch size or --workers",
+            hint="add data, or lower --seq-len, the batch size, GRAD_ACCUM or --workers",
         )
 
 

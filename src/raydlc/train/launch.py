@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from raydlc import rayedge, storage
 from raydlc.config import TrainConfig, shared_storage_problem, with_local_defaults
 from raydlc.errors import CheckpointError, ConfigError, InputError, TrainError
-from raydlc.train.layout import Mesh, placement, plan_mesh, resolve_sharding
+from raydlc.train.layout import Decision, Mesh, decide, placement, plan_mesh
 from raydlc.train.runspec import Crash, RunSpec
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = "raydlc-out"
 NODE_WAIT_S = 600.0  # on a cluster, how long to wait for worker nodes still joining before refusing the run
+PROGRESS_EVERY_S = 1.0  # how often the driver drains rank 0's progress (rank 0 posts at most this often too)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,10 @@ def settings(cfg: Config, *, local: bool) -> TrainConfig:
 
 
 def target(cfg: Config, *, local: bool, address: str | None = None) -> Target:
-    return Target(address=address, instance_type=None if local else cfg.gpu_nodes.instance_type)
+    """Where the run goes; a run that joins a cluster (not local, or given an address) plans with
+    the config's GPU node type, which a local Ray does not have."""
+    where = Target(address=address)
+    return where if local and where.local else replace(where, instance_type=cfg.gpu_nodes.instance_type)
 
 
 def new_run_name() -> str:
@@ -80,6 +84,8 @@ class Prepared:
     n_train: int
     n_eval: int
     data_digest: str
+    resume_meta: dict[str, Any] | None = None
+    decision: Decision | None = None  # known here for a local run; on a cluster once Ray says what it grants
 
 
 def prepare(train: TrainConfig, where: Target | None = None) -> Prepared:
@@ -98,8 +104,10 @@ def prepare(train: TrainConfig, where: Target | None = None) -> Prepared:
     model_spec = SPECS[builtin] if builtin else resolve_spec(train.model_id)
     if model_spec is not None and train.seq_len > model_spec.max_position_embeddings:
         raise InputError(f"--seq-len {train.seq_len} exceeds the model's {model_spec.max_position_embeddings} positions")
+    decision = None
     if where is not None and where.local:  # a local Ray is one node: the layout is known now
-        plan_layout(train, [train.num_workers], model=model_spec, instance_type=None)
+        _, decision = plan_layout(train, [train.num_workers], model=model_spec, instance_type=None)
+        train = decision.apply(train)
 
     root = storage.resolve(train.storage_path or DEFAULT_OUT)
     resume_from, manifest = _resume_checkpoint(train, root)
@@ -110,7 +118,7 @@ def prepare(train: TrainConfig, where: Target | None = None) -> Prepared:
     if model_spec is not None and info.vocab_size > model_spec.vocab_size:
         raise InputError(f"tokenizer has {info.vocab_size} tokens, the model only {model_spec.vocab_size}")
     packed = D.pack(docs, T.encoder(tok), info.eos_id, train.seq_len)
-    global_size = train.batch_size * train.num_workers
+    global_size = global_sequences(train)
     if len(packed) == 0:
         raise InputError(f"--data gives fewer than {train.seq_len} tokens: not one sequence", hint="add text or lower --seq-len")
     s = D.split(packed, eval_fraction=train.eval_fraction, world_size=train.num_workers, seed=train.seed)
@@ -122,11 +130,29 @@ def prepare(train: TrainConfig, where: Target | None = None) -> Prepared:
         "eval_labels": s.eval.labels,
     }
     digest = _digest(arrays)
-    if manifest is not None and resume_from is not None:
-        _check_compatible(resume_from, manifest.meta, train, global_size, digest)
+    meta = manifest.meta if manifest is not None and resume_from is not None else None
+    if meta is not None and resume_from is not None:
+        _check_compatible(resume_from, meta, train, global_size, digest)
     return Prepared(
-        train, builtin, model_spec, arrays, info, root, train.run_name or new_run_name(), resume_from, len(s.train), len(s.eval), digest
+        train, builtin, model_spec, arrays, info, root, train.run_name or new_run_name(), resume_from, len(s.train), len(s.eval), digest,
+        meta, decision,
     )
+
+
+def global_sequences(train: TrainConfig) -> int:
+    """Sequences per optimizer step; an accumulation still `auto` counts as 1 until it is decided."""
+    accum = train.grad_accum if isinstance(train.grad_accum, int) else 1
+    return train.batch_size * accum * train.num_workers
+
+
+def check_batch(p: Prepared) -> None:
+    """Once the step is decided: the data holds one global batch, and a checkpoint to continue has the same one."""
+    from raydlc.train import data as D
+
+    global_size = global_sequences(p.train)
+    D.check_count(n_train=p.n_train, n_eval=p.n_eval, global_batch=global_size, seq_len=p.train.seq_len, world_size=p.train.num_workers)
+    if p.resume_meta is not None and p.resume_from is not None:
+        _check_compatible(p.resume_from, p.resume_meta, p.train, global_size, p.data_digest)
 
 
 def _digest(arrays: dict[str, Any]) -> str:
@@ -186,13 +212,13 @@ def resolve_resources(train: TrainConfig, cluster_resources: dict[str, float]) -
     return train.updated(use_gpu=use_gpu, num_workers=workers)
 
 
-def plan_layout(train: TrainConfig, capacities: list[int], *, model: ModelSpec | None, instance_type: str | None) -> Mesh:
-    """The mesh for the workers Ray will place on nodes of these capacities (GPUs, or CPUs)."""
+def plan_layout(
+    train: TrainConfig, capacities: list[int], *, model: ModelSpec | None, instance_type: str | None, max_sequences: int | None = None
+) -> tuple[Mesh, Decision]:
+    """The mesh and the step for the workers Ray will place on nodes of these capacities (GPUs, or CPUs)."""
     counts = placement(capacities, train.num_workers)
-    sharding = resolve_sharding(
-        train.sharding, len(counts), counts[0], model=model, seq_len=train.seq_len, micro_batch=train.batch_size, instance_type=instance_type
-    )
-    return plan_mesh(sharding, counts, train.hsdp_replicas)
+    decision = decide(train, counts, model=model, instance_type=instance_type, max_sequences=max_sequences)
+    return plan_mesh(decision.sharding, counts, train.hsdp_replicas), decision
 
 
 def check_storage(train: TrainConfig, mesh: Mesh) -> None:
@@ -239,7 +265,12 @@ def run(train: TrainConfig, where: Target | None = None, *, on_progress: Progres
         capacities = rayedge.node_capacities(
             "GPU" if train.use_gpu else "CPU", at_least=train.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
         )
-        mesh = plan_layout(train, capacities, model=p.model, instance_type=where.instance_type)
+        mesh, decision = plan_layout(
+            train, capacities, model=p.model, instance_type=where.instance_type if train.use_gpu else None, max_sequences=p.n_train
+        )
+        train = decision.apply(train)
+        p = replace(p, train=train, decision=decision)
+        check_batch(p)
         check_storage(train, mesh)
         spec = run_spec(p, mesh, where)
         checked = _preflight(spec, where, p.storage) if train.preflight else None
@@ -308,7 +339,7 @@ def _follow(box: Any, on_progress: ProgressFn | None, path: Path | None, stop: t
     failure here never fails the run.
     """
     while True:
-        last = stop.wait(0.3)
+        last = stop.wait(PROGRESS_EVERY_S)
         try:
             records = rayedge.drain(box)
         except Exception:
@@ -348,6 +379,10 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
             "built": last.get("mesh_shape"),
         },
         "global_batch": spec.global_batch,
+        "micro_batch": spec.train.batch_size,
+        "grad_accum": spec.train.grad_accum,
+        "grad_sync": spec.train.grad_sync,
+        "layout_note": p.decision.note if p.decision is not None else None,
         "seq_len": spec.train.seq_len,
         "train_sequences": p.n_train,
         "eval_sequences": p.n_eval,

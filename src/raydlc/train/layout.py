@@ -10,12 +10,16 @@ all-gathers and reduce-scatters inside one node. Pure: no torch, no Ray.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from raydlc.errors import InputError, TrainError
 from raydlc.models import ModelSpec
+
+if TYPE_CHECKING:
+    from raydlc.config import TrainConfig
 
 Sharding = Literal["fsdp", "hsdp"]
 
@@ -44,32 +48,96 @@ class Mesh(BaseModel):
         return len(self.ranks_per_node)
 
 
-def resolve_sharding(
-    requested: str,
-    num_nodes: int,
-    gpus_per_node: int,
-    *,
-    model: ModelSpec | None = None,
-    seq_len: int = 128,
-    micro_batch: int = 1,
-    instance_type: str | None = None,
-) -> Sharding:
-    """The concrete strategy for `auto`: the planner's choice (raydlc.plan) on a multi-node cluster.
+@dataclass(frozen=True)
+class Decision:
+    """How each optimizer step is run: sharding, micro-batch, accumulation, when gradients sync, and why."""
 
-    On one node HSDP would have a single replica, which is FSDP; without a known architecture
-    (a hub id raydlc has no spec for) or GPU node type (a local run) there is nothing to plan
-    with, so FSDP it is.
+    sharding: Sharding
+    micro_batch: int
+    grad_accum: int
+    grad_sync: str
+    planned: bool  # the planner chose at least one of them
+    note: str  # for people: where the choice came from
+
+    def apply(self, train: TrainConfig) -> TrainConfig:
+        """The settings with the step concrete, as the workers must receive them."""
+        return train.updated(batch_size=self.micro_batch, grad_accum=self.grad_accum, grad_sync=self.grad_sync)
+
+
+def decide(
+    train: TrainConfig,
+    ranks_per_node: Sequence[int],
+    *,
+    model: ModelSpec | None,
+    instance_type: str | None,
+    max_sequences: int | None = None,
+) -> Decision:
+    """SHARDING, GRAD_ACCUM and GRAD_SYNC made concrete for workers placed `ranks_per_node`.
+
+    Whatever is `auto` comes from one planner search (raydlc.plan.recommend) when there is
+    something to plan with: a known architecture, a GPU node type with a known GPU (a local
+    run has none), the same number of ranks on every node, and the mesh the planner models
+    (HSDP with one replica per node). GRAD_ACCUM=auto takes the planner's micro-batch with its
+    accumulation, so BATCH_SIZE is replaced; `max_sequences` (the training set) caps the
+    global batch beside MAX_GLOBAL_BATCH. Without a plan: FSDP, accumulation 1, and the
+    sync mode the issue's switches name (once for FSDP, all-reduce-once for HSDP).
     """
+    from raydlc import catalog
+    from raydlc import plan as planner
+
+    requested = train.sharding
     if requested not in ("fsdp", "hsdp", "auto"):
         raise InputError(f"--sharding {requested!r} is not one of fsdp, hsdp, auto")
-    if requested != "auto":
-        return requested  # type: ignore[return-value]
-    if num_nodes <= 1 or model is None or instance_type is None:
-        return "fsdp"
-    from raydlc.plan import recommend_sharding
+    counts = [int(c) for c in ranks_per_node]
+    nodes = len(counts)
+    accum_auto = train.grad_accum == "auto"
+    it = catalog.instance_type(instance_type) if instance_type else None
+    why_not = None
+    if model is None:
+        why_not = "no known architecture to plan with"
+    elif it is None or it.gpu is None:
+        why_not = "no known GPU type to plan with, as in a local run"
+    elif len(set(counts)) != 1:
+        why_not = f"ranks per node differ ({' + '.join(map(str, counts))})"
+    elif requested == "hsdp" and train.hsdp_replicas not in (0, nodes):
+        why_not = f"HSDP_REPLICAS={train.hsdp_replicas} is not the one replica per node the planner models"
+    wanted = requested == "auto" or accum_auto or train.grad_sync == "auto"
+    if why_not is None and wanted:
+        assert model is not None
+        bf16 = bool(train.use_gpu) if train.bf16 is None else train.bf16
+        layout = planner.layout_for(nodes, counts[0], instance_type=instance_type)
+        ceiling = train.max_global_batch if max_sequences is None else min(train.max_global_batch, max_sequences * train.seq_len)
+        strategies = ("fsdp", "hsdp") if requested == "auto" and nodes > 1 else (("fsdp",) if requested == "auto" else (requested,))
+        rec = planner.recommend(
+            model, layout, seq_len=train.seq_len, policy="bf16-mixed" if bf16 else "fp32",
+            activation_checkpointing=train.activation_checkpointing, max_global_batch=max(ceiling, 1), strategies=strategies,
+            micro_batches=None if accum_auto else (train.batch_size,),
+            grad_accums=None if accum_auto else (train.grad_accum,),  # type: ignore[arg-type]
+            syncs=None if train.grad_sync == "auto" else (train.grad_sync,),
+        )
+        if rec.best is not None:
+            b = rec.best
+            return _checked(Decision(b.strategy, b.micro_batch, b.grad_accum, b.sync, True, f"planned: {rec.reason}"))  # type: ignore[arg-type]
+        why_not = f"the planner finds nothing that fits ({rec.reason})"
+    sharding: Sharding = "fsdp" if requested == "auto" else requested  # type: ignore[assignment]
+    accum = 1 if accum_auto else int(train.grad_accum)
+    from raydlc.plan import default_sync
 
-    choice = recommend_sharding(model, num_nodes, gpus_per_node, None, seq_len, micro_batch, instance_type=instance_type)
-    return "hsdp" if choice == "hsdp" else "fsdp"
+    sync = default_sync(sharding, accum) if train.grad_sync == "auto" else train.grad_sync
+    note = "as configured"
+    if wanted and why_not:
+        auto = [n for n, v in (("SHARDING", requested), ("GRAD_ACCUM", train.grad_accum), ("GRAD_SYNC", train.grad_sync)) if v == "auto"]
+        note = f"{' '.join(a + '=auto' for a in auto)} without a plan ({why_not}): {sharding}, accumulation {accum}, sync {sync}"
+    return _checked(Decision(sharding, train.batch_size, accum, sync, False, note))
+
+
+def _checked(d: Decision) -> Decision:
+    if d.grad_sync == "all-reduce-once" and d.sharding != "hsdp":
+        raise InputError(
+            "GRAD_SYNC=all-reduce-once needs HSDP: with FSDP there is no all-reduce to put off",
+            hint="use GRAD_SYNC=once (or every, or auto), or SHARDING=hsdp",
+        )
+    return d
 
 
 def placement(capacities: Sequence[int], num_workers: int) -> list[int]:

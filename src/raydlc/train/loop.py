@@ -1,11 +1,17 @@
 """The per-worker program Ray Train's TorchTrainer runs, in named parts: build, step, evaluate,
 checkpoint, finalize. `run_loop` strings them together; the benchmark times `train_step` itself.
 
-The loss is normalised by the global number of target tokens (an all-reduce of one count per
-step), so the gradient equals the gradient of the global mean whatever the number of ranks:
-1 worker with batch 2B and 2 workers with batch B take the same steps. Ray's report is a
-barrier with a cost, so metrics go up every `report_every` steps and with each checkpoint;
-progress goes to the driver every step through an actor, which is not a barrier.
+The loss is normalised by the global number of target tokens of the whole optimizer step (an
+all-reduce of one count, before any forward), so the gradient equals the gradient of the global
+mean whatever the number of ranks and micro-batches: 1 worker with batch 2B, 2 workers with
+batch B and 2 workers with 2 accumulated micro-batches of B/2 take the same steps. Which
+gradient collectives run on which micro-batch is FSDP2's switches (`Trainer.sync`).
+
+On a GPU nothing is read back to the host between reads: losses, norms and token counts stay
+on the device, and the loop reads them (one copy) every `report_every` steps and at evals and
+checkpoints. Ray's report is a barrier with a cost, so metrics go up at those steps too;
+progress goes to the driver through an actor (not a barrier), at most once a second and at
+each report. On a CPU a read costs nothing, so every step is read at once.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ if TYPE_CHECKING:
 
     from raydlc.config import TrainConfig
     from raydlc.train.layout import Mesh
+
+
+PROGRESS_EVERY_S = 1.0  # rank 0 posts progress at most this often, and at every report and eval
 
 
 def lr_at(step: int, base: float, warmup: int) -> float:
@@ -146,6 +155,7 @@ class Trainer:
     world: int
     mesh: Any  # torch's DeviceMesh
     settings: TrainConfig
+    sync: str = "every"  # every | once | all-reduce-once: when accumulated gradients are reduced
 
 
 def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -170,6 +180,7 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
     from torch.distributed.device_mesh import init_device_mesh
 
     from raydlc.models import get_spec
+    from raydlc.plan import default_sync
     from raydlc.train.model import apply_fsdp, build_model, load_pretrained
 
     torch.manual_seed(settings.seed)
@@ -184,7 +195,9 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
         activation_checkpointing=settings.activation_checkpointing,
         compile=settings.compile,
     )
-    return Trainer(model, make_optimizer(model, settings, device), device, mesh.world_size, device_mesh, settings)
+    accum = settings.grad_accum if isinstance(settings.grad_accum, int) else 1
+    sync = default_sync(mesh.sharding, accum) if settings.grad_sync == "auto" else settings.grad_sync
+    return Trainer(model, make_optimizer(model, settings, device), device, mesh.world_size, device_mesh, settings, sync)
 
 
 # ---- step --------------------------------------------------------------------------------------
@@ -199,10 +212,38 @@ class StepOutput:
     tokens: torch.Tensor  # target tokens in the global batch
 
 
-def to_batch(ids: np.ndarray, labels: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+Batch = tuple["torch.Tensor", "torch.Tensor"]
+
+
+def to_batch(ids: np.ndarray, labels: np.ndarray, device: torch.device) -> Batch:
+    """On CUDA through pinned memory without blocking: a pageable copy would wait for the GPU."""
     import torch
 
-    return torch.as_tensor(ids, dtype=torch.long, device=device), torch.as_tensor(labels, dtype=torch.long, device=device)
+    if device.type != "cuda":
+        return torch.as_tensor(ids, dtype=torch.long, device=device), torch.as_tensor(labels, dtype=torch.long, device=device)
+    a, b = (torch.as_tensor(x, dtype=torch.long).pin_memory() for x in (ids, labels))
+    return a.to(device, non_blocking=True), b.to(device, non_blocking=True)
+
+
+def micro_batches(ids: np.ndarray, labels: np.ndarray, rows: np.ndarray, micro_batch: int, device: torch.device) -> list[Batch]:
+    """A rank's share of the global batch (`rows`) cut into consecutive micro-batches.
+
+    The global batch of a step does not depend on how it is cut, so N micro-batches of B and
+    one of N x B read the same sequences.
+    """
+    return [to_batch(ids[rows[i : i + micro_batch]], labels[rows[i : i + micro_batch]], device) for i in range(0, len(rows), micro_batch)]
+
+
+def causal_masks(model: nn.Module) -> dict[str, None] | None:
+    """Packed blocks need only the plain causal mask, which SDPA applies itself when given none.
+
+    Handed `None`, transformers builds the mask and first looks for packed sequences in the
+    position ids with a `.all()` that waits for the GPU on every forward; a ready mask mapping
+    (what `generate` passes) skips that. Only for models whose layers all attend fully: a
+    sliding window needs its mask built.
+    """
+    kinds = getattr(model.config, "layer_types", None) or ["full_attention"]
+    return {"full_attention": None} if all(k == "full_attention" for k in kinds) else None
 
 
 def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,12 +253,12 @@ def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple
     from raydlc.train.data import IGNORE
 
     y = labels[:, 1:]
-    logits = model(input_ids=ids).logits[:, :-1]
+    logits = model(input_ids=ids, attention_mask=causal_masks(model)).logits[:, :-1]
     total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return total, (y != IGNORE).sum()
 
 
-def target_tokens(t: Trainer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def target_tokens(t: Trainer, batches: list[Batch]) -> torch.Tensor:
     """Target tokens of the global batch (every rank's, every micro-batch's): the loss's denominator.
 
     Known from the labels before any forward, so each micro-batch's backward can be scaled right.
@@ -232,7 +273,7 @@ def target_tokens(t: Trainer, batches: list[tuple[torch.Tensor, torch.Tensor]]) 
     return n
 
 
-def forward_backward(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor], n_global: torch.Tensor) -> torch.Tensor:
+def forward_backward(t: Trainer, batch: Batch, n_global: torch.Tensor) -> torch.Tensor:
     """One micro-batch's forward and backward, scaled so the gradients add up to those of the
     global token mean (FSDP averages gradients over ranks, hence the `world` factor); returns its
     summed loss. Gradient accumulation is this, once per micro-batch, before one optimizer step."""
@@ -253,15 +294,66 @@ def optimizer_step(t: Trainer, lr: float) -> torch.Tensor:
     return grad_norm
 
 
-def train_step(t: Trainer, batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> StepOutput:
-    """The product's training step: forward, backward, clip, AdamW; no host sync inside."""
+def gradient_sync(t: Trainer, last: bool) -> None:
+    """FSDP2's own switches for the micro-batch about to run: `once` holds every reduction (and
+    the unsharded gradients) until the last; `all-reduce-once` (HSDP) reduce-scatters inside
+    the shard group each time and all-reduces across replicas on the last only."""
+    if t.sync == "once":
+        t.model.set_requires_gradient_sync(last)  # type: ignore[operator]
+    elif t.sync == "all-reduce-once":
+        t.model.set_requires_all_reduce(last)  # type: ignore[operator]
+
+
+def train_step(t: Trainer, batches: list[Batch], lr: float) -> StepOutput:
+    """The product's training step: forward and backward of each micro-batch, clip, AdamW; no host sync inside."""
     import torch.distributed as dist
 
-    n_global = target_tokens(t, [batch])
-    total = forward_backward(t, batch, n_global).double()
+    n_global = target_tokens(t, batches)
+    totals = []
+    for i, batch in enumerate(batches):
+        if len(batches) > 1:
+            gradient_sync(t, last=i == len(batches) - 1)
+        totals.append(forward_backward(t, batch, n_global).double())
+    total = totals[0] if len(totals) == 1 else sum(totals[1:], totals[0])
     grad_norm = optimizer_step(t, lr)
     dist.all_reduce(total)
-    return StepOutput(loss=total / n_global.clamp(min=1), grad_norm=grad_norm, tokens=n_global)
+    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    return StepOutput(loss=total / n_global.clamp(min=1), grad_norm=norm, tokens=n_global)
+
+
+@dataclass
+class Unread:
+    """Steps run since the last read: their outputs stay on the device until `read` copies them at once."""
+
+    steps: list[tuple[int, float, str, StepOutput]]
+    started: float  # perf_counter at the start of the first of them
+
+    def read(self, *, tokens_per_step: int, device: torch.device) -> list[dict[str, Any]]:
+        """The steps' records; their step time is the window's wall time shared out evenly."""
+        import torch
+
+        from raydlc.train import metrics as mx
+
+        values = torch.stack([torch.stack([o.loss.double(), o.grad_norm.double()]) for _, _, _, o in self.steps]).tolist()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = (time.perf_counter() - self.started) / len(self.steps)
+        now, peak = time.time(), mx.peak_memory_mb()
+        return [
+            {
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": norm,
+                "tokens": tokens_per_step,
+                "step_time_s": dt,
+                "time": now,
+                "tokens_per_s": tokens_per_step / dt,
+                "peak_mem_mb": peak,
+                "data": fingerprint,
+            }
+            for (step, lr, fingerprint, _), (loss, norm) in zip(self.steps, values)
+        ]
 
 
 # ---- evaluate ----------------------------------------------------------------------------------
@@ -392,44 +484,45 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     mesh_shape = list(t.mesh.shape)
 
     t.model.train()
+    # A read copies device values to the host and waits for the GPU: on a GPU only when the loop
+    # has to report anyway; on a CPU there is nothing to wait for, so every step.
+    read_every = report_every if device.type == "cuda" else 1
+    unread: Unread | None = None
+    unposted: list[dict[str, Any]] = []  # rank 0's records not yet sent to the driver: at most one post a second
+    posted = time.monotonic()
     for step in range(start_step + 1, steps + 1):
         if run.crash and start_step == 0 and step == run.crash.step and rank == run.crash.rank:
             print(f"[raydlc] injected failure: rank {rank} exits at step {step}", flush=True)
             os._exit(1)
-        t0 = time.perf_counter()
+        if unread is None:
+            unread = Unread([], time.perf_counter())
         lr = lr_at(step, s.learning_rate, s.warmup_steps)
         gidx = global_batch(step, len(train_ids), global_size, s.seed)
         mine = rank_slice(gidx, rank, world)
-        out = train_step(t, to_batch(train_ids[mine], train_labels[mine], device), lr)
-        loss = float(out.loss)
-        if use_gpu:
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        rec: dict[str, Any] = {
-            "step": step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": float(out.grad_norm.full_tensor() if hasattr(out.grad_norm, "full_tensor") else out.grad_norm),
-            "tokens": global_size * seq_len,
-            "step_time_s": dt,
-            "time": time.time(),
-            "tokens_per_s": global_size * seq_len / dt,
-            "peak_mem_mb": mx.peak_memory_mb(),
-            "data": batch_fingerprint(gidx),
-        }
-        first_new = len(history)
-        history.append(rec)
+        out = train_step(t, micro_batches(train_ids, train_labels, mine, batch, device), lr)
+        unread.steps.append((step, lr, batch_fingerprint(gidx), out))
         last = step == steps
         is_ckpt = last or (s.checkpoint_every > 0 and step % s.checkpoint_every == 0)
-        if last or (eval_every > 0 and step % eval_every == 0):
+        is_eval = last or (eval_every > 0 and step % eval_every == 0)
+        is_report = is_ckpt or step % report_every == 0
+        if not (is_report or is_eval or step % read_every == 0):
+            continue
+        first_new = len(history)
+        history.extend(unread.read(tokens_per_step=global_size * seq_len, device=device))
+        unread = None
+        rec = history[-1]
+        if is_eval:
             history.append({"step": step, "eval_loss": evaluate(t, eval_ids, eval_labels, rank=rank, batch_size=batch)})
         if rank == 0:
-            session.progress(history[first_new:])
-        if is_ckpt or step % report_every == 0:
+            unposted += history[first_new:]
+            if is_report or is_eval or time.monotonic() - posted >= PROGRESS_EVERY_S:
+                session.progress(unposted)
+                unposted, posted = [], time.monotonic()
+        if is_report:
             window = [r for r in history if "loss" in r][-report_every:]
             metrics = {
                 "step": step,
-                "loss": loss,
+                "loss": rec["loss"],
                 "tokens_per_s": sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window),
                 "step_time_s": sum(r["step_time_s"] for r in window) / len(window),
                 "peak_mem_mb": rec["peak_mem_mb"],
@@ -443,5 +536,5 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
                 session.report(metrics)
 
     if rank == 0:
-        session.progress([], wait=True)
+        session.progress(unposted, wait=True)
     finalize(t, run, history, rank=rank)

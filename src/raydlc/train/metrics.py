@@ -40,7 +40,13 @@ def summarize(records: Sequence[dict[str, Any]], *, skip_first: int = 1) -> dict
     evals = [r for r in records if "eval_loss" in r]
     if not steps:
         return {"steps": 0, "first_loss": None, "final_loss": None, "eval_loss": None, "tokens_per_s": None, "step_time_s": None}
-    steady = steps[skip_first:] or steps
+    # On a GPU the loop reads several steps at once and shares the window's time among them:
+    # the warm-up hides in the whole first window, so skipping extends to its end.
+    cut = min(skip_first, len(steps))
+    if cut and steps[cut - 1].get("time") is not None:
+        while cut < len(steps) and steps[cut].get("time") == steps[cut - 1]["time"]:
+            cut += 1
+    steady = steps[cut:] or steps
     time_s = sum(r["step_time_s"] for r in steady)
     tokens = sum(r["tokens"] for r in steady)
     return {

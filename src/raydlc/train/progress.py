@@ -56,6 +56,9 @@ def print_summary(s: dict[str, Any]) -> None:
     drop = s.get("loss_drop")
     rows = [
         ("steps", s["steps"]),
+        ("global batch", f"{s['global_batch']} sequences: micro-batch {s['micro_batch']} x {s['grad_accum']} accumulated x {s['workers']} worker(s)"
+         + (f", sync {s['grad_sync']}" if s["grad_accum"] > 1 else "") if "grad_accum" in s else None),
+        ("layout", s.get("layout_note")),
         ("loss first → final", f"{fmt(s['first_loss'])} → {fmt(s['final_loss'])}" + (f"  ({drop:.0%} lower)" if drop is not None else "")),
         ("eval loss", s["eval_loss"]),
         ("tokens/s", s["tokens_per_s"]),

@@ -8,7 +8,7 @@ beside it in Ray's object store.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from raydlc.config import TrainConfig
 from raydlc.train.layout import Mesh
@@ -39,6 +39,21 @@ class RunSpec(BaseModel):
     resume_from: str | None = None
     crash: Crash | None = None
 
+    @model_validator(mode="after")
+    def _step_decided(self) -> RunSpec:
+        """GRAD_ACCUM is decided on the driver (train.layout.decide), never on a worker; a GRAD_SYNC
+        left `auto` means the mesh's default, which every worker derives alike."""
+        if not isinstance(self.train.grad_accum, int):
+            raise ValueError(f"the driver sends a decided accumulation, got GRAD_ACCUM={self.train.grad_accum}")
+        if self.train.grad_sync == "all-reduce-once" and self.mesh.sharding != "hsdp":
+            raise ValueError("GRAD_SYNC=all-reduce-once needs an HSDP mesh")
+        return self
+
+    @property
+    def grad_accum(self) -> int:
+        assert isinstance(self.train.grad_accum, int)
+        return self.train.grad_accum
+
     def to_wire(self) -> str:
         return self.model_dump_json()
 
@@ -48,7 +63,8 @@ class RunSpec(BaseModel):
 
     @property
     def global_batch(self) -> int:
-        return self.train.batch_size * self.mesh.world_size
+        """Sequences per optimizer step: micro-batch x accumulation x ranks."""
+        return self.train.batch_size * self.grad_accum * self.mesh.world_size
 
     def checkpoint_meta(self) -> dict[str, object]:
         """What a checkpoint must match to be continued: the data order is a function of these."""

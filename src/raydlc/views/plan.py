@@ -19,12 +19,13 @@ def print_plan(p: Plan, console: Any) -> None:
         f"[bold]{p.model}[/] ({p.params:,} parameters), {p.policy}, {lay['nodes']} x {lay['gpus_per_node']} "
         f"{lay['gpu_name']} ({gb(p.gpu_memory_bytes)}), {lay['network_gbps']:g} Gb/s "
         f"{'EFA' if lay['efa'] else 'TCP'}, seq {p.seq_len} x micro-batch {p.micro_batch}"
+        f"{f' x {p.grad_accum} accumulated' if p.grad_accum > 1 else ''}"
         f"{', activation checkpointing' if p.activation_checkpointing else ''}"
     )
     mem = Table(title="per-GPU memory")
     mem.add_column("component")
     for s in p.strategies.values():
-        mem.add_column(f"{s.strategy} (shard {s.shard_size})", justify="right")
+        mem.add_column(f"{s.strategy} (shard {s.shard_size}" + (f", sync {s.sync})" if p.grad_accum > 1 else ")"), justify="right")
     for key in p.per_gpu_bytes:
         mem.add_row(key, *(gb(s.per_gpu_bytes[key]) for s in p.strategies.values()))
     mem.add_row("fits", *("yes" if s.fits else "[red]no[/]" for s in p.strategies.values()))
@@ -40,9 +41,15 @@ def print_plan(p: Plan, console: Any) -> None:
         ("compute", lambda s: f"{s.step_time_s['compute']:.3f} s"),
         ("step (EFA)", lambda s: f"{s.step_time_s['efa']['estimate']:.3f} s ({s.step_time_s['efa']['bound']})"),
         ("step (TCP)", lambda s: f"{s.step_time_s['tcp']['estimate']:.3f} s ({s.step_time_s['tcp']['bound']})"),
+        ("tokens/s", lambda s: f"{s.step_time_s['tokens_per_s']:,.0f}"),
     ]
     for label, fn in rows:
         step.add_row(label, *(fn(s) for s in p.strategies.values()))
     console.print(step)
     r = p.recommendation
-    console.print(f"[bold]recommended:[/] {r['strategy']}, micro-batch {r['micro_batch']}: {r['reason']}; {r['micro_batch_reason']}")
+    accum = f" x {r['grad_accum']} accumulated (sync {r['sync']})" if r["grad_accum"] > 1 else ""
+    console.print(
+        f"[bold]recommended:[/] {r['strategy']}, micro-batch {r['micro_batch']}{accum}, "
+        f"~{r['tokens_per_s']:,.0f} tokens/s (global batch at most {r['max_global_batch']:,} tokens)"
+    )
+    console.print(f"  why: {r['reason']}; micro-batch: {r['micro_batch_reason']}")
