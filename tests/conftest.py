@@ -9,7 +9,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No RAYDLC_* variables and an empty working directory, so defaults are really defaults."""

@@ -24,7 +24,9 @@ from pathlib import Path
 from raydlc.errors import InputError
 
 UPLOAD_LIMIT = 100 * 2**20  # the dashboard's request size cap (ray_constants.DASHBOARD_CLIENT_MAX_SIZE)
-ALWAYS_EXCLUDED = (".git",)  # Ray uploads .git unless told not to
+# Ray uploads these unless told not to; bytecode differs per Python and is rewritten by any import
+# while Ray hashes and zips the directory (raydlc's own package travels the same way).
+ALWAYS_EXCLUDED = (".git", "__pycache__", "*.pyc")
 IGNORE_FILES = (".gitignore", ".rayignore")  # read per directory, as Ray reads them
 IMAGE_OWNED = ("torch", "ray")  # the image's own builds: a job must not replace them
 BUILTIN_ENTRYPOINT = ("python", "-m", "raydlc.train")
@@ -298,10 +300,11 @@ def build(
 
     argv = list(BUILTIN_ENTRYPOINT) if script is None else ["python", rel or ""]
     entrypoint = " ".join(shlex.quote(a) for a in [*argv, *args])
-    runtime_env: dict[str, object] = {"py_modules": [str(raydlc_module_dir())], "env_vars": {**settings_env, **user_env}}
+    runtime_env: dict[str, object] = {
+        "py_modules": [str(raydlc_module_dir())], "excludes": list(ALWAYS_EXCLUDED), "env_vars": {**settings_env, **user_env},
+    }
     if upload is not None:
         runtime_env["working_dir"] = str(upload.root)
-        runtime_env["excludes"] = list(ALWAYS_EXCLUDED)
     if packages:
         runtime_env["pip"] = packages
     meta = {"raydlc": __version__, "program": "builtin" if script is None else rel or "", "target": target}

@@ -92,8 +92,13 @@ def client(url: str) -> Any:
 
 
 def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
+    """The first line, or for a server-side traceback (a dashboard 500) its first line and its last: the error itself."""
+    text = [line for line in str(e).strip().splitlines() if line.strip()]
+    if not text:
+        return type(e).__name__
+    if len(text) > 1 and text[0].rstrip().endswith("Traceback (most recent call last):"):
+        return f"{text[0].removesuffix('Traceback (most recent call last):').rstrip()} {text[-1].strip()}"[:300]
+    return text[0][:300]
 
 
 def _not_found(e: BaseException) -> bool:

@@ -126,7 +126,7 @@ def test_a_script_job_carries_raydlc_its_working_dir_and_nothing_secret(tmp_path
     spec = _build(tmp_path, script=tmp_path / "proj/train.py", args=["--lr", "1e-3", "two words"], env={"NCCL_DEBUG": "WARN"}, name="run-1")
     assert spec.entrypoint == "python train.py --lr 1e-3 'two words'"
     assert spec.runtime_env["working_dir"] == str((tmp_path / "proj").resolve())
-    assert spec.runtime_env["excludes"] == [".git"]
+    assert spec.runtime_env["excludes"] == [".git", "__pycache__", "*.pyc"]
     assert spec.runtime_env["py_modules"] == [str(Path(jobenv.__file__).resolve().parent)]
     assert spec.runtime_env["env_vars"] == {"NCCL_DEBUG": "WARN"}
     assert spec.submission_id == "run-1" and spec.metadata["program"] == "train.py"
@@ -160,3 +160,12 @@ def test_local_runs_write_where_submit_was_run(tmp_path: Path) -> None:
     assert env == {"RAYDLC_DATA": str(tmp_path / "corpus.txt"), "RAYDLC_STEPS": "3", "RAYDLC_STORAGE_PATH": str(tmp_path / "raydlc-out")}
     assert jobenv.absolute_local_paths({"RAYDLC_STORAGE_PATH": "s3://b/p"}, cwd=tmp_path)["RAYDLC_STORAGE_PATH"] == "s3://b/p"
     assert os.path.isabs(jobenv.absolute_local_paths({"RAYDLC_STORAGE_PATH": "~/runs"}, cwd=tmp_path)["RAYDLC_STORAGE_PATH"])
+
+
+def test_a_dashboard_traceback_is_shortened_to_the_error_it_ends_with() -> None:
+    from raydlc.jobs import _short
+
+    body = "Request failed with status code 500: Traceback (most recent call last):\n  File \"x.py\", line 1\n    f()\nValueError: no such package\n"
+    assert _short(RuntimeError(body)) == "Request failed with status code 500: ValueError: no such package"
+    assert _short(RuntimeError("status code 404: job not found\nmore")) == "status code 404: job not found"
+    assert _short(RuntimeError("")) == "RuntimeError"
