@@ -204,6 +204,7 @@ def test_head_has_no_gpu(name: str, rendered) -> None:
         assert "command" not in c and "args" not in c
     for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
         assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+        assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # no task or actor lands on the head
         assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"
 
 
@@ -295,6 +296,63 @@ def test_p5_worker_claims_8_gpus_and_32_efa_with_gpudirect(rendered) -> None:
     _, default = rendered["default"]
     for template in gpu_pods(default):
         assert "FI_EFA_USE_DEVICE_RDMA" not in {e["name"] for e in template["spec"]["containers"][0]["env"]}
+
+
+GPU_TYPES = [n for n, t in catalog.INSTANCE_TYPES.items() if t.gpus]
+
+
+@pytest.mark.parametrize("instance", GPU_TYPES)
+def test_every_gpu_type_renders_with_all_its_efa_and_gdr_only_where_the_hardware_has_it(instance: str, empty_dir: Path) -> None:
+    it = catalog.INSTANCE_TYPES[instance]
+    cfg = make_config({"GPU_NODE_TYPE": instance, "GPUS_PER_NODE": it.gpus, "GPU_NODE_COUNT": 16, "SYSTEM_NODE_TYPE": "m7i.2xlarge"}, empty_dir)
+    docs = render_all(cfg, ZONES, only="rayjob")
+    (group,) = docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    (c,) = group["template"]["spec"]["containers"]
+    assert c["resources"]["limits"][EFA_RESOURCE] == str(it.efa_interfaces)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if it.gpudirect_rdma else None)
+    # The catalogue's facts hang together: GPUDirect RDMA and NVLink come with the p family here.
+    assert it.gpudirect_rdma == it.nvlink == it.family.startswith("p")
+    assert it.gpu_model is not None and it.gpu_model.memory_gib > 20 and it.gpu_model.bf16_tflops > 100
+    assert it.gpu_link_gbytes_s >= (300 if it.nvlink else 32)
+
+
+def test_efa_interfaces_per_p5_class_type() -> None:
+    assert {n: catalog.INSTANCE_TYPES[n].efa_interfaces for n in ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge")} == {
+        "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p4d.24xlarge": 4,
+    }
+    assert {n: catalog.INSTANCE_TYPES[n].efa_interfaces for n in ("g6.12xlarge", "g6e.24xlarge", "g6e.48xlarge")} == {
+        "g6.12xlarge": 1, "g6e.24xlarge": 2, "g6e.48xlarge": 4,
+    }
+
+
+def test_the_head_is_sized_for_the_workers(empty_dir: Path) -> None:
+    from raydlc.render.sizing import head_needs
+
+    assert [(n.cpu, n.memory_gib) for n in map(head_needs, (8, 128, 512))] == [(2, 7), (4, 10), (10, 22)]
+    p5 = {"GPU_NODE_TYPE": "p5.48xlarge", "GPUS_PER_NODE": 8}
+    with pytest.raises(InputError) as e:
+        render_all(make_config({**p5, "GPU_NODE_COUNT": 16}, empty_dir), ZONES, only="raycluster")
+    assert "128 Ray Train workers" in e.value.message and e.value.hint == "set SYSTEM_NODE_TYPE=m7i.2xlarge"
+    docs = render_all(make_config({**p5, "GPU_NODE_COUNT": 16, "SYSTEM_NODE_TYPE": "m7i.2xlarge"}, empty_dir), ZONES, only="raycluster")
+    head = docs[FILES["raycluster"]]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert (head["cpu"], head["memory"]) == ("6", "24Gi")
+    with pytest.raises(InputError) as e:
+        render_all(make_config({**p5, "GPU_NODE_COUNT": 64, "SYSTEM_NODE_TYPE": "m7i.2xlarge"}, empty_dir), ZONES, only="raycluster")
+    assert "at least 10 CPUs and 22 GiB" in e.value.message and e.value.hint == "set SYSTEM_NODE_TYPE=m7i.4xlarge"
+
+
+def test_the_job_model_is_checked_where_it_is_rendered(empty_dir: Path, tmp_path: Path) -> None:
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for d, doc in ((good, {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "intermediate_size": 128, "vocab_size": 100}), (bad, {"model_type": "t5"})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(doc))
+    job = render_all(make_config({"MODEL_ID": str(good)}, empty_dir), ZONES, only="rayjob")[FILES["rayjob"]]
+    assert json.loads(job["spec"]["runtimeEnvYAML"])["env_vars"]["RAYDLC_MODEL_ID"] == str(good)
+    with pytest.raises(InputError) as e:
+        render_all(make_config({"MODEL_ID": str(bad)}, empty_dir), ZONES, only="rayjob")
+    assert e.value.message.startswith("MODEL_ID (") and "model_type 't5'" in e.value.message
 
 
 def test_pre_stop_hook_stops_ray_inside_the_pod() -> None:

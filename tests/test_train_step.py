@@ -109,3 +109,22 @@ def test_the_ready_causal_mask_is_the_mask_transformers_would_build() -> None:
         assert torch.equal(model(input_ids=ids, attention_mask=L.causal_masks(model)).logits, model(input_ids=ids).logits)
     model.config.layer_types = ["sliding_attention", "full_attention"] * 2
     assert L.causal_masks(model) is None  # a sliding window needs its mask built
+
+
+def test_a_llama_model_gets_no_mask_mapping_and_its_forward_runs() -> None:
+    """Llama's forward takes no per-layer-type mapping: handed one, it would fail on `.ndim`."""
+    import dataclasses
+
+    import torch
+
+    from raydlc.models import SPECS
+    from raydlc.train.model import build_model
+
+    spec = dataclasses.replace(SPECS["tiny"], name="tiny-llama", architecture="llama", qkv_bias=False)
+    model = build_model(spec)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert L.causal_masks(model) is None
+    ids = torch.as_tensor(np.random.default_rng(3).integers(0, 4096, size=(2, 16)))
+    labels = ids.clone()
+    loss, n = L.loss_sum(model, ids, labels)
+    assert n.item() == 2 * 15 and torch.isfinite(loss)

@@ -33,6 +33,16 @@ GPUS: dict[str, GpuModel] = {
 
 @dataclass(frozen=True)
 class InstanceType:
+    """One EC2 type as the planner, the renderer and the config checks need it.
+
+    `network_gbps` and `efa_interfaces` are EC2's figures (DescribeInstanceTypes: NetworkPerformance,
+    MaximumEfaInterfaces); a worker pod claims all of the node's EFA interfaces. `gpudirect_rdma`:
+    EFA reads and writes GPU memory directly (p4d and later), so NCCL's traffic skips host memory.
+    `gpu_link_gbytes_s` is the peak GPU-to-GPU rate inside the node, per GPU and direction, from
+    NVIDIA's datasheets: NVLink 3 (A100 SXM) 600 GB/s and NVLink 4 (H100/H200 SXM) 900 GB/s
+    both directions together; without NVLink, PCIe Gen4 x16 (L4, L40S, A10G): 32 GB/s.
+    """
+
     name: str
     vcpus: int
     memory_gib: int
@@ -41,38 +51,68 @@ class InstanceType:
     efa_interfaces: int  # maximum EFA interfaces; 0 = no EFA
     network_gbps: float
     gpudirect_rdma: bool = False
+    nvlink: bool = False  # False: GPUs talk over PCIe
+    gpu_link_gbytes_s: float = 0.0
 
     @property
     def family(self) -> str:
         return self.name.split(".", 1)[0]
 
+    @property
+    def gpu_model(self) -> GpuModel | None:
+        return GPUS[self.gpu] if self.gpu else None
 
+
+PCIE4_X16 = 32.0  # GB/s per direction
+NVLINK3 = 300.0  # A100 SXM: 600 GB/s over both directions
+NVLINK4 = 450.0  # H100/H200 SXM: 900 GB/s over both directions
+
+
+def _pcie(name: str, vcpus: int, mem: int, gpus: int, gpu: str, efa: int, gbps: float) -> InstanceType:
+    return InstanceType(name, vcpus, mem, gpus, gpu, efa, gbps, gpu_link_gbytes_s=PCIE4_X16)
+
+
+def _nvlink(name: str, vcpus: int, mem: int, gpus: int, gpu: str, efa: int, gbps: float, link: float) -> InstanceType:
+    return InstanceType(name, vcpus, mem, gpus, gpu, efa, gbps, gpudirect_rdma=True, nvlink=True, gpu_link_gbytes_s=link)
+
+
+# Cross-checked against EC2's DescribeInstanceTypes as moto 5.2 snapshots it (vCPUs, GiB, GPUs and
+# their memory, NetworkPerformance, MaximumEfaInterfaces).
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in [
         InstanceType("m7i.xlarge", 4, 16, 0, None, 0, 12.5),
         InstanceType("m7i.2xlarge", 8, 32, 0, None, 0, 12.5),
+        InstanceType("m7i.4xlarge", 16, 64, 0, None, 0, 12.5),
+        InstanceType("m7i.8xlarge", 32, 128, 0, None, 0, 12.5),
         InstanceType("m5.xlarge", 4, 16, 0, None, 0, 10),
-        InstanceType("g5.12xlarge", 48, 192, 4, "a10g", 1, 40),
-        InstanceType("g5.24xlarge", 96, 384, 4, "a10g", 1, 50),
-        InstanceType("g5.48xlarge", 192, 768, 8, "a10g", 1, 100),
-        InstanceType("g6.12xlarge", 48, 192, 4, "l4", 1, 40),
-        InstanceType("g6.24xlarge", 96, 384, 4, "l4", 1, 50),
-        InstanceType("g6.48xlarge", 192, 768, 8, "l4", 1, 100),
-        InstanceType("g6e.12xlarge", 48, 384, 4, "l40s", 1, 100),
-        InstanceType("g6e.24xlarge", 96, 768, 4, "l40s", 2, 200),
-        InstanceType("g6e.48xlarge", 192, 1536, 8, "l40s", 4, 400),
-        InstanceType("p4d.24xlarge", 96, 1152, 8, "a100-40gb", 4, 400, True),
-        InstanceType("p4de.24xlarge", 96, 1152, 8, "a100-80gb", 4, 400, True),
-        InstanceType("p5.48xlarge", 192, 2048, 8, "h100", 32, 3200, True),
-        InstanceType("p5e.48xlarge", 192, 2048, 8, "h200", 32, 3200, True),
-        InstanceType("p5en.48xlarge", 192, 2048, 8, "h200", 16, 3200, True),
+        _pcie("g5.12xlarge", 48, 192, 4, "a10g", 1, 40),
+        _pcie("g5.24xlarge", 96, 384, 4, "a10g", 1, 50),
+        _pcie("g5.48xlarge", 192, 768, 8, "a10g", 1, 100),
+        _pcie("g6.12xlarge", 48, 192, 4, "l4", 1, 40),
+        _pcie("g6.24xlarge", 96, 384, 4, "l4", 1, 50),
+        _pcie("g6.48xlarge", 192, 768, 8, "l4", 1, 100),
+        _pcie("g6e.12xlarge", 48, 384, 4, "l40s", 1, 100),
+        _pcie("g6e.24xlarge", 96, 768, 4, "l40s", 2, 200),
+        _pcie("g6e.48xlarge", 192, 1536, 8, "l40s", 4, 400),
+        _nvlink("p4d.24xlarge", 96, 1152, 8, "a100-40gb", 4, 400, NVLINK3),
+        _nvlink("p4de.24xlarge", 96, 1152, 8, "a100-80gb", 4, 400, NVLINK3),
+        _nvlink("p5.48xlarge", 192, 2048, 8, "h100", 32, 3200, NVLINK4),
+        _nvlink("p5e.48xlarge", 192, 2048, 8, "h200", 32, 3200, NVLINK4),
+        _nvlink("p5en.48xlarge", 192, 2048, 8, "h200", 16, 3200, NVLINK4),
     ]
 }
 
 
 def instance_type(name: str) -> InstanceType | None:
     return INSTANCE_TYPES.get(name)
+
+
+def type_with_gpu(gpu: str, gpus: int) -> InstanceType | None:
+    """The catalogue's type with `gpus` of this GPU per node, else any with this GPU: the fastest network wins."""
+    with_gpu = [t for t in INSTANCE_TYPES.values() if t.gpu == gpu]
+    exact = [t for t in with_gpu if t.gpus == gpus]
+    return max(exact or with_gpu, key=lambda t: t.network_gbps, default=None)
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ def nccl(
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or its hub id [MODEL_ID]."),
+    model: str | None = typer.Option(None, "--model", help="Built-in spec (qwen2.5-0.5b…72b, llama-3.2-1b…llama-3.3-70b, tiny), its hub id, or a dir with config.json [MODEL_ID]."),
     nodes: int | None = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", max=16, help="GPUs per node (what-if; default GPUS_PER_NODE)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
@@ -288,24 +288,38 @@ def plan_cmd(
     max_global_batch: int | None = typer.Option(None, "--max-global-batch", help="Most tokens per optimizer step the recommendation may use [MAX_GLOBAL_BATCH]."),
     policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute), pure-bf16 or fp32."),
     strategy: str | None = typer.Option(None, "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed); default fsdp, or the recommended one with --grad-accum auto."),
-    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each block in backward."),
+    activation_checkpointing: bool | None = typer.Option(
+        None, "--activation-checkpointing/--no-activation-checkpointing",
+        help="Recompute each block in backward (default off; with --scan-nodes each node count chooses unless given).",
+    ),
+    instance_type: str | None = typer.Option(None, "--instance-type", help="GPU instance type whose catalogue facts to plan with [GPU_NODE_TYPE]."),
+    scan_nodes: str | None = typer.Option(None, "--scan-nodes", help="Comma-separated node counts, e.g. 1,2,4,8,16,32,64: the recommended layout, tokens/s and scaling efficiency at each."),
+    plot: Path | None = typer.Option(None, "--plot", help="With --scan-nodes: write a PNG of tokens/s and efficiency against nodes."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits."""
+    from raydlc import catalog
     from raydlc import plan as planner
     from raydlc.models import get_spec
 
+    if plot is not None and scan_nodes is None:
+        raise InputError("--plot draws a scale-out scan", hint="add --scan-nodes 1,2,4,8")
+    known = catalog.instance_type(instance_type) if instance_type else None
     cfg = load(
         ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch, GRAD_ACCUM=grad_accum,
-        GRAD_SYNC=sync, MAX_GLOBAL_BATCH=max_global_batch,
+        GRAD_SYNC=sync, MAX_GLOBAL_BATCH=max_global_batch, GPU_NODE_TYPE=instance_type, GPUS_PER_NODE=known.gpus if known else None,
     )
-    layout = planner.layout_for(
-        cfg.gpu_nodes.count, cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node,
-        gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps,
-    )
+    gpn = cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node
     t = cfg.train
+    spec = get_spec(t.model_id)
+    if scan_nodes is not None:
+        _plan_scan(spec, scan_nodes, gpn, gpu, cfg.gpu_nodes.instance_type, network_gbps, t.seq_len, policy,
+                   activation_checkpointing, t.max_global_batch, plot, json_)
+        return
+    activation_checkpointing = bool(activation_checkpointing)
+    layout = planner.layout_for(cfg.gpu_nodes.count, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
     result = planner.plan(
-        get_spec(t.model_id), layout, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync,
+        spec, layout, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync,
         max_global_batch=t.max_global_batch, policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
     )
     if json_:
@@ -314,6 +328,38 @@ def plan_cmd(
     from raydlc.views.plan import print_plan
 
     print_plan(result, console)
+
+
+def _plan_scan(
+    spec: Any, node_counts: str, gpus_per_node: int, gpu: str | None, instance_type: str, network_gbps: float | None,
+    seq_len: int, policy: str, activation_checkpointing: bool | None, max_global_batch: int, plot: Path | None, json_: bool,
+) -> None:
+    from raydlc import plan as planner
+    from raydlc import scaleout
+
+    counts = scaleout.parse_node_counts(node_counts)
+    if plot is not None:
+        from raydlc.files import check_output_file
+
+        check_output_file(plot, "--plot", force=True)
+
+    def layout_at(n: int) -> planner.Layout:
+        return planner.layout_for(n, gpus_per_node, gpu=gpu, instance_type=instance_type, network_gbps=network_gbps)
+
+    result = scaleout.scan(spec, counts, layout_at, seq_len=seq_len, policy=policy, activation_checkpointing=activation_checkpointing,
+                           max_global_batch=max_global_batch)
+    if plot is not None:
+        from raydlc.views.scan import plot_scan
+
+        plot_scan(result, plot)
+    if json_:
+        emit_json(result.to_dict() | {"plot": str(plot) if plot else None})
+        return
+    from raydlc.views.scan import print_scan
+
+    print_scan(result, console)
+    if plot is not None:
+        console.print(f"plot: {plot}")
 
 
 MAX_ITERS = 1000
@@ -368,7 +414,7 @@ def preflight_cmd(
 @app.command("train")
 def train(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir [MODEL_ID; local default: tiny]."),
+    model: str | None = typer.Option(None, "--model", help="Built-in spec (random init), hub id or local dir (weights loaded shard by shard) [MODEL_ID; local default: tiny]."),
     data: str | None = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [DATA; default: bundled stdlib-docstring corpus]."),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps [STEPS; local default: 300]."),
     workers: int | None = typer.Option(None, "--workers", help="Ray Train workers [NUM_WORKERS; local default: 2]."),

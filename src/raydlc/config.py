@@ -346,7 +346,7 @@ class RayConfig(_Section):
 class TrainConfig(_Section):
     """Every knob of a training run: the workers receive exactly this, re-validated on their side."""
 
-    model_id: str = _env("MODEL_ID", "model spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b), hub id or local dir", default="Qwen/Qwen2.5-1.5B")
+    model_id: str = _env("MODEL_ID", "built-in model spec (README: Models), hub id, or local/hub-cache dir with config.json", default="Qwen/Qwen2.5-1.5B")
     steps: int = _env("STEPS", "optimizer steps", default=5)
     seq_len: int = _env("SEQ_LEN", "tokens per sequence", default=128)
     batch_size: int = _env("BATCH_SIZE", "sequences per worker per step (micro-batch)", default=1)

@@ -91,6 +91,7 @@ class Layout:
     network_gbps: float
     efa: bool = True
     nvlink: bool = False
+    instance_type: str | None = None  # whose catalogue facts (network, EFA, NVLink) these are
 
     @property
     def world(self) -> int:
@@ -620,7 +621,12 @@ def layout_for(
     nodes: int, gpus_per_node: int, *, gpu: str | None = None, instance_type: str | None = None,
     network_gbps: float | None = None,
 ) -> Layout:
-    """A Layout from flags and the catalog; the GPU defaults to the instance type's."""
+    """A Layout from flags and the catalog; the GPU defaults to the instance type's.
+
+    A `gpu` other than the instance type's takes its network, EFA and NVLink facts from the
+    catalogue's type with that GPU (that many per node if one exists): an H100 what-if on a
+    g6 config would otherwise be planned over a g6's 40 Gb/s and PCIe.
+    """
     it = catalog.instance_type(instance_type) if instance_type else None
     gpu_key = (gpu or (it.gpu if it else None) or "").lower()
     if gpu_key not in catalog.GPUS:
@@ -631,15 +637,18 @@ def layout_for(
     if nodes < 1 or gpus_per_node < 1:
         raise InputError(f"nodes and GPUs per node must be at least 1, got {nodes} x {gpus_per_node}",
                          hint="pass --nodes N --gpus-per-node G with N, G >= 1")
+    if it is not None and it.gpu != gpu_key:
+        it = catalog.type_with_gpu(gpu_key, gpus_per_node)
     gbps = network_gbps if network_gbps is not None else (it.network_gbps if it else None)
     if gbps is None:
-        raise InputError("no network bandwidth known for this layout",
-                         hint="pass --network-gbps or a known instance type (GPU_NODE_TYPE)")
+        raise InputError(f"no instance type in the catalogue has {catalog.GPUS[gpu_key].name} GPUs: the network between nodes is unknown"
+                         if gpu else "no network bandwidth known for this layout",
+                         hint="pass --network-gbps (e.g. 3200 for 32 x 100 Gb/s EFA) or a known instance type (GPU_NODE_TYPE)")
     if not (math.isfinite(gbps) and gbps > 0):
         raise InputError(f"network bandwidth must be positive and finite, got {gbps:g} Gb/s", hint="pass --network-gbps 40 for 40 Gb/s")
     return Layout(
         nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu_key, network_gbps=float(gbps),
-        efa=bool(it.efa_interfaces) if it else True, nvlink=bool(it and it.family.startswith("p")),
+        efa=bool(it.efa_interfaces) if it else True, nvlink=bool(it and it.nvlink), instance_type=it.name if it else None,
     )
 
 

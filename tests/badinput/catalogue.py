@@ -97,6 +97,17 @@ VERSION = [
 
 S3 = {"RAYDLC_STORAGE_PATH": "s3://bucket/runs"}  # two GPU nodes need storage every node sees
 
+# Model directories: a config.json raydlc cannot build from, next to what save_pretrained writes.
+GPT2 = json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "vocab_size": 50257})
+QWEN2_SMALL = json.dumps({
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+})
+
+
+def _model(config: str | bytes, name: str = "m") -> dict[str, str | bytes | None]:
+    return {name: DIR, f"{name}/config.json": config}
+
 RENDER = [
     r("render-target-is-a-directory", f"render {ZONES} --out out", 2, "raycluster.yaml exists and is a directory",
       files={"out": DIR, "out/raycluster.yaml": DIR}, env=S3, sub=True),
@@ -113,6 +124,12 @@ RENDER = [
     r("render-no-zones", "render --out out", 2, "GPU_AZ", env=S3),
     r("render-two-nodes-local-storage", f"render {ZONES} --out out", 2, "STORAGE_PATH"),
     r("render-unknown-type", ["--set", "GPU_NODE_TYPE=g99.huge", "render", *ZONES.split()], 2, "GPU_NODE_TYPE"),
+    r("render-model-unsupported-architecture", f"render {ZONES} --only rayjob", 2, "unsupported architecture: model_type 'gpt2'",
+      files=_model(GPT2), env={**S3, "RAYDLC_MODEL_ID": "./m"}, sub=True),
+    r("render-model-config-garbage", f"render {ZONES} --only rayjob", 2, "MODEL_ID",
+      files=_model(b"\x89PNG\r\n\x1a\n"), env={**S3, "RAYDLC_MODEL_ID": "./m"}),
+    r("render-head-too-small", ["--set", "GPU_NODE_COUNT=64", "--set", "GPU_NODE_TYPE=p5.48xlarge", "--set", "GPUS_PER_NODE=8",
+                                "render", *ZONES.split(), "--only", "raycluster"], 2, "needs a head with at least 10 CPUs", env=S3),
 ]
 
 CAPACITY = [
@@ -153,7 +170,29 @@ PLAN = [
     r("plan-nodes-huge", "plan --nodes 100000", 2, "at most 450"),
     r("plan-gpus-per-node-huge", "plan --gpus-per-node 99", 2, "--gpus-per-node"),
     r("plan-micro-batch-zero", "plan --micro-batch 0", 2, "BATCH_SIZE"),
+    r("plan-model-unsupported-architecture", "plan --model ./m", 2, "unsupported architecture: model_type 'gpt2'", files=_model(GPT2), sub=True),
+    r("plan-model-head-not-causal-lm", "plan --model ./m", 2, "Qwen2ForSequenceClassification",
+      files=_model(QWEN2_SMALL.replace("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"))),
+    r("plan-model-config-garbage", "plan --model ./m --json", 2, "not valid JSON", files=_model("{hidden_size: 64,"), sub=True),
+    r("plan-model-config-binary", "plan --model ./m", 2, "not UTF-8", files=_model(b"\x89PNG\r\n\x1a\n\xff\xfe")),
+    r("plan-model-config-a-list", "plan --model ./m", 2, "not a JSON object", files=_model("[1, 2]")),
+    r("plan-model-config-missing-field", "plan --model ./m", 2, "`hidden_size` is missing", files=_model('{"model_type": "llama"}')),
+    r("plan-model-config-bool-layers", "plan --model ./m", 2, "`num_hidden_layers` must be an integer",
+      files=_model(QWEN2_SMALL.replace('"num_hidden_layers": 2', '"num_hidden_layers": true'))),
+    r("plan-model-config-negative", "plan --model ./m", 2, "`vocab_size` must be at least 1",
+      files=_model(QWEN2_SMALL.replace('"vocab_size": 1000', '"vocab_size": -5'))),
+    r("plan-model-config-heads-mismatch", "plan --model ./m", 2, "not a multiple of num_key_value_heads",
+      files=_model(QWEN2_SMALL.replace('"num_key_value_heads": 2', '"num_key_value_heads": 3'))),
+    r("plan-model-quantized", "plan --model ./m", 2, "quantized (gptq)",
+      files=_model(QWEN2_SMALL.replace('"vocab_size": 1000', '"vocab_size": 1000, "quantization_config": {"quant_method": "gptq"}'))),
+    r("plan-model-dir-without-config", "plan --model ./m", 2, "has no config.json", files={"m": DIR}),
+    r("plan-model-path-missing", "plan --model ./nope/model", 2, "does not exist"),
     r("plan-grad-accum-zero", "plan --grad-accum 0", 2, "GRAD_ACCUM"),
+    r("plan-scan-nodes-word", "plan --scan-nodes 1,two", 2, "'two' is not a node count", sub=True),
+    r("plan-scan-nodes-huge", f"plan --scan-nodes 1,{DIGITS_26}", 2, "outside 1..450"),
+    r("plan-plot-without-scan", "plan --plot p.png", 2, "--plot draws a scale-out scan"),
+    r("plan-plot-under-a-file", "plan --scan-nodes 1,2 --plot afile/p.png", 2, "afile", files={"afile": "x"}),
+    r("plan-gpu-without-a-known-network", "plan --gpu b200", 2, "no instance type in the catalogue has B200"),
     r("plan-grad-accum-word", "plan --grad-accum many", 2, "whole number of micro-batches or auto", sub=True),
     r("plan-sync-unknown", "plan --sync sometimes", 2, "GRAD_SYNC"),
     r("plan-max-global-batch-zero", "plan --max-global-batch 0", 2, "MAX_GLOBAL_BATCH"),
@@ -184,6 +223,8 @@ TRAIN = [
     r("train-all-reduce-once-without-hsdp", "train --sharding fsdp --grad-accum 2", 2, "needs HSDP", env={"RAYDLC_GRAD_SYNC": "all-reduce-once"}),
     r("train-grad-accum-beyond-data", "train --model tiny --grad-accum 100000", 2, "one global batch", sub=True),
     r("train-model-unknown", "train --model nosuch", 2, "nosuch"),
+    r("train-model-unsupported-architecture", "train --model ./m", 2, "unsupported architecture: model_type 'gpt2'", files=_model(GPT2), sub=True),
+    r("train-model-no-safetensors", "train --model ./m", 2, "no .safetensors", files=_model(QWEN2_SMALL)),
     r("train-seq-len-beyond-positions", "train --seq-len 4096", 2, "positions"),
     r("train-data-missing", "train --data nope.txt", 2, "nope.txt"),
     r("train-data-not-utf8", "train --data latin.txt", 2, "not UTF-8", files={"latin.txt": b"caf\xe9 " * 100}, sub=True),

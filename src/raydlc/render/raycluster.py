@@ -20,7 +20,7 @@ from typing import Any
 
 from raydlc import catalog
 from raydlc.config import FIELDS, Config, shared_storage_problem
-from raydlc.errors import ConfigError
+from raydlc.errors import ConfigError, InputError
 from raydlc.render import nodes
 from raydlc.render.sizing import head_size, worker_size
 
@@ -75,7 +75,7 @@ def worker_env(cfg: Config) -> dict[str, str]:
 
 
 def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
-    size = head_size(cfg.system_nodes.instance_type)
+    size = head_size(cfg.system_nodes.instance_type, cfg.total_gpus)
     container = {
         "name": "ray-head",
         "image": cfg.images.dlc_image,
@@ -88,7 +88,9 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
     }
     return {
         "serviceType": "ClusterIP",
-        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        # No task or actor lands on the head: it keeps its CPUs for the GCS, the dashboard and the
+        # job's driver (Ray Train's controller and the job supervisor ask for 0 CPUs, so they still fit).
+        "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
             "metadata": {"labels": {CLUSTER_LABEL: instance}},
             "spec": {
@@ -221,8 +223,21 @@ def _submitter(cfg: Config, instance: str) -> dict[str, Any]:
     }
 
 
+def check_model(cfg: Config) -> None:
+    """The job's MODEL_ID must be something the training program can build: a built-in spec, a
+    hub id, or a directory whose config.json names a supported architecture (read here, on the
+    machine that renders; the job reads the same path on the cluster)."""
+    from raydlc.models import spec_for
+
+    try:
+        spec_for(cfg.train.model_id)
+    except InputError as e:
+        raise InputError(f"MODEL_ID ({cfg.origin('MODEL_ID')}): {e.message}", hint=e.hint) from e
+
+
 def render_rayjob(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
     check_storage(cfg)
+    check_model(cfg)
     name = cfg.ray.job_name
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,

@@ -15,7 +15,15 @@ its events, so pods are sized from the instance type with explicit reservations:
   leaves `SYSTEM_PODS_CPU` / `SYSTEM_PODS_MEMORY_GIB` more.
 
 On g6.12xlarge (48 vCPU, 192 GiB) a worker gets 47 CPUs and 176Gi; on m7i.xlarge (4 vCPU,
-16 GiB) the head gets 2 CPUs and 9Gi. DaemonSets' requests measured on EKS add up to about
+16 GiB) the head gets 2 CPUs and 9Gi.
+
+The head grows with the job: it runs the GCS (a table entry and a connection for every node and
+every worker actor), the dashboard (every node's agent reports to it), and the job's driver with
+Ray Train's controller, which gathers every worker's report at each `ray.train.report` and
+receives every worker's log lines. The rule (`head_needs`): 2 CPUs and 6 GiB, plus one CPU per
+64 Ray Train workers and one GiB per 32: 2 x g6.12xlarge (8 workers) need 2 CPUs / 7 GiB,
+16 x p5.48xlarge (128) 4 / 10 GiB, 64 x p5.48xlarge (512) 10 / 22 GiB. A system node too small
+for the job is refused at render time, naming the smallest known type that fits. DaemonSets' requests measured on EKS add up to about
 0.2 CPU (aws-node 25m, kube-proxy 100m, EFA plugin 10m), operator + CoreDNS to 0.3 CPU and
 0.7 GiB: the margins above cover them with room for one more agent.
 """
@@ -34,6 +42,10 @@ KERNEL_MEMORY_FRACTION = 0.06
 KUBE_RESERVED_MEMORY_GIB = 3.0
 DAEMONSET_MEMORY_GIB = 1.0
 SYSTEM_PODS_MEMORY_GIB = 2.0
+HEAD_BASE_CPU = 2
+HEAD_WORKERS_PER_CPU = 64
+HEAD_BASE_MEMORY_GIB = 6
+HEAD_WORKERS_PER_GIB = 32
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,30 @@ def worker_size(instance: str) -> PodSize:
     return _whole(cpu, mem, "GPU_NODE_TYPE", instance)
 
 
-def head_size(instance: str) -> PodSize:
-    """The head on a system node, beside the KubeRay operator and CoreDNS."""
-    it = known_instance(instance, "SYSTEM_NODE_TYPE")
+def _head_fit(it: catalog.InstanceType) -> tuple[float, float]:
     cpu, mem = allocatable_for_pods(it)
-    return _whole(cpu - SYSTEM_PODS_CPU, mem - SYSTEM_PODS_MEMORY_GIB, "SYSTEM_NODE_TYPE", instance)
+    return cpu - SYSTEM_PODS_CPU, mem - SYSTEM_PODS_MEMORY_GIB
+
+
+def head_needs(workers: int) -> PodSize:
+    """What the head needs for a job of `workers` Ray Train workers (one per GPU)."""
+    return PodSize(HEAD_BASE_CPU + workers // HEAD_WORKERS_PER_CPU, HEAD_BASE_MEMORY_GIB + math.ceil(workers / HEAD_WORKERS_PER_GIB))
+
+
+def head_size(instance: str, workers: int = 0) -> PodSize:
+    """The head on a system node, beside the KubeRay operator and CoreDNS: everything left, which
+    must cover `head_needs(workers)`."""
+    it = known_instance(instance, "SYSTEM_NODE_TYPE")
+    size = _whole(*_head_fit(it), "SYSTEM_NODE_TYPE", instance)
+    need = head_needs(workers)
+    if size.cpu < need.cpu or size.memory_gib < need.memory_gib:
+        fits = sorted(
+            (t for t in catalog.INSTANCE_TYPES.values() if not t.gpus and all(a >= b for a, b in zip(_head_fit(t), (need.cpu, need.memory_gib)))),
+            key=lambda t: (t.vcpus, t.memory_gib),
+        )
+        raise InputError(
+            f"SYSTEM_NODE_TYPE: {instance} leaves the Ray head {size.cpu} CPUs and {size.memory_gib} GiB; a job of {workers} "
+            f"Ray Train workers needs a head with at least {need.cpu} CPUs and {need.memory_gib} GiB",
+            hint=f"set SYSTEM_NODE_TYPE={fits[0].name}" if fits else "choose a larger system node type",
+        )
+    return size

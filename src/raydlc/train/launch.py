@@ -90,18 +90,22 @@ class Prepared:
 
 def prepare(train: TrainConfig, where: Target | None = None) -> Prepared:
     """Check and build everything the workers need; raises `InputError`/`CheckpointError`."""
-    from raydlc.models import SPECS, resolve_spec
+    from raydlc.models import SPECS, model_dir, spec_for
     from raydlc.train import data as D
     from raydlc.train import tokenizer as T
+    from raydlc.train.weights import safetensors_files
 
     if train.num_workers < 1:
         raise InputError(f"--workers must be at least 1, got {train.num_workers}")
     if train.seq_len < 2:
         raise InputError("seq len must be at least 2")
     builtin = train.model_id.lower() if train.model_id.lower() in SPECS else None
-    if builtin is None and not Path(train.model_id).expanduser().is_dir() and "/" not in train.model_id:
+    model_spec = SPECS[builtin] if builtin else spec_for(train.model_id)  # a local config.json is read (and checked) here
+    if builtin is None and model_spec is None and "/" not in train.model_id:
         raise InputError(f"--model {train.model_id!r}: not a built-in spec, a local directory or a hub id", hint=f"built-in specs: {', '.join(SPECS)}")
-    model_spec = SPECS[builtin] if builtin else resolve_spec(train.model_id)
+    local = model_dir(train.model_id) if builtin is None else None
+    if local is not None:
+        safetensors_files(local)  # the workers load shard by shard from these
     if model_spec is not None and train.seq_len > model_spec.max_position_embeddings:
         raise InputError(f"--seq-len {train.seq_len} exceeds the model's {model_spec.max_position_embeddings} positions")
     decision = None

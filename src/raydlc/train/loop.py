@@ -172,29 +172,38 @@ def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device
 
 
 def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.device, bf16: bool) -> Trainer:
-    """Model (a built-in spec at random init, or loaded), FSDP2 over the planned mesh, optimizer.
+    """Model (a built-in spec at random init, or pretrained weights loaded shard by shard after
+    FSDP2 has sharded the meta-device model), FSDP2 over the planned mesh, optimizer.
 
     Needs the process group: the mesh is built over it.
     """
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from raydlc.models import get_spec
     from raydlc.plan import default_sync
-    from raydlc.train.model import apply_fsdp, build_model, load_pretrained
+    from raydlc.train.model import apply_fsdp, build_model
+    from raydlc.train.weights import build_sharded
 
     torch.manual_seed(settings.seed)
     np.random.seed(settings.seed)
-    model = build_model(get_spec(spec), device=device, seed=settings.seed) if spec else load_pretrained(settings.model_id).to(device)
     device_mesh = init_device_mesh(device.type, mesh.shape, mesh_dim_names=mesh.dim_names)
-    apply_fsdp(
-        model,
-        mesh=device_mesh,
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-        activation_checkpointing=settings.activation_checkpointing,
-        compile=settings.compile,
-    )
+
+    def shard(model: nn.Module) -> nn.Module:
+        return apply_fsdp(
+            model,
+            mesh=device_mesh,
+            param_dtype=torch.bfloat16 if bf16 else None,
+            reduce_dtype=torch.float32 if bf16 else None,
+            activation_checkpointing=settings.activation_checkpointing,
+            compile=settings.compile,
+        )
+
+    if spec:
+        model = shard(build_model(get_spec(spec), device=device, seed=settings.seed))
+    else:
+        model = build_sharded(settings.model_id, device=device, shard=shard, log=dist.get_rank() == 0)
     accum = settings.grad_accum if isinstance(settings.grad_accum, int) else 1
     sync = default_sync(mesh.sharding, accum) if settings.grad_sync == "auto" else settings.grad_sync
     return Trainer(model, make_optimizer(model, settings, device), device, mesh.world_size, device_mesh, settings, sync)
@@ -239,11 +248,11 @@ def causal_masks(model: nn.Module) -> dict[str, None] | None:
 
     Handed `None`, transformers builds the mask and first looks for packed sequences in the
     position ids with a `.all()` that waits for the GPU on every forward; a ready mask mapping
-    (what `generate` passes) skips that. Only for models whose layers all attend fully: a
-    sliding window needs its mask built.
+    (what `generate` passes) skips that. Only for models that take a mapping per layer type (Qwen2
+    does, Llama does not) and whose layers all attend fully: a sliding window needs its mask built.
     """
-    kinds = getattr(model.config, "layer_types", None) or ["full_attention"]
-    return {"full_attention": None} if all(k == "full_attention" for k in kinds) else None
+    kinds = getattr(model.config, "layer_types", None)
+    return {"full_attention": None} if kinds and all(k == "full_attention" for k in kinds) else None
 
 
 def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,11 +1,10 @@
-"""Qwen2 models built from a spec (raydlc.models) or loaded, and FSDP2 sharding per decoder block."""
+"""Causal LMs (Qwen2, Llama) built from a spec (raydlc.models), FSDP2 sharding per decoder block,
+and pretrained weights loaded shard by shard (raydlc.train.weights)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc.errors import InputError
 from raydlc.models import ModelSpec
 
 if TYPE_CHECKING:
@@ -13,8 +12,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def qwen2_config(spec: ModelSpec, **overrides: Any) -> Any:
-    from transformers import Qwen2Config
+def hf_config(spec: ModelSpec, **overrides: Any) -> Any:
+    """The transformers config of a spec: Qwen2Config or LlamaConfig, by its architecture."""
+    from transformers import LlamaConfig, Qwen2Config
 
     kw: dict[str, Any] = dict(
         vocab_size=spec.vocab_size,
@@ -23,50 +23,31 @@ def qwen2_config(spec: ModelSpec, **overrides: Any) -> Any:
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=spec.rms_norm_eps,
         tie_word_embeddings=spec.tie_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        rope_parameters=spec.rope_parameters(),
         use_cache=False,
         attn_implementation="sdpa",
     )
+    if spec.architecture == "llama":
+        kw.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
     kw.update(overrides)
-    return Qwen2Config(**kw)
+    return (LlamaConfig if spec.architecture == "llama" else Qwen2Config)(**kw)
+
 
 
 def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, seed: int | None = 0) -> nn.Module:
-    """A randomly initialised Qwen2 causal LM; `device="meta"` builds shapes only (no memory)."""
+    """A randomly initialised causal LM of the spec's architecture; `device="meta"` builds shapes only (no memory)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     if seed is not None and str(device) != "meta":
         torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(qwen2_config(spec), dtype=dtype or torch.float32)
+        model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=dtype or torch.float32)
     return model
-
-
-def load_pretrained(model_id: str, *, dtype: torch.dtype | None = None) -> nn.Module:
-    """Real weights from a hub id or a local directory; offline hub ids fail at once."""
-    import os
-
-    from transformers import AutoModelForCausalLM
-
-    local = Path(model_id).expanduser()
-    if not local.is_dir() and os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
-        raise InputError(
-            f"model {model_id!r} is a hub id and HF_HUB_OFFLINE is set",
-            hint="use a built-in spec (tiny, qwen2.5-0.5b, qwen2.5-1.5b) or a local directory",
-        )
-    try:
-        return AutoModelForCausalLM.from_pretrained(
-            str(local) if local.is_dir() else model_id, dtype=dtype, attn_implementation="sdpa"
-        )
-    except OSError as e:
-        raise InputError(
-            f"cannot load model {model_id!r}: {e}",
-            hint="without network, set HF_HUB_OFFLINE=1 and use a built-in spec or a local directory",
-        ) from e
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

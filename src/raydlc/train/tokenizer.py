@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from raydlc.errors import InputError
@@ -62,11 +61,13 @@ def load_pretrained_tokenizer(model_id: str) -> Any:
 
     from transformers import AutoTokenizer
 
-    local = Path(model_id).expanduser()
-    if not local.is_dir() and os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+    from raydlc.models import model_dir
+
+    local = model_dir(model_id)  # a directory, or the hub id's entry in the local hub cache
+    if local is None and os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
         raise InputError(f"tokenizer of {model_id!r}: a hub id while HF_HUB_OFFLINE is set", hint="use a local model directory")
     try:
-        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else model_id)
+        return AutoTokenizer.from_pretrained(str(local) if local is not None else model_id)
     except OSError as e:
         raise InputError(f"cannot load the tokenizer of {model_id!r}: {e}", hint="set HF_HUB_OFFLINE=1 without network") from e
 
