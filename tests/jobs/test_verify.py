@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -18,20 +19,12 @@ SOCKET_B = NCCL / "mixed_composed_efa_and_socket" / "node-b.log"
 EFA_B = NCCL / "efa_nccl527_noprefix_gdr.log"
 SELECTED_ONLY = NCCL / "efa_ofi161_provider_selected_nothing_crossed.log"
 
-# The shape `fi_info -p efa` prints on an EFA node (one entry per endpoint type of each device).
-FI_INFO_EFA = """provider: efa
-    fabric: efa
-    domain: rdmap0s31-rdm
-    version: 122.0
-    type: FI_EP_RDM
-    protocol: FI_PROTO_EFA
-provider: efa
-    fabric: efa
-    domain: rdmap0s31-dgrm
-    version: 122.0
-    type: FI_EP_DGRAM
-    protocol: FI_PROTO_EFA
-"""
+# The shape `fi_info -p efa` prints on an EFA node: the recorded double's answer, one copy for both.
+_double = importlib.util.spec_from_file_location("fi_info_double", Path(__file__).resolve().parents[1] / "doubles" / "fi_info.py")
+assert _double is not None and _double.loader is not None
+_fi_info = importlib.util.module_from_spec(_double)
+_double.loader.exec_module(_fi_info)
+FI_INFO_EFA: str = _fi_info.EFA
 JOB = JobFact("train-1", "02000000", "SUCCEEDED")
 
 
