@@ -64,6 +64,8 @@ def _print_progress(rec: dict[str, Any]) -> None:
         print(f"step {rec['step']}: eval loss {rec['eval_loss']:.4f}", flush=True)
     elif "loss" in rec:
         print(f"step {rec['step']}: loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s  {rec['step_time_s']:.3f} s", flush=True)
+    elif rec.get("resumed"):
+        print(f"step {rec['step']}: resumed from its checkpoint", flush=True)
 
 
 if __name__ == "__main__":

@@ -487,6 +487,8 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
 
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
     start_step, history = restore(t, run, session, rank)
+    if rank == 0 and start_step > 0:
+        session.progress([{"step": start_step, "resumed": True}])  # a restart after a failure, or --resume: the driver says so
     report_every = s.report_every
     eval_every = s.eval_every or s.checkpoint_every
     meta = run.checkpoint_meta()

@@ -38,6 +38,9 @@ def run_with_progress(run: Callable[..., dict[str, Any]], settings: TrainConfig,
                 bar.update(task, eval=f"{rec['eval_loss']:.3f}")
             elif "loss" in rec:
                 bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.3f}", tps=f"{rec['tokens_per_s']:,.0f}")
+            elif rec.get("resumed"):
+                bar.update(task, completed=rec["step"])
+                bar.console.print(f"resumed from the checkpoint of step {rec['step']}")
 
         return run(settings, where, on_progress=on_progress)
 
