@@ -1,0 +1,43 @@
+"""raydlc as a library: every command's use case as one typed function, the same work the CLI does.
+
+    import raydlc.api as api
+    result = api.plan(model="qwen2.5-1.5b", nodes=2, gpus_per_node=4)
+    print(result.recommendation)
+
+Conventions every use case follows (so one page of docs covers them all):
+- Keyword arguments are named like the command's flags. Use cases that read the configuration also
+  take `config` (a YAML file; default `./raydlc.yaml` or `$RAYDLC_CONFIG`) and `settings` (env.sh
+  names to values, as `--set NAME=VALUE`), layered as the CLI layers them: default < file <
+  `RAYDLC_*` environment < `settings` < the named arguments.
+- The return value is typed and frozen; its `to_dict()` is exactly what `raydlc <command> --json`
+  prints. Nothing is printed: progress reaches the caller through optional callbacks.
+- Failures raise `raydlc.errors.RaydlcError` (message, hint, exit code), never a library's own error.
+- Each function's docstring ends with an `Example:` block that the test suite runs and
+  `docs/api.md` shows.
+
+The functions live in private modules by command family and are imported on first use, so
+`import raydlc.api` costs nothing until a use case runs (no torch, ray or kubernetes).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> private module that defines it; one line per use case or result type
+_EXPORTS: dict[str, str] = {}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raydlc.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
