@@ -373,7 +373,11 @@ def start_head(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
     # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.
-    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **worker_env(), **(env or {})}
+    # Ray gives each dashboard module 30 s to start and ends the head when one is late, which a loaded
+    # laptop misses; the head's own start timeout is the limit that counts.
+    slow_start = {"RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": str(max(30.0, timeout))}
+    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(),
+                 **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)

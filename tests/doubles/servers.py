@@ -37,8 +37,20 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
-def reset_moto(url: str) -> None:
+def reset_moto(url: str, warm_regions: tuple[str, ...] = ()) -> None:
+    """A fresh moto; `warm_regions` get their EC2 backend built now, with a long timeout.
+
+    moto builds a region's EC2 backend (default VPC, AMIs, offerings) on its first request, which on a
+    loaded machine outlasts raydlc's 8 s read timeout and fails the test's first real call instead.
+    """
     urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", data=b"", method="POST"), timeout=30).read()
+    if warm_regions:
+        import boto3
+        from botocore.config import Config
+
+        for region in warm_regions:
+            boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                         config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
 
 
 def parse_path_with_namespaces(original: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -231,7 +231,7 @@ def _reservation_handlers(world: World) -> dict[str, Callable[..., Any]]:
 def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[World]:
     import raydlc.aws
 
-    servers.reset_moto(moto_server)
+    servers.reset_moto(moto_server, warm_regions=("us-east-2",))
     for k in list(os.environ):
         if k.startswith(("RAYDLC_", "AWS_", "DOUBLES_", "KUBECONFIG", "HF_")):
             monkeypatch.delenv(k)
