@@ -46,18 +46,8 @@ def sample() -> str:
                 KUBECONFIG=str(tmp / "no-kubeconfig"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp / "home"),
                 DOUBLES_SCENARIO=str(tmp / "scenario.json"), DOUBLES_KUBE_URL=kube.url, DOUBLES_LOG=str(tmp / "calls.jsonl"),
             )
-            _warm(moto)
+            servers.reset_moto(moto, warm_regions=("us-east-2",))  # moto builds its EC2 backend on the first request: not part of `up`
             return _status_after_up()
-
-
-def _warm(moto: str) -> None:
-    """moto builds its EC2 backend (instance types, offerings) on the first request: not part of `up`."""
-    import boto3
-    from botocore.config import Config
-
-    ec2 = boto3.client("ec2", region_name="us-east-2", endpoint_url=moto, config=Config(read_timeout=300, retries={"max_attempts": 1}))
-    ec2.describe_availability_zones()
-    ec2.describe_instance_type_offerings(LocationType="availability-zone")
 
 
 def _status_after_up() -> str:

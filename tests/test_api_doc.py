@@ -216,7 +216,7 @@ def moto_url() -> Iterator[str]:
 def sandbox(root: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch, pythonpath: Path | None = None) -> Iterator[Sandbox]:
     from kuberay import Operator
 
-    servers.reset_moto(moto_url)
+    servers.reset_moto(moto_url, warm_regions=(REGION,))
     home, cwd, bin_dir = root / "home", root / "work", root / "bin"
     for d in (home, cwd, bin_dir):
         d.mkdir(parents=True)
