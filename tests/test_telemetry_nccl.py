@@ -252,11 +252,11 @@ def test_cli_reads_stdin_and_imports_nothing_heavy(tmp_path: Path) -> None:
 
 
 def test_numpy_and_plain_newline_counts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.telemetry import nccl
+    from raydlc.telemetry.nccl import scan
 
     data = b"".join((DATA / n).read_bytes() * 3 for n in ("socket_nccl952_ibext_no_device_fallback.log", "efa_ofi715_cloudwatch_gdr_shared.log"))
     plain = analyze_chunks([data], source="x")
-    monkeypatch.setattr(nccl, "NUMPY_MIN", 0)
+    monkeypatch.setattr(scan, "NUMPY_MIN", 0)
     vectorised = analyze_chunks((data[i:i + 4096] for i in range(0, len(data), 4096)), source="x")
     assert [(e.line, e.text) for e in vectorised.evidence + vectorised.errors] == [(e.line, e.text) for e in plain.evidence + plain.errors]
     assert vectorised.lines == plain.lines == data.count(b"\n")
