@@ -81,11 +81,43 @@ def test_libfabric_over_another_provider_is_libfabric_other(provider: str) -> No
     assert any(f"selected provider {provider!r}, not efa" in c for c in r.causes)
 
 
-def test_libfabric_without_a_provider_is_unknown_never_efa() -> None:
-    r = judge(NcclFacts(processes=two_nodes(nets=frozenset({"Libfabric"}), gdr=True)))
-    assert (r.verdict, r.proof, r.gdr) == ("unknown", None, True)
+def test_libfabric_without_a_provider_or_gdrdma_is_unknown_never_efa() -> None:
+    r = judge(NcclFacts(processes=two_nodes(nets=frozenset({"Libfabric"}), transports=frozenset({"NET/Libfabric"}))))
+    assert (r.verdict, r.proof, r.gdr) == ("unknown", None, False)
     assert {x.inter_node for x in r.ranks} == {"libfabric?"}
     assert any("not proof of EFA" in x for x in r.reasons)
+
+
+GDR_LIBFABRIC = {"nets": frozenset({"Libfabric"}), "transports": frozenset({"NET/Libfabric/GDRDMA"}), "gdr": True}
+
+
+def test_libfabric_gdrdma_without_a_provider_is_libfabric_provider_unproven() -> None:
+    r = judge(NcclFacts(processes=two_nodes(**GDR_LIBFABRIC)))
+    assert (r.verdict, r.proof, r.gdr, r.provider, r.fallback) == ("libfabric", "carried", True, None, False)
+    assert {x.inter_node for x in r.ranks} == {"libfabric"} and {h.inter_node for h in r.hosts} == {"libfabric"}
+    assert "no line proves the provider" in r.reasons[0] and "not proof of EFA" in r.reasons[0]
+    assert not expect_ok(r, "efa") and not expect_ok(r, "efa", accept_selected=True)
+    assert any("FI_PROVIDER=efa" in c for c in r.causes)
+
+
+def test_ranks_that_only_selected_libfabric_join_the_gdrdma_ones() -> None:
+    a = proc("node-a", 11, rank=0, nranks=2, nnodes=2, **GDR_LIBFABRIC)
+    b = proc("node-b", 22, rank=1, nranks=2, nnodes=2, selected=("Libfabric",))
+    r = judge(NcclFacts(processes=(a, b)))
+    assert (r.verdict, r.proof) == ("libfabric", "carried")
+    assert [x.inter_node for x in r.ranks] == ["libfabric", "libfabric*"]
+
+
+@pytest.mark.parametrize(("kind", "said"), [
+    ("efa-address", "an EFA endpoint address (fi_addr_efa), line 3"),
+    ("efa-device", "an EFA device name (efa_<k>), line 3"),
+    ("provider", "libfabric's efa endpoint log, line 3"),
+])
+def test_a_line_proving_efa_turns_gdrdma_libfabric_into_efa(kind: str, said: str) -> None:
+    hint = Evidence(kind, "w.log", 3, "…")
+    r = judge(NcclFacts(processes=two_nodes(**GDR_LIBFABRIC), provider_hint=hint))
+    assert (r.verdict, r.proof, r.provider) == ("efa", "carried", "efa")
+    assert f"OFI provider: efa (from {said})" in r.reasons
 
 
 def test_ranks_on_different_transports_are_mixed() -> None:
@@ -185,6 +217,31 @@ def test_every_expectable_verdict_can_pass_the_gate() -> None:
     for want, facts in cases.items():
         r = judge(facts)
         assert r.verdict == want and expect_ok(r, want), (want, r.reasons)
+
+
+def test_a_rank_that_only_selected_counts_on_a_machine_that_carried() -> None:
+    a0 = proc("node-a", 11, 0, rank=0, nranks=4, **EFA)
+    a1 = proc("node-a", 12, 1, rank=1, nranks=4, selected=("Socket",))
+    b2 = proc("node-b", 21, 0, rank=2, nranks=4, **EFA)
+    r = judge(NcclFacts(processes=(a0, a1, b2)))
+    assert (r.verdict, r.proof) == ("mixed", "selected")
+    hosts_ = {h.host: h for h in r.hosts}
+    assert (hosts_["node-a"].inter_node, hosts_["node-a"].inter_node_ranks) == ("mixed", {"efa": ["0"], "socket": ["1"]})
+    assert (hosts_["node-b"].inter_node, hosts_["node-b"].inter_node_ranks) == ("efa", {"efa": ["2"]})
+    assert "node-a: ranks of one machine on different transports — efa: rank 0; socket: rank 1" in r.reasons
+    # A process that only selected, on a machine where nothing carried, is still not counted (nNodes unknown).
+    c3 = proc("node-c", 31, 0, rank=3, nranks=4, selected=("Socket",))
+    assert judge(NcclFacts(processes=(a0, b2, c3))).verdict == "efa"
+
+
+def test_ranks_of_one_machine_on_two_carried_transports_are_named() -> None:
+    procs = (proc("box", 1, 0, rank=0, nranks=4, **EFA), proc("box", 2, 1, rank=1, nranks=4, **EFA),
+             proc("box", 3, 2, rank=2, nranks=4, **SOCKET), proc("box", 4, 3, **SOCKET))
+    r = judge(NcclFacts(processes=procs))
+    [h] = r.hosts
+    assert (r.verdict, r.proof, h.inter_node) == ("mixed", "carried", "mixed")
+    assert h.inter_node_ranks == {"efa": ["0", "1"], "socket": ["2", "box:4:3"]}
+    assert "box: ranks of one machine on different transports — efa: ranks 0, 1; socket: rank 2, box:4:3" in r.reasons
 
 
 # --- machines, on hand-built processes ------------------------------------------------------

@@ -8,7 +8,7 @@ from raydlc.telemetry.nccl.report import NcclReport
 def likely_causes(r: NcclReport) -> list[str]:
     """The checks a person should run next, read off the verdict, the failures and the settings in force."""
     out: list[str] = []
-    if not (r.fallback or r.verdict in ("socket", "libfabric-other", "mixed") or r.failures):
+    if not (r.fallback or r.verdict in ("socket", "libfabric", "libfabric-other", "mixed") or r.failures):
         return out
     texts = " ".join(e.text for e in r.failures).lower()
     if any(e.kind == "network" for e in r.failures):
@@ -19,6 +19,9 @@ def likely_causes(r: NcclReport) -> list[str]:
         out.append("no EFA device visible in the container: is /dev/infiniband/uverbs* mounted? Does the pod request vpc.amazonaws.com/efa? Is the EFA device plugin DaemonSet ready on the node?")
     if "version `" in texts or "cannot open shared object" in texts or "undefined symbol" in texts:
         out.append("the net plugin could not be loaded: libfabric / aws-ofi-nccl versions in the image do not match (check LD_LIBRARY_PATH and /opt/amazon/efa/lib)")
+    if r.verdict == "libfabric":
+        out.append("the OFI plugin carried the traffic, but no line proves its provider: set NCCL_DEBUG_SUBSYS=INIT,NET so the "
+                   "plugin prints 'Selected provider is …' at start-up, and FI_PROVIDER=efa so it can only be EFA")
     if r.provider and r.provider.split(";")[0] not in ("efa", "efa-direct"):
         out.append(f"the OFI plugin selected provider {r.provider!r}, not efa: check FI_PROVIDER=efa and that fi_info -p efa lists a device")
     if r.fallback_from != "ib" and (r.verdict in ("socket", "mixed") or r.fallback):

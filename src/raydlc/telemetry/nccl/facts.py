@@ -76,7 +76,9 @@ class NcclFacts:
 
     `unattributed` collects what lines without a process prefix said (its key is "*").
     `ib_nodev` is the first line saying IB has no device (a failure only if IB was wanted:
-    `ib_expected`); `provider_hint` a libfabric line from an opened efa endpoint.
+    `ib_expected`); `provider_hint` the first line that proves the efa provider without naming it:
+    libfabric's log of an opened efa endpoint (kind "provider"), an fi_addr_efa address
+    ("efa-address") or an efa_<k> device name ("efa-device").
     """
 
     processes: tuple[Process, ...] = ()

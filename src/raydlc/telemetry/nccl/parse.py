@@ -272,6 +272,8 @@ class NcclParser:
 
     def _dispatch(self, proc: _Proc | None, level: str | None, msg: str, text: str, line: int, source: str) -> None:
         tgt = proc or self.glob
+        if R.EFA_ADDRESS in text:  # libfabric's efa errors, and the plugin's warnings that quote them
+            self._efa_proof("efa-address", text, line, source)
         if level is None:
             v = R.VERSION.search(text) if "NCCL version" in text else None
             if v:
@@ -330,6 +332,17 @@ class NcclParser:
         else:
             p.transports.add(_transport_word(via))
             self._note("channel", text, line, source)
+
+    def on_net_device(self, proc: _Proc | None, tgt: _Proc, msg: str, rest: str, text: str, line: int, source: str) -> None:
+        """NCCL's `NET/<net> : GPU Direct RDMA Enabled for HCA 0 'efa_0'`: the plugin's device, an EFA one or not (rule efa-device)."""
+        if R.EFA_DEVICE.search(msg):
+            self._efa_proof("efa-device", text, line, source)
+
+    def _efa_proof(self, kind: str, text: str, line: int, source: str) -> None:
+        """A line that proves the efa provider without naming it (rules efa-address, efa-device); the first one is kept."""
+        if self.provider_hint is None:
+            self.provider_hint = Evidence(kind, source, self._ln(line), text.strip())
+        self._note(kind, text, line, source)
 
     def on_nvls(self, proc: _Proc | None, tgt: _Proc, msg: str, rest: str, text: str, line: int, source: str) -> None:
         tgt.transports.add("NVLS")
@@ -491,6 +504,9 @@ class NcclParser:
             if not tgt.plugin:
                 tgt.plugin = "aws-ofi-nccl"
             self._note("efa-wording", text, line, source)
+            return
+        if R.EFA_DEVICE.search(msg):  # "NET/OFI GUID of efa_0: …" (rule efa-device)
+            self._efa_proof("efa-device", text, line, source)
             return
         self._note("ofi", text, line, source)
 

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 from raydlc.telemetry.nccl.facts import Evidence
 
-VERDICTS: tuple[str, ...] = ("efa", "socket", "ib", "libfabric-other", "single-node", "mixed", "unknown")
+# libfabric: the OFI plugin carried the traffic with GPUDirect RDMA, but no line proves which provider.
+VERDICTS: tuple[str, ...] = ("efa", "socket", "ib", "libfabric", "libfabric-other", "single-node", "mixed", "unknown")
 EXPECTABLE: tuple[str, ...] = ("efa", "socket", "ib", "single-node")
 PROOFS: tuple[str, ...] = ("carried", "selected")
 
@@ -53,6 +54,8 @@ class HostInfo:
     proof: str | None
     why: list[str] = field(default_factory=list)
     told_by: str = "hostname"  # what sets it apart: hostname, addresses (a shared hostname), or caller (a node name given)
+    # verdict word -> the ranks (or, unnumbered, the processes) whose inter-node traffic it was; several words: `mixed`
+    inter_node_ranks: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass

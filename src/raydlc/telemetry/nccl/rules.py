@@ -66,6 +66,28 @@ RULES: dict[str, Rule] = {
         "the OFI plugin's provider: efa/efa-direct is EFA, anything else (tcp, sockets, cxi, verbs) is not",
         "aws-ofi-nccl src/nccl_ofi_net.c 'Selected Provider is %s' v0.9-v1.13.2; 'Selected provider is %s, fabric is %s' "
         "src/nccl_ofi_net.cpp v1.14.0-v1.21.1"),
+    "efa-address": Rule(
+        "fi_addr_efa://[<gid>]:<qpn>:<qkey>, in libfabric's efa errors ('... My EFA addr: fi_addr_efa://... Peer EFA addr: ...'), "
+        "which aws-ofi-nccl's completion-error warnings quote",
+        "an endpoint address in the EFA address format: the provider is efa",
+        "libfabric src/common.c ofi_straddr (FI_ADDR_EFA as 'fi_addr_efa://[%s]:%u:%u'), prov/efa/src/rdm/efa_rdm_util.c "
+        "efa_rdm_write_error_msg ('My EFA addr: %s'); aws-ofi-nccl src/nccl_ofi_rdma.cpp, src/platform-aws.cpp print it through "
+        "fi_cq_strerror (v1.21.1)"),
+    "efa-device": Rule(
+        "NET/<net> : GPU Direct RDMA Enabled|Disabled for HCA <n> 'efa_<k>'; NET/OFI GUID of efa_<k>: <guid>",
+        "the plugin's network device is an EFA device, which the kernel's efa driver names efa_<k>: the provider is efa "
+        "(devices renamed by udev, such as rdmap16s27, are not counted: that naming is not EFA's alone)",
+        "Linux drivers/infiniband/hw/efa/efa_main.c ib_register_device(..., \"efa_%d\"); NCCL src/graph/topo.cc "
+        "'NET/%s : GPU Direct RDMA %s for HCA %d '%s'' (2.13-2.29) with the name aws-ofi-nccl gives (src/nccl_ofi_net.cpp: the "
+        "NIC's device_attr name, else the domain name); aws-ofi-nccl src/platform-aws.cpp 'GUID of %s' (v1.21)"),
+    "libfabric-gdr": Rule(
+        "Channel ... via NET/<Libfabric|AWS Libfabric>/<dev>/GDRDMA, with no line that names or proves the provider",
+        "the OFI plugin carried the traffic straight from GPU memory: verdict libfabric, provider unproven. aws-ofi-nccl "
+        "offers GPU pointers whenever its provider supports FI_HMEM, which efa does and others can: EFA only when a provider, "
+        "efa-address or efa-device line proves it",
+        "NCCL src/transport/net.cc ('/GDRDMA' when the connection uses GPU Direct RDMA, 2.4-2.29); aws-ofi-nccl "
+        "src/nccl_ofi_interface_nvidia.cpp (ptrSupport |= NCCL_PTR_CUDA when hmem_support), src/nccl_ofi_net.cpp "
+        "(hmem_support from support_gdr), v1.21.1"),
     "efa-wording": Rule(
         "NET/OFI Setting provider_filter to efa; NET/OFI Forcing AWS OFI ndev N",
         "the plugin restricted itself to the efa provider (so if its network is then used, it is EFA), or took the "
@@ -156,6 +178,7 @@ PREFIXES: tuple[Prefix, ...] = (
     Prefix("NET/Plugin", "plugin", "plugin"),
     Prefix("NET/IB", "net_ib", "ib-init"),
     Prefix("NET/Socket", "net_socket", "socket-init"),
+    Prefix("NET/", "net_device", "efa-device"),  # "NET/Libfabric : GPU Direct RDMA Enabled for HCA 0 'efa_0'" (2.13+)
     Prefix("NCCL version", "version", "version"),
     Prefix("NCCL_", "env", "env"),
     Prefix("NVLS comm ", "nvls", "channel"),  # NVLS set up (transport/nvls.cc); "NVLS multicast support is …" is not
@@ -173,7 +196,7 @@ PREFIXES: tuple[Prefix, ...] = (
 CAND_NCCL = re.compile(
     rb"NCCL (?:WARN|ABORT|version|error|communicator|INFO (?:\[Rank \d+\] )?(?:Channel|Ring|Bootstrap|Failed to initialize NET"
     rb"|Using (?:network|internal Net)|Initialized NET|Assigned NET|NET/(?:Plugin|IB|Socket"
-    rb"|OFI (?:Selected|Using aws|Initializing aws|Setting provider_filter|Forcing AWS))"
+    rb"|OFI (?:Selected|Using aws|Initializing aws|Setting provider_filter|Forcing AWS|GUID of efa_)|(?:AWS )?Libfabric : GPU Direct)"
     rb"|P2P plugin|Plugin Path|comm 0x|ncclComm|rank \d+ nranks|Init timings|NCCL version|NCCL_[A-Z0-9_]+ set |NVLS comm|Connected (?:NVLS|all)))"
     rb"|NCCL\.cpp:\d+\][^\n]*?(?:[Tt]imeout|[Ee]rror|[Ff]ail)"
 )
@@ -223,6 +246,9 @@ APP_ERROR = re.compile(
 )
 # `<ifname>:<address><port>` as NCCL's socketToString prints it (IPv4, or IPv6 with %scope).
 ADDR = re.compile(r"([\w.\-]+):(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F]*:[0-9a-fA-F:.]*(?:%[\w.\-]+)?)<\d+>")
+# An EFA device in the plugin's lines: `for HCA 0 'efa_0'`, `GUID of efa_3:` (rule efa-device).
+EFA_DEVICE = re.compile(r"(?:for HCA \d+ '|GUID of )(efa_\d+)\b")
+EFA_ADDRESS = "fi_addr_efa://"  # rule efa-address
 # A device in the IB transport's list: ` [0]mlx5_0:1/IB`, ` [3]mlx5_3:1/RoCE`, `/IB/SHARP`.
 IB_DEV = re.compile(r"\[\d+\][\w.\-]+:\d+/(\w+)")
 
@@ -238,8 +264,14 @@ def net_class(name: str, provider: str | None) -> str:
         return "socket"
     if low.startswith("ib") or low.startswith("gib") or low.startswith("rdma") or low == "nccl rdma plugin":
         return "ib"
-    if "libfabric" in low or low.startswith("ofi") or low == "aws ofi":
+    if is_libfabric(low):
         if provider is None:
             return "libfabric?"
         return "efa" if provider.split(";")[0] in ("efa", "efa-direct") else "libfabric-other"
     return "unknown"
+
+
+def is_libfabric(name: str) -> bool:
+    """aws-ofi-nccl's network: "Libfabric", "AWS Libfabric" (older), "OFI"/"AWS OFI" (some builds)."""
+    low = name.strip().lower()
+    return "libfabric" in low or low.startswith("ofi") or low == "aws ofi"

@@ -8,13 +8,16 @@ Proof levels:
   device list) or the OFI plugin (`Selected provider is efa`) reported choosing it, and no
   channel line is in the log;
 - none (`unknown`) when neither is there.
-Ranks that disagree make `mixed`, never a majority. "Libfabric" is the plugin's name for any
-provider: it is EFA only with an EFA provider (`rules.net_class`).
+Ranks that disagree make `mixed`, never a majority, and so do ranks of one machine that
+disagree. "Libfabric" is the plugin's name for any provider: it is EFA only when a line proves
+the provider (`Selected provider is efa`, an fi_addr_efa address, an efa_<k> device); with
+GDRDMA channel lines and no such line it is `libfabric`, provider unproven.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from raydlc.telemetry.nccl.advice import likely_causes
@@ -22,10 +25,10 @@ from raydlc.telemetry.nccl.facts import NcclFacts, Process, uniq
 from raydlc.telemetry.nccl.machines import hosts as find_hosts
 from raydlc.telemetry.nccl.machines import primary_addr
 from raydlc.telemetry.nccl.report import HostInfo, NcclReport, RankInfo
-from raydlc.telemetry.nccl.rules import net_class
+from raydlc.telemetry.nccl.rules import is_libfabric, net_class
 
 # Relative speed of what carried inter-node traffic; a fallback lands on a lower rank.
-SPEED = {"efa": 3, "ib": 3, "net plugin": 3, "libfabric-other": 2, "socket": 1}
+SPEED = {"efa": 3, "ib": 3, "net plugin": 3, "libfabric": 3, "libfabric-other": 2, "socket": 1}
 
 Chosen = dict[str, tuple[list[str], str | None]]  # process key -> (networks it chose, the rule that says so)
 
@@ -37,9 +40,18 @@ class _Providers:
     names: list[str]
     hinted: str | None  # where an implied provider came from
     one: str | None  # the provider, when the whole log names exactly one
+    gdr_libfabric: bool = False  # a provider-less libfabric channel line with GDRDMA is in the log (rule libfabric-gdr)
 
     def of(self, p: Process) -> str | None:
         return p.provider or p.implied_provider or self.one
+
+    def word(self, network: str, provider: str | None) -> str:
+        """A network's verdict word; provider-less libfabric is `libfabric` once a GDRDMA channel showed (rule libfabric-gdr)."""
+        w = net_class(network, provider)
+        return "libfabric" if w == "libfabric?" and self.gdr_libfabric else w
+
+    def words(self, p: Process, networks: Iterable[str]) -> set[str]:
+        return {self.word(n, self.of(p)) for n in networks}
 
 
 @dataclass(frozen=True)
@@ -59,9 +71,9 @@ def judge(facts: NcclFacts) -> NcclReport:
     nnodes_decl = max([p.nnodes for p in every if p.nnodes] or [0]) or None
     hosts = find_hosts(list(facts.processes), nnodes_decl, facts.duplicate_gpu)
     machines = sum(h.machines for h in hosts)
-    call = _call(facts, providers, chosen, selected, nnodes_decl, machines)
+    call = _call(facts, providers, chosen, selected, nnodes_decl, hosts)
     reasons = call.reasons + _machine_reasons(hosts, nnodes_decl)
-    fallback, attempted = _fallback(facts, chosen, call, selected, providers.one, reasons)
+    fallback, attempted = _fallback(facts, chosen, call, selected, providers, reasons)
     rows = _rank_rows(facts, providers, chosen, selected, call.verdict, {k: h.host for h in hosts for k in h.processes})
     net_procs = [p for p in every if p.nets]
     report = NcclReport(
@@ -78,6 +90,7 @@ def judge(facts: NcclFacts) -> NcclReport:
         causes=[], env=dict(facts.env), sources=list(facts.sources), lines=facts.lines, candidates=facts.candidates,
         folded_repeats=facts.folded_repeats, hosts=_judged_hosts(hosts, rows),
     )
+    report.reasons.extend(_mixed_machines(report.hosts))
     report.causes = likely_causes(report)
     return report
 
@@ -91,8 +104,15 @@ def _providers(facts: NcclFacts) -> _Providers:
         if any(p.implied_provider for p in every):
             names, hinted = ["efa"], "the plugin's EFA-only wording (Setting provider_filter to efa / Forcing AWS OFI ndev)"
         elif facts.provider_hint is not None:
-            names, hinted = ["efa"], f"libfabric's efa endpoint log, line {facts.provider_hint.line}"
-    return _Providers(names, hinted, names[0] if len(names) == 1 else None)
+            names, hinted = ["efa"], f"{_HINTS.get(facts.provider_hint.kind, _HINTS['provider'])}, line {facts.provider_hint.line}"
+    one = names[0] if len(names) == 1 else None
+    gdr = any(is_libfabric(n) and f"NET/{n}/GDRDMA" in p.transports and (p.provider or p.implied_provider or one) is None
+              for p in every for n in p.nets)
+    return _Providers(names, hinted, one, gdr)
+
+
+_HINTS = {"provider": "libfabric's efa endpoint log", "efa-address": "an EFA endpoint address (fi_addr_efa)",
+          "efa-device": "an EFA device name (efa_<k>)"}
 
 
 def _chosen(facts: NcclFacts, p: Process) -> tuple[list[str], str | None]:
@@ -124,18 +144,18 @@ def _chosen(facts: NcclFacts, p: Process) -> tuple[list[str], str | None]:
 
 
 def _call(facts: NcclFacts, providers: _Providers, chosen: Chosen, selected: list[str], nnodes_decl: int | None,
-          machines: int) -> _Call:
+          hosts: list[HostInfo]) -> _Call:
     """Verdict and proof: traffic over a network if channel lines show it, else one host, else what was selected."""
     every = facts.every
+    machines = sum(h.machines for h in hosts)
     carried: dict[str, list[str]] = {}
     sel_only: dict[str, list[str]] = {}
     for p in every:
-        prov = providers.of(p)
         if p.nets:
-            for c in sorted({net_class(n, prov) for n in p.nets}):
+            for c in sorted(providers.words(p, p.nets)):
                 carried.setdefault(c, []).append(p.key)
         else:
-            for c in sorted({net_class(n, prov) for n in chosen[p.key][0]}):
+            for c in sorted(providers.words(p, chosen[p.key][0])):
                 sel_only.setdefault(c, []).append(p.key)
     any_channel = any(p.transports for p in every)
     ranked = [p for p in every if p.nranks]
@@ -146,11 +166,14 @@ def _call(facts: NcclFacts, providers: _Providers, chosen: Chosen, selected: lis
     proof: str | None = None
     if carried:
         classes = {c: list(k) for c, k in carried.items()}
-        if (nnodes_decl or 0) >= 2:  # a multi-node communicator: every rank's choice counts
-            for c, keys in sel_only.items():
-                keys = [k for k in keys if k != "*"]
-                if keys:
-                    classes.setdefault(c, []).extend(keys)
+        # A multi-node communicator: every rank's choice counts. Otherwise a rank that only selected
+        # counts where another rank of its machine carried traffic: it belongs to the same job there.
+        host_of = {k: h.host for h in hosts for k in h.processes}
+        busy = {host_of[k] for keys in carried.values() for k in keys if k in host_of}
+        for c, keys in sel_only.items():
+            keys = [k for k in keys if k != "*" and ((nnodes_decl or 0) >= 2 or host_of.get(k) in busy)]
+            if keys:
+                classes.setdefault(c, []).extend(keys)
         proof = "carried" if len(carried) == len(classes) else "selected"
     elif single:
         if any_channel:
@@ -190,6 +213,11 @@ def _classified(facts: NcclFacts, providers: _Providers, chosen: Chosen, classes
     if c in ("unknown", "mixed"):
         reasons.append("inter-node traffic over an unrecognised network: " + (names or "?"))
         return _Call(c if c == "mixed" else "unknown", None, classes, reasons)
+    if c == "libfabric":
+        reasons.append(f"the OFI plugin's network ({names}) {'carried the traffic' if proof == 'carried' else 'was selected'} "
+                       "with GPUDirect RDMA (GDRDMA channel lines), but no line proves the provider: no 'Selected provider is efa', "
+                       "fi_addr_efa address or efa_<k> device. 'Libfabric' is the plugin's name for any provider, not proof of EFA")
+        return _Call(c, proof, classes, reasons)
     if proof == "carried":
         reasons.append(f"inter-node traffic over {names} per channel lines")
     else:
@@ -219,13 +247,13 @@ def _machine_reasons(hosts: list[HostInfo], nnodes_decl: int | None) -> list[str
     return reasons
 
 
-def _fallback(facts: NcclFacts, chosen: Chosen, call: _Call, selected: list[str], one_provider: str | None,
+def _fallback(facts: NcclFacts, chosen: Chosen, call: _Call, selected: list[str], providers: _Providers,
               reasons: list[str]) -> tuple[bool, str | None]:
     """Whether a faster transport failed and NCCL went on with a slower one; appends what it says to `reasons`."""
     attempted = _attempted(facts, chosen)
     landed = call.verdict if call.verdict in SPEED else None
     if landed is None and selected:
-        sel = {net_class(n, one_provider) for n in selected}
+        sel = {providers.word(n, providers.one) for n in selected}
         if len(sel) == 1 and next(iter(sel)) in SPEED:
             landed = next(iter(sel))
     fallback = bool(attempted and landed and SPEED[landed] < SPEED[attempted])
@@ -285,10 +313,10 @@ def _rank_rows(facts: NcclFacts, providers: _Providers, chosen: Chosen, selected
         inter: str | None = None
         rproof: str | None = None
         if p.nets:
-            cs = sorted({net_class(n, prov) for n in p.nets})
+            cs = sorted(providers.words(p, p.nets))
             inter, rproof = (cs[0] if len(cs) == 1 else "mixed"), "carried"
         elif verdict != "single-node" and chosen[p.key][0]:
-            cs = sorted({net_class(n, prov) for n in chosen[p.key][0]})
+            cs = sorted(providers.words(p, chosen[p.key][0]))
             inter, rproof = (cs[0] if len(cs) == 1 else "mixed") + "*", "selected"
         names = chosen[p.key][0]
         rows.append(RankInfo(
@@ -302,17 +330,37 @@ def _rank_rows(facts: NcclFacts, providers: _Providers, chosen: Chosen, selected
 
 
 def _judged_hosts(hosts: list[HostInfo], rows: list[RankInfo]) -> list[HostInfo]:
-    """Each machine with what carried its processes' traffic: one word, or `mixed`, and the strongest proof."""
+    """Each machine with what carried its processes' traffic: one word, or `mixed`, the strongest proof, and which ranks had which."""
     by_key = {r.key: r for r in rows}
     out = []
     for h in hosts:
-        judged = [by_key[k] for k in h.processes if k in by_key and by_key[k].inter_node]
-        cs = {r.inter_node.rstrip("*") for r in judged if r.inter_node}
-        if cs:
-            h = replace(h, inter_node=next(iter(cs)) if len(cs) == 1 else "mixed",
-                        proof="carried" if any(r.proof == "carried" for r in judged) else "selected")
+        judged = sorted((by_key[k] for k in h.processes if k in by_key and by_key[k].inter_node),
+                        key=lambda r: (r.rank is None, r.rank or 0, r.key))
+        by_word: dict[str, list[str]] = {}
+        for r in judged:
+            by_word.setdefault((r.inter_node or "").rstrip("*"), []).append(r.key if r.rank is None else str(r.rank))
+        if by_word:
+            h = replace(h, inter_node=next(iter(by_word)) if len(by_word) == 1 else "mixed",
+                        proof="carried" if any(r.proof == "carried" for r in judged) else "selected",
+                        inter_node_ranks=dict(sorted(by_word.items())))
         out.append(h)
     return out
+
+
+def _mixed_machines(hosts: list[HostInfo]) -> list[str]:
+    """One reason per machine whose ranks used different transports, naming the ranks on each."""
+    out = []
+    for h in hosts:
+        if h.inter_node == "mixed":
+            parts = "; ".join(f"{w}: {_rank_list(rs)}" for w, rs in h.inter_node_ranks.items())
+            out.append(f"{h.host}: ranks of one machine on different transports — {parts}")
+    return out
+
+
+def _rank_list(ranks: list[str]) -> str:
+    numbered = [r for r in ranks if r.isdigit()]
+    named = [r for r in ranks if not r.isdigit()]
+    return ", ".join(([f"rank{'s' if len(numbered) > 1 else ''} {', '.join(numbered)}"] if numbered else []) + named)
 
 
 def _selected_sentence(every: list[Process], chosen: Chosen, any_channel: bool) -> str:
