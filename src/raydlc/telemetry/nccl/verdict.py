@@ -259,7 +259,7 @@ def _fallback(facts: NcclFacts, chosen: Chosen, call: _Call, selected: list[str]
     fallback = bool(attempted and landed and SPEED[landed] < SPEED[attempted])
     if fallback:
         reasons.append(f"fallback: {attempted} failed and NCCL went on with {landed}")
-    elif attempted and not landed:
+    elif attempted and not landed and call.verdict != "mixed":  # mixed: said per rank below
         reasons.append(f"{attempted} failed (see failures) and the log does not show what NCCL used instead")
     if facts.folded_repeats:
         reasons.append(f"Ray folded {facts.folded_repeats} repeated lines ('[repeated Nx across cluster]'): those ranks are not all listed; "
