@@ -33,3 +33,26 @@ def ray_local():
         yield ray
     finally:
         ray.shutdown()
+
+
+def _api_example(fn: object) -> str:
+    """Run the `Example:` block that ends a raydlc.api function's docstring, as a user would paste it; what it printed."""
+    import contextlib
+    import inspect
+    import io
+    import textwrap
+
+    doc = inspect.getdoc(fn) or ""
+    head = "\nExample:\n"
+    assert head in doc, f"{fn}: no Example: block"
+    code = textwrap.dedent(doc[doc.index(head) + len(head):])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, f"<{getattr(fn, '__name__', fn)} example>", "exec"), {})
+    return out.getvalue()
+
+
+@pytest.fixture
+def api_example():
+    """`api_example(fn)` runs fn's docstring example and returns its output."""
+    return _api_example

@@ -32,7 +32,11 @@ def corpus_files() -> list[Path]:
 
 @pytest.mark.parametrize("entry", MANIFEST, ids=[e["path"] for e in MANIFEST])
 def test_corpus_verdict(entry: dict) -> None:
-    r = analyze_paths([str(DATA / entry["path"])])
+    p = DATA / entry["path"]
+    if entry.get("per_node"):  # one directory per machine, as verify groups worker logs per Ray node
+        r = analyze_node_paths({d.name: [str(d)] for d in sorted(p.iterdir()) if d.is_dir()})
+    else:
+        r = analyze_paths([str(p)])
     assert (r.verdict, r.proof, r.fallback) == (entry["verdict"], entry["proof"], entry["fallback"]), r.reasons
     if "gdr" in entry:
         assert r.gdr is entry["gdr"]
@@ -93,11 +97,11 @@ def test_chunk_size_does_not_change_the_answer(name: str, size: int) -> None:
 
 
 # --- the rules, on real lines ---------------------------------------------------------
-NO_PROVIDER = (DATA / "unknown_nccl527_multinode_gdr_no_provider.log").read_text().splitlines()
+NO_PROVIDER = (DATA / "libfabric_nccl527_multinode_gdr_no_provider.log").read_text().splitlines()
 
 
 @pytest.mark.parametrize(("provider_line", "verdict"), [
-    (None, "unknown"),
+    (None, "libfabric"),  # GDRDMA channels, provider unproven
     ("NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 4 nics)", "efa"),
     ("NCCL INFO NET/OFI Selected Provider is efa (found 16 nics)", "efa"),
     ("NCCL INFO NET/OFI Selected provider is tcp, fabric is 172.31.64.0/20 (found 1 nics)", "libfabric-other"),
@@ -252,11 +256,11 @@ def test_cli_reads_stdin_and_imports_nothing_heavy(tmp_path: Path) -> None:
 
 
 def test_numpy_and_plain_newline_counts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.telemetry import nccl
+    from raydlc.telemetry.nccl import scan
 
     data = b"".join((DATA / n).read_bytes() * 3 for n in ("socket_nccl952_ibext_no_device_fallback.log", "efa_ofi715_cloudwatch_gdr_shared.log"))
     plain = analyze_chunks([data], source="x")
-    monkeypatch.setattr(nccl, "NUMPY_MIN", 0)
+    monkeypatch.setattr(scan, "NUMPY_MIN", 0)
     vectorised = analyze_chunks((data[i:i + 4096] for i in range(0, len(data), 4096)), source="x")
     assert [(e.line, e.text) for e in vectorised.evidence + vectorised.errors] == [(e.line, e.text) for e in plain.evidence + plain.errors]
     assert vectorised.lines == plain.lines == data.count(b"\n")
@@ -450,10 +454,13 @@ def test_libfabric_alone_is_never_efa() -> None:
     net = "h1:10:10 [0] NCCL INFO Using network Libfabric"
     chan = "h1:10:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA"
     filt = "h1:10:10 [0] NCCL INFO NET/OFI Setting provider_filter to efa"
-    for lines in ([net], [chan], [net, chan]):
+    plain = chan.replace("/GDRDMA", "")
+    for lines, want in (([net], ("unknown", None)), ([plain], ("unknown", None)), ([chan], ("libfabric", "carried")),
+                        ([net, chan], ("libfabric", "carried"))):
         r = analyze_lines(lines)
-        assert (r.verdict, r.proof) == ("unknown", None), lines
+        assert (r.verdict, r.proof) == want, lines
         assert any("not proof of EFA" in x for x in r.reasons)
+        assert not expect_ok(r, "efa", accept_selected=True)
     # The plugin's own EFA-only wording settles the provider of a network that is then used...
     assert (analyze_lines([filt, net]).verdict, analyze_lines([filt, net]).proof) == ("efa", "selected")
     assert (analyze_lines([filt, chan]).verdict, analyze_lines([filt, chan]).proof) == ("efa", "carried")
@@ -569,3 +576,67 @@ def test_ray_driver_folds_are_counted_on_the_lines_read() -> None:
     # A folded line that carries no evidence is not read (a pass for the marker alone costs a
     # quarter of the scan): its fold is not counted.
     assert analyze_paths([str(DATA / "unknown_awsome386_ray_driver_folded_repeats_ring_listing.log")]).folded_repeats == 0
+
+
+# --- issue 22 item 10: libfabric with the provider unproven; ranks of one node that disagree -------
+GDR_CHANNEL = "h1:10:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA"
+
+
+@pytest.mark.parametrize(("proof_line", "kind"), [
+    # NCCL src/graph/topo.cc prints the plugin's device name; the kernel's efa driver names devices efa_<k>.
+    ("h1:10:10 [0] NCCL INFO NET/Libfabric : GPU Direct RDMA Enabled for HCA 0 'efa_0'", "efa-device"),
+    ("h1:10:10 [0] NCCL INFO NET/AWS Libfabric : GPU Direct RDMA Enabled for HCA 3 'efa_3-rdm'", "efa-device"),
+    ("h1:10:10 [0] NCCL INFO NET/OFI GUID of efa_1: 0000000c00320000", "efa-device"),
+    # aws-ofi-nccl's completion-error warning quotes libfabric's efa message (fi_cq_strerror); the text is from aws-ofi-nccl#346.
+    ("h1:10:12 [0] process_completions:1047 NCCL WARN NET/OFI Request 0x7f00 (send) completed with error: err: 5, flags: 0, "
+     "prov_errno: 4, strerror: Invalid address My EFA addr: fi_addr_efa://[fe80::13:c2ff:fe6f:f03d]:0:1072483550 My host id: "
+     "i-0db7083f3fcbebb65, len: 0", "efa-address"),
+])
+def test_a_line_that_proves_the_efa_provider_makes_libfabric_efa(proof_line: str, kind: str) -> None:
+    r = analyze_lines([proof_line, GDR_CHANNEL])
+    assert (r.verdict, r.proof, r.provider) == ("efa", "carried", "efa"), r.reasons
+    assert any(e.kind == kind for e in r.evidence)
+    assert any(("fi_addr_efa" if kind == "efa-address" else "efa_<k>") in x for x in r.reasons)
+
+
+def test_a_renamed_or_other_device_proves_nothing() -> None:
+    for dev in ("rdmap16s27", "mlx5_0", "cxi0"):
+        r = analyze_lines([f"h1:10:10 [0] NCCL INFO NET/Libfabric : GPU Direct RDMA Enabled for HCA 0 '{dev}'", GDR_CHANNEL])
+        assert (r.verdict, r.provider) == ("libfabric", None), dev
+
+
+def test_libfabric_verdict_says_what_to_do_and_fails_expect_efa(capsys: pytest.CaptureFixture[str]) -> None:
+    f = str(DATA / "libfabric_nccl1597_gdrdma_no_provider_one_host.log")
+    r = analyze_paths([f])
+    assert (r.verdict, r.proof, r.provider, r.gdr) == ("libfabric", "carried", None, True)
+    assert any("Selected provider is" in c and "FI_PROVIDER=efa" in c for c in r.causes)
+    assert main(["nccl", f, "--expect", "efa"]) == 3
+    out = capsys.readouterr().out
+    assert "verdict: libfabric, carried" in out and "provider unproven" in out
+    assert "expected efa: no (the log shows libfabric with the provider unproven" in out
+
+
+def test_ranks_that_only_selected_count_where_their_machine_carried() -> None:
+    # Rank 1 of host a went to sockets (aws-ofi-nccl failed there) while rank 0 of the same host carried EFA.
+    lines = ["a:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 4 nics)",
+             "a:1:2 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA",
+             "a:2:2 [1] NCCL INFO NET/IB : No device found.",
+             "a:2:2 [1] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>"]
+    r = analyze_lines(lines)
+    assert (r.verdict, r.proof) == ("mixed", "selected")
+    [h] = r.hosts
+    assert (h.inter_node, h.inter_node_ranks) == ("mixed", {"efa": ["a:1:0"], "socket": ["a:2:1"]})  # no comm lines: no rank numbers
+    assert "a: ranks of one machine on different transports — efa: a:1:0; socket: a:2:1" in r.reasons
+    # The same selection on another machine, with no traffic there, is not counted against this one.
+    other = [x.replace("a:2:2 [1]", "b:2:2 [1]").replace("10.0.0.5", "10.0.0.6") for x in lines]
+    assert analyze_lines(other).verdict == "efa"
+
+
+def test_one_node_with_ranks_on_two_transports_names_them(capsys: pytest.CaptureFixture[str]) -> None:
+    d = DATA / "mixed_composed_one_node_efa_and_socket_ranks"
+    r = analyze_node_paths({"node-a": [str(d / "node-a")]})
+    [h] = r.hosts
+    assert (h.host, h.inter_node) == ("node-a", "mixed")
+    assert h.inter_node_ranks["socket"] == ["ip-172-31-21-100:18571:1@node-a"] and len(h.inter_node_ranks["efa"]) >= 2
+    assert any(x.startswith("node-a: ranks of one machine on different transports — efa:") for x in r.reasons)
+    assert r.fallback and r.fallback_from == "efa"

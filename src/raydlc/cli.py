@@ -63,6 +63,14 @@ def load(ctx: typer.Context, **flags: Any) -> Config:
     return load_config(st.config_path, overrides=overrides)
 
 
+def _config_args(ctx: typer.Context) -> dict[str, Any]:
+    """The global --config/--set as a use case's `config`/`settings` arguments."""
+    from raydlc.config import parse_assignments
+
+    st = _state(ctx)
+    return {"config": st.config_path, "settings": parse_assignments(st.assignments)}
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
@@ -83,16 +91,18 @@ def config_show(
     json_: bool = typer.Option(False, "--json", help="Print JSON: the config tree and each field's source."),
 ) -> None:
     """Print the effective configuration and where each value came from."""
-    cfg = load(ctx)
+    from raydlc import api
+
+    shown = api.config_show(**_config_args(ctx))
     if json_:
-        emit_json({"config": cfg.as_dict(), "fields": cfg.rows()})
+        emit_json(shown.to_dict())
         return
     from rich.table import Table
 
     table = Table(title="raydlc configuration", show_lines=False)
     for col in ("setting", "env", "value", "source"):
         table.add_column(col)
-    for row in cfg.rows():
+    for row in shown.rows:
         value = "" if row["value"] is None else str(row["value"])
         style = None if row["source"] == "default" else "bold"
         table.add_row(row["path"], row["env"], value, row["origin"], style=style)
@@ -116,28 +126,18 @@ def config_init(
 @app.command("version")
 def version(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """raydlc's version, the local Ray and PyTorch, and what the DLC image ships."""
-    from importlib import metadata
+    from raydlc import api
 
-    from raydlc import __version__, catalog
-
-    def installed(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    img = catalog.IMAGES[catalog.DEFAULT_IMAGE]
-    local = {"raydlc": __version__, "ray": installed("ray"), "torch": installed("torch"), "python": sys.version.split()[0]}
-    image = {"image": img.image, "ray": img.ray, "torch": img.torch, "cuda": img.cuda, "nccl": img.nccl}
-    mismatch = [k for k in ("ray", "torch") if local[k] and local[k].split("+")[0] != image[k]]
+    info = api.version()
     if json_:
-        emit_json({"local": local, "image": image, "mismatch": mismatch})
+        emit_json(info.to_dict())
         return
-    console.print(f"raydlc {__version__}")
+    local, img = info.local, info.image
+    console.print(f"raydlc {local['raydlc']}")
     console.print(f"local:  Ray {local['ray'] or 'not installed'}, PyTorch {local['torch'] or 'not installed'}, Python {local['python']}")
-    console.print(f"image:  {img.image}: Ray {img.ray}, PyTorch {img.torch}, CUDA {img.cuda}, NCCL {img.nccl}")
-    for k in mismatch:
-        err_console.print(f"[yellow]warning:[/] local {k} {local[k]} differs from the image's {image[k]}")
+    console.print(f"image:  {img['image']}: Ray {img['ray']}, PyTorch {img['torch']}, CUDA {img['cuda']}, NCCL {img['nccl']}")
+    for k in info.mismatch:
+        err_console.print(f"[yellow]warning:[/] local {k} {local[k]} differs from the image's {img[k]}")
 
 
 @app.command("render")
@@ -151,26 +151,16 @@ def render(
     json_: bool = typer.Option(False, "--json", help="Print JSON: the documents, or the files written."),
 ) -> None:
     """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy from the config."""
-    from raydlc.files import check_output_dir
-    from raydlc.render import render_all, to_yaml_stream, write
+    from raydlc import api
 
-    cfg = load(ctx)
-    if out is not None:
-        check_output_dir(out, "--out")
-    zone_list = [z.strip() for z in zones.split(",") if z.strip()] if zones else None
-    docs = render_all(cfg, zone_list, only=only)
-    if out is not None:
-        paths = write(docs, out)
-        if json_:
-            emit_json({"out": str(out), "files": [str(p.relative_to(out)) for p in paths]})
-        else:
-            for p in paths:
-                console.print(f"wrote {p}")
-        return
+    rendered = api.render(out=out, only=only, zones=zones, **_config_args(ctx))
     if json_:
-        emit_json({"files": docs})
-        return
-    sys.stdout.write(to_yaml_stream(docs))
+        emit_json(rendered.to_dict())
+    elif out is not None:
+        for p in rendered.files:
+            console.print(f"wrote {p}")
+    else:
+        sys.stdout.write(rendered.to_yaml())
 
 
 @app.command("capacity")
@@ -187,15 +177,11 @@ def capacity(
 
     Exit 0 when an AZ is ready (or could not be ruled out), 3 when none can take the nodes.
     """
-    from raydlc import capacity as cap
+    from raydlc import api
 
     if json_ and emit_env:
         raise InputError("--json and --emit-env both write stdout", hint="choose one")
-    flags: dict[str, Any] = {"REGION": region, "GPU_NODE_TYPE": instance_type, "GPU_NODE_COUNT": count}
-    gpus = _catalog_gpus(ctx, instance_type)
-    if gpus is not None:
-        flags["GPUS_PER_NODE"] = gpus
-    report = cap.discover(load(ctx, **flags), with_probe=probe)
+    report = api.capacity(region=region, instance_type=instance_type, count=count, probe=probe, **_config_args(ctx))
     if json_:
         emit_json(report.to_dict())
     elif emit_env:
@@ -214,23 +200,6 @@ def capacity(
         raise typer.Exit(3)
 
 
-def _catalog_gpus(ctx: typer.Context, instance_type: str | None) -> int | None:
-    """GPUS_PER_NODE for a --instance-type raydlc knows, unless the user set GPUS_PER_NODE."""
-    from raydlc import catalog
-    from raydlc.config import load_config, parse_assignments
-    from raydlc.errors import ConfigError
-
-    known = catalog.instance_type(instance_type) if instance_type else None
-    if known is None or known.gpus == 0:
-        return None
-    st = _state(ctx)
-    try:
-        current = load_config(st.config_path, overrides=parse_assignments(st.assignments))
-    except ConfigError:
-        return known.gpus  # the final load reports whatever is still wrong
-    return None if current.source("GPUS_PER_NODE") != "default" else known.gpus
-
-
 @app.command("nccl")
 def nccl(
     paths: list[str] | None = typer.Argument(
@@ -245,29 +214,16 @@ def nccl(
     ),
 ) -> None:
     """Which transport NCCL really used, per rank and node, read from NCCL_DEBUG=INFO output."""
-    from raydlc.telemetry.collect import analyze_paths
-    from raydlc.telemetry.nccl import EXPECTABLE, expect_ok
+    from raydlc import api
 
-    if expect is not None and expect not in EXPECTABLE:
-        raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECTABLE)}")
-    if accept_selected and expect is None:
-        raise InputError("--accept-selected only changes what --expect accepts", hint="add --expect efa|socket|ib|single-node")
-    if not paths:
-        if sys.stdin is None or sys.stdin.isatty():
-            raise InputError("no input given", hint="raydlc nccl PATH|DIR|- (for example: kubectl logs POD | raydlc nccl -)")
-        paths = ["-"]
-    report = analyze_paths(paths)
-    ok = expect is None or expect_ok(report, expect, accept_selected)
+    result = api.nccl(paths, expect=expect, accept_selected=accept_selected)
     if json_:
-        doc = report.as_dict()
-        if expect is not None:
-            doc["expect"], doc["expect_ok"], doc["accept_selected"] = expect, ok, accept_selected
-        emit_json(doc)
+        emit_json(result.to_dict())
     else:
         from raydlc.views.nccl import render
 
-        render(report, console, expect, accept_selected)
-    if not ok:
+        render(result.report, console, expect, accept_selected)
+    if not result.ok:
         raise typer.Exit(3)
 
 
@@ -362,10 +318,6 @@ def _plan_scan(
         console.print(f"plot: {plot}")
 
 
-MAX_ITERS = 1000
-MAX_SIZE_MIB = 16384
-
-
 @app.command("preflight")
 def preflight_cmd(
     ctx: typer.Context,
@@ -378,26 +330,9 @@ def preflight_cmd(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """All-reduce/all-gather bus bandwidth on the job's workers, and whether EFA is really in use."""
-    from raydlc import preflight
+    from raydlc import api
 
-    cfg = load(ctx, NUM_WORKERS=workers)
-    if iters < 1 or any(s <= 0 for s in sizes_mib or []):
-        raise InputError("--iters and --size-mib must be positive", hint="e.g. --size-mib 4 --size-mib 64 --iters 5")
-    if iters > MAX_ITERS or any(s > MAX_SIZE_MIB for s in sizes_mib or []):
-        raise InputError(
-            f"--iters must be at most {MAX_ITERS} and --size-mib at most {MAX_SIZE_MIB} (16 GiB): "
-            "bus bandwidth saturates far below that",
-            hint="e.g. --size-mib 512 --iters 20",
-        )
-    n = workers if workers is not None else ((cfg.train.num_workers or 2) if local else cfg.num_workers)
-    if n < 1:
-        raise InputError(f"--workers must be at least 1, got {n}", hint="pass --workers 2 for a local run")
-    every_gpu = cfg.gpu_nodes.gpus_per_node if n == cfg.total_gpus else None
-    expectation = None if local else preflight.expectation_for(cfg.gpu_nodes.instance_type, every_gpu)
-    report = preflight.run_preflight(
-        num_workers=n, use_gpu=not local, expectation=expectation, iters=iters,
-        sizes=[int(s * 2**20) for s in sizes_mib] if sizes_mib else None,
-    )
+    report = api.preflight(local=local, workers=workers, size_mib=sizes_mib, iters=iters, **_config_args(ctx))
     if json_:
         emit_json(report.to_dict())
     else:

@@ -25,7 +25,18 @@ import importlib
 from typing import Any
 
 # public name -> private module that defines it; one line per use case or result type
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "capacity": "raydlc.api._capacity",
+    "config_show": "raydlc.api._info",
+    "EffectiveConfig": "raydlc.api._info",
+    "nccl": "raydlc.api._nccl",
+    "NcclResult": "raydlc.api._nccl",
+    "preflight": "raydlc.api._preflight",
+    "render": "raydlc.api._render",
+    "Rendered": "raydlc.api._render",
+    "version": "raydlc.api._info",
+    "VersionInfo": "raydlc.api._info",
+}
 
 __all__ = list(_EXPORTS)
 

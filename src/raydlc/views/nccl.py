@@ -10,7 +10,7 @@ from raydlc.telemetry.nccl import NcclReport, expect_ok
 
 MAX_ROWS = 64
 MAX_LINES = 24
-_STYLE = {"efa": "bold green", "ib": "bold green", "single-node": "bold cyan", "socket": "bold red",
+_STYLE = {"efa": "bold green", "ib": "bold green", "single-node": "bold cyan", "socket": "bold red", "libfabric": "bold yellow",
           "libfabric-other": "bold yellow", "mixed": "bold red", "unknown": "bold yellow"}
 
 
@@ -21,6 +21,8 @@ def headline(r: NcclReport) -> str:
         parts.append(r.plugin + (f" {r.plugin_version}" if r.plugin_version and r.plugin_version not in r.plugin else ""))
     if r.provider:
         parts.append(f"provider {r.provider}" + (f" (fabric {r.fabric})" if r.fabric and r.fabric != r.provider else ""))
+    elif r.verdict == "libfabric":
+        parts.append("provider unproven")
     if r.gdr is not None:
         parts.append("GPUDirect RDMA" if r.gdr else "no GPUDirect RDMA")
     if r.nccl_version:
@@ -45,6 +47,8 @@ def proof_line(r: NcclReport) -> str:
 
 
 def why_not(r: NcclReport, expect: str, accept_selected: bool) -> str:
+    if r.verdict == "libfabric" and expect == "efa":
+        return "the log shows libfabric with the provider unproven: no 'Selected provider is efa', fi_addr_efa address or efa_<k> device line"
     if r.verdict != expect:
         return f"the log shows {r.verdict}"
     if r.fallback:
@@ -87,7 +91,10 @@ def render(r: NcclReport, console: Console, expect: str | None = None, accept_se
             t.add_column(col, overflow="fold")
         for h in r.hosts[:MAX_ROWS]:
             ranks = ", ".join(map(str, h.ranks[:16])) + (" …" if len(h.ranks) > 16 else "")
-            t.add_row(h.host, ", ".join(h.addresses[:4]), str(h.machines), str(len(h.processes)), ranks, h.inter_node or "", h.proof or "")
+            inter = h.inter_node or ""
+            if inter == "mixed":
+                inter += " (" + "; ".join(f"{w}: {', '.join(rs[:8])}" for w, rs in h.inter_node_ranks.items()) + ")"
+            t.add_row(h.host, ", ".join(h.addresses[:4]), str(h.machines), str(len(h.processes)), ranks, inter, h.proof or "")
         console.print(t)
 
     if r.evidence:

@@ -1,0 +1,69 @@
+"""`raydlc render` as a function: the manifests the config makes, as data, or written under a directory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raydlc.api._config import load
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """filename -> document, and, when written, the directory and the files (in the order written)."""
+
+    docs: Mapping[str, dict[str, Any]]
+    out: Path | None = None
+    files: tuple[Path, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.out is not None:
+            return {"out": str(self.out), "files": [str(p.relative_to(self.out)) for p in self.files]}
+        return {"files": dict(self.docs)}
+
+    def to_yaml(self) -> str:
+        """Every document as one multi-document YAML stream, each headed by its filename (what `raydlc render` prints)."""
+        from raydlc.render import to_yaml_stream
+
+        return to_yaml_stream(dict(self.docs))
+
+
+def render(
+    *,
+    out: str | os.PathLike[str] | None = None,
+    only: str | None = None,
+    zones: str | Sequence[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> Rendered:
+    """Render the eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy of a config.
+
+    `only` picks one kind (eksctl, raycluster, rayjob, helm, netpol); `zones` are the
+    Availability Zones that offer the GPU type, best first (a list, or "a,b" as the flag
+    takes them). With `out`, every file is written under that directory, or none is.
+
+    Example:
+        import raydlc.api as api
+
+        zones = ["us-west-2a", "us-west-2b"]
+        settings = {"REGION": "us-west-2", "STORAGE_PATH": "s3://my-bucket/runs"}
+        r = api.render(only="eksctl", zones=zones, settings=settings)
+        (doc,) = r.docs.values()
+        print(list(r.docs), doc["kind"], doc["metadata"]["region"])
+        written = api.render(out="manifests", zones=zones, settings=settings)
+        print(written.to_dict()["files"])
+    """
+    from raydlc.files import check_output_dir
+    from raydlc.render import render_all, write
+
+    cfg = load(config, settings)
+    if out is not None:
+        check_output_dir(out, "--out")
+    zone_list = None if not zones else [z.strip() for z in zones.split(",") if z.strip()] if isinstance(zones, str) else list(zones)
+    docs = render_all(cfg, zone_list, only=only)
+    if out is None:
+        return Rendered(docs)
+    return Rendered(docs, Path(out), tuple(write(docs, out)))
