@@ -66,13 +66,14 @@ class Flag:
 
     `help` is the sentence before the bracket the builder adds (`[STEPS; local default: 300]`);
     `default` is what that bracket says when the default is not the field's own value
-    (`bundled stdlib-docstring corpus`); a switch with a negation is named `--bf16/--fp32`.
+    (`bundled stdlib-docstring corpus`); a switch with a negation is named `--bf16/--fp32`;
+    `path`: the value is a file system path (shown and parsed as one).
     """
 
     name: str
     help: str
     default: str | None = None
-    metavar: str | None = None
+    path: bool = False
 
 
 def _env(
@@ -275,7 +276,7 @@ class TrainConfig(_Section):
     )
     storage_path: Unset = _env(
         "STORAGE_PATH", "checkpoint storage (local dir, s3:// or shared FS); empty = ./raydlc-out", default=None,
-        flag=Flag("--out", "Storage for checkpoints, export, metrics", default="./raydlc-out", metavar="PATH"),
+        flag=Flag("--out", "Storage for checkpoints, export, metrics", default="./raydlc-out", path=True),
     )
     max_failures: NonNegative = _env(
         "MAX_FAILURES", "worker-group restarts from the last checkpoint", default=1,

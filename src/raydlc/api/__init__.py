@@ -25,7 +25,14 @@ import importlib
 from typing import Any
 
 # public name -> private module that defines it; one line per use case or result type
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "plan": "raydlc.api._plan",
+    "scan": "raydlc.api._plan",
+    "PlanResult": "raydlc.api._plan",
+    "ScanResult": "raydlc.api._plan",
+    "train": "raydlc.api._train",
+    "TrainResult": "raydlc.api._train",
+}
 
 __all__ = list(_EXPORTS)
 
