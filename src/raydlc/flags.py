@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ def named_settings(opts: Iterable[Option], values: Mapping[str, Any], *, caller:
     unknown = [k for k in values if k not in by_keyword]
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
-    return {by_keyword[k].env: v for k, v in values.items() if v is not None}
+    return {by_keyword[k].env: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in values.items() if v is not None}
 
 
 def signature(opts: Sequence[Option]) -> list[inspect.Parameter]:
