@@ -293,10 +293,12 @@ def plan_cmd(
     from raydlc.config import parse_assignments
 
     st = _state(ctx)
-    common = dict(config=st.config_path, settings=parse_assignments(st.assignments), gpus_per_node=gpus_per_node, gpu=gpu,
-                  network_gbps=network_gbps, policy=policy, activation_checkpointing=activation_checkpointing, **named)
-    if scan_nodes is not None:
-        found = plan_use_case.scan(scan_nodes, plot=plot, **common)
+    settings = parse_assignments(st.assignments)
+    common = dict(config=st.config_path, gpus_per_node=gpus_per_node, gpu=gpu, network_gbps=network_gbps, policy=policy,
+                  activation_checkpointing=activation_checkpointing)
+    if scan_nodes is not None:  # the step flags are checked as settings; the scan searches the step itself
+        step = {o.env: named.pop(o.keyword) for o in plan_use_case.OPTIONS if o.keyword in plan_use_case.SEARCHED and o.keyword in named}
+        found = plan_use_case.scan(scan_nodes, plot=plot, settings={**settings, **step}, **common, **named)
         if json_:
             emit_json(found.to_dict())
             return
@@ -306,7 +308,7 @@ def plan_cmd(
         if plot is not None:
             console.print(f"plot: {plot}")
         return
-    result = plan_use_case.plan(strategy=strategy, **common)
+    result = plan_use_case.plan(strategy=strategy, settings=settings, **common, **named)
     if json_:
         emit_json(result.to_dict())
         return

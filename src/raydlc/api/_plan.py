@@ -29,6 +29,7 @@ OPTIONS = [
     flags.option("MAX_GLOBAL_BATCH"),
     flags.option("GPU_NODE_TYPE", Flag("--instance-type", "GPU instance type whose catalogue facts to plan with")),
 ]
+SEARCHED = ("micro_batch", "grad_accum", "sync")  # the step a scan searches: settings only, no arguments of `scan`
 GPUS_PER_NODE_MAX = 16  # no EC2 instance type has more (GPUS_PER_NODE's bound)
 
 
@@ -57,9 +58,11 @@ class ScanResult(Scan):
 
 
 def _inputs(
-    config: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None, named: Mapping[str, Any], gpus_per_node: int | None
+    config: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None, arguments: Mapping[str, Any], gpus_per_node: int | None
 ) -> tuple[Any, Any, int]:
     """The config with the plan's settings layered in, the model's spec, and the GPUs per node to plan with.
+
+    `arguments` are the use case's own (its `locals()`): the ones named like OPTIONS are settings.
 
     A known `instance_type` brings its GPU count (so GPUS_PER_NODE matches it); `gpus_per_node`
     is a what-if that bypasses the config's cross-field rule.
@@ -70,7 +73,7 @@ def _inputs(
 
     if gpus_per_node is not None and gpus_per_node > GPUS_PER_NODE_MAX:
         raise InputError(f"--gpus-per-node must be at most {GPUS_PER_NODE_MAX} (no EC2 instance type has more), got {gpus_per_node}")
-    given = flags.named_settings(OPTIONS, named, caller="plan")
+    given = flags.named_settings(OPTIONS, {o.keyword: arguments.get(o.keyword) for o in OPTIONS}, caller="plan")
     known = catalog.instance_type(given["GPU_NODE_TYPE"]) if given.get("GPU_NODE_TYPE") else None
     cfg = load(config, settings, **given, GPUS_PER_NODE=known.gpus if known else None)
     gpn = cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node
@@ -125,9 +128,7 @@ def plan(
     """
     from raydlc import plan as planner
 
-    named = {"model": model, "nodes": nodes, "seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
-             "sync": sync, "max_global_batch": max_global_batch, "instance_type": instance_type}
-    cfg, spec, gpn = _inputs(config, settings, named, gpus_per_node)
+    cfg, spec, gpn = _inputs(config, settings, locals(), gpus_per_node)
     layout = planner.layout_for(cfg.gpu_nodes.count, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
     result = planner.plan(_workload(cfg, spec, policy, bool(activation_checkpointing)), layout, strategy=strategy)
     return PlanResult(**{f.name: getattr(result, f.name) for f in fields(Plan)})
@@ -142,9 +143,6 @@ def scan(
     gpu: str | None = None,
     network_gbps: float | None = None,
     seq_len: int | None = None,
-    micro_batch: int | None = None,
-    grad_accum: int | str | None = None,
-    sync: str | None = None,
     max_global_batch: int | None = None,
     policy: str = "bf16-mixed",
     activation_checkpointing: bool | None = None,
@@ -157,7 +155,9 @@ def scan(
 
     `scan_nodes` is `"1,2,4,8"` (as `--scan-nodes`) or a list of counts. Each count chooses
     activation checkpointing unless `activation_checkpointing` pins it. `plot` writes a PNG of
-    tokens/s and efficiency against nodes (whole or not at all). The other arguments are `plan`'s.
+    tokens/s and efficiency against nodes (whole or not at all). The other arguments are `plan`'s;
+    the step (micro-batch, accumulation, sync) is what the scan searches, so it takes none (as
+    settings they are still checked).
 
     Example:
         >>> import raydlc.api as api
@@ -169,9 +169,7 @@ def scan(
     from raydlc import scaleout
 
     text = scan_nodes if isinstance(scan_nodes, str) else ",".join(str(n) for n in scan_nodes)
-    named = {"model": model, "nodes": nodes, "seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
-             "sync": sync, "max_global_batch": max_global_batch, "instance_type": instance_type}
-    cfg, spec, gpn = _inputs(config, settings, named, gpus_per_node)
+    cfg, spec, gpn = _inputs(config, settings, locals(), gpus_per_node)
     counts = scaleout.parse_node_counts(text)
     path = Path(plot) if plot is not None else None
     if path is not None:
