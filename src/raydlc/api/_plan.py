@@ -38,8 +38,8 @@ class PlanResult(Plan):
     """The planner's `Plan`, printed as `raydlc plan` shows it; `to_dict()` is `raydlc plan --json`."""
 
     def __str__(self) -> str:
-        from raydlc.api._text import rendered
         from raydlc.views.plan import print_plan
+        from raydlc.views.text import rendered
 
         return rendered(lambda console: print_plan(self, console))
 
@@ -51,8 +51,8 @@ class ScanResult(Scan):
     plot: str | None = None
 
     def __str__(self) -> str:
-        from raydlc.api._text import rendered
         from raydlc.views.scan import print_scan
+        from raydlc.views.text import rendered
 
         return rendered(lambda console: print_scan(self, console))
 

@@ -60,8 +60,8 @@ class TrainResult:
         return out
 
     def __str__(self) -> str:
-        from raydlc.api._text import rendered
         from raydlc.train.progress import print_summary
+        from raydlc.views.text import rendered
 
         return rendered(lambda console: print_summary(self.to_dict(), console))
 

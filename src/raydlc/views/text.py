@@ -1,4 +1,4 @@
-"""The printed form of a use case's result: its rich view, rendered to plain text."""
+"""The printed form of a use case's result (`print(result)` in raydlc.api): its rich view, rendered to plain text."""
 
 from __future__ import annotations
 
