@@ -26,7 +26,8 @@ def predict(out: Path, *, gpu: str, model: str, seq_len: int, micro_batch: int, 
 
     spec = get_spec(model)
     layout = planner.layout_for(1, 1, gpu=gpu, network_gbps=100.0)  # one GPU: the network carries nothing
-    p = planner.plan(spec, layout, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, sync="once", policy="bf16-mixed")
+    work = planner.Workload(spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, sync="once", policy="bf16-mixed")
+    p = planner.plan(work, layout)
     st = p.step_time_s
     doc = {
         "gpu": gpu,

@@ -25,7 +25,7 @@ def main() -> None:
     spec = get_spec("qwen2.5-1.5b")
     layout = planner.layout_for(2, 4, instance_type="g6.12xlarge")
     for policy in ("bf16-mixed", "pure-bf16"):
-        p = planner.plan(spec, layout, seq_len=128, micro_batch=1, policy=policy)
+        p = planner.plan(planner.Workload(spec, seq_len=128, micro_batch=1, policy=policy), layout)
         for strategy, s in p.strategies.items():
             st = s.step_time_s
             b = s.per_gpu_bytes
@@ -39,7 +39,7 @@ def main() -> None:
     print(f"published (bf16, FSDP): EFA {PUBLISHED['efa']} steps/s, TCP {PUBLISHED['tcp']} steps/s, "
           f"ratio {PUBLISHED['efa'] / PUBLISHED['tcp']:.2f}x")
     published_tps = PUBLISHED["efa"] * PUBLISHED_TOKENS_PER_STEP
-    rec = planner.recommend(spec, layout, seq_len=128, policy="bf16-mixed", max_global_batch=args.max_global_batch)
+    rec = planner.recommend(planner.Workload(spec, seq_len=128, policy="bf16-mixed", max_global_batch=args.max_global_batch), layout)
     if rec.best is None:
         print(f"recommended: nothing fits ({rec.reason})")
         return

@@ -179,8 +179,10 @@ def main() -> None:
 
     from raydlc import rayedge
     from raydlc.config import TrainConfig
-    from raydlc.train.launch import Target, new_run_name, plan_layout, prepare, run, run_spec
+    from raydlc.train.launch import Target, run
     from raydlc.train.metrics import read_jsonl
+    from raydlc.train.prepare import new_run_name, prepare
+    from raydlc.train.resolve import Granted, resolve
 
     tmp = Path(tempfile.mkdtemp(prefix="raydlc-bench-"))
     train = TrainConfig(
@@ -189,13 +191,12 @@ def main() -> None:
     )
     where = Target(log_to_driver=False)
     p = prepare(train, where)
-    mesh, _ = plan_layout(train, [args.workers], model=p.model, instance_type=None)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     def torchrun() -> tuple[list[dict[str, Any]], float]:
         name = new_run_name()
         run_dir = tmp / "torchrun" / name
-        spec = run_spec(replace(p, run_name=name), mesh, where)
+        spec = resolve(train, where, replace(p, run_name=name), Granted.local(train))  # what the local Ray run resolves
         spec = spec.model_validate({**spec.model_dump(), "run_dir": str(run_dir)})
         cfg_path = tmp / "cfg.pkl"
         cfg_path.write_bytes(pickle.dumps({"run": spec.to_wire(), "data": p.arrays}))

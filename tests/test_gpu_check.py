@@ -35,8 +35,8 @@ def test_dry_run_predicts_the_train_run_and_lists_the_commands_without_touching_
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "nvidia-smi-called").exists()  # a dry run needs no GPU
     plan = json.loads((out / "plan.json").read_text())
-    want = planner.plan(get_spec("qwen2.5-0.5b"), planner.layout_for(1, 1, gpu="h200", network_gbps=100), seq_len=1024,
-                        micro_batch=8, grad_accum=4, sync="once", policy="bf16-mixed")
+    want = planner.plan(planner.Workload(get_spec("qwen2.5-0.5b"), seq_len=1024, micro_batch=8, grad_accum=4, sync="once", policy="bf16-mixed"),
+                        planner.layout_for(1, 1, gpu="h200", network_gbps=100))
     assert (plan["step_time_s"], plan["tokens_per_s"], plan["per_gpu_bytes"]) == (
         want.step_time_s["estimate"], want.step_time_s["tokens_per_s"], want.per_gpu_bytes["total"])
     assert plan["fits"] and plan["grad_accum"] == 4 and plan["sync"] == "once"

@@ -14,6 +14,7 @@ from raydlc.train.model import build_model
 
 P15 = 1_543_714_304
 G6 = planner.layout_for(2, 4, instance_type="g6.12xlarge")
+W = planner.Workload
 
 
 def cli_json(args: list[str]) -> dict:
@@ -37,8 +38,8 @@ def test_acceptance_cli_params_and_sharded_state_match_the_formula(policy: str, 
 
 def test_bf16_mixed_stores_fp32_shards_which_are_the_master_and_all_gathers_bf16() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    mixed = planner.plan(spec, G6, policy="bf16-mixed").per_gpu_bytes
-    pure = planner.plan(spec, G6, policy="pure-bf16").per_gpu_bytes
+    mixed = planner.plan(W(spec, policy="bf16-mixed"), G6).per_gpu_bytes
+    pure = planner.plan(W(spec, policy="pure-bf16"), G6).per_gpu_bytes
     local = P15 // 8
     assert (mixed["params"], mixed["grads"], mixed["optimizer"]) == (4 * local, 4 * local, 8 * local)
     assert mixed["fp32_master"] == 0 == pure["fp32_master"]  # FSDP2 keeps no second copy
@@ -59,7 +60,7 @@ def test_root_unit_is_what_apply_fsdp_leaves_outside_the_blocks() -> None:
 
 def test_unsharded_root_and_overhead_are_counted() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    b = planner.plan(spec, G6, policy="pure-bf16").per_gpu_bytes
+    b = planner.plan(W(spec, policy="pure-bf16"), G6).per_gpu_bytes
     assert b["unsharded_params"] == 2 * (spec.embedding_params() + spec.hidden_size + 2 * spec.layer_params())
     assert b["overhead"] >= 1 << 30
     assert b["total"] == sum(v for k, v in b.items() if k != "total")
@@ -67,7 +68,7 @@ def test_unsharded_root_and_overhead_are_counted() -> None:
 
 def test_fsdp_traffic_formula_and_hsdp_crosses_nodes_less() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    p = planner.plan(spec, G6, policy="bf16-mixed")
+    p = planner.plan(W(spec, policy="bf16-mixed"), G6)
     f, h = p.strategies["fsdp"].traffic_bytes_per_step, p.strategies["hsdp"].traffic_bytes_per_step
     # Every unit gathered in forward and again in backward, but the root and the last block once.
     assert f["all_gather"] == int(7 / 8 * (2 * P15 - spec.layer_params() - planner.root_unit_params(spec)) * 2)
@@ -76,7 +77,7 @@ def test_fsdp_traffic_formula_and_hsdp_crosses_nodes_less() -> None:
     assert h["all_reduce"] == int(2 * 1 / 2 * -(-P15 // 4) * 4)
     assert h["cross_node_per_node"] == pytest.approx(4 * h["all_reduce"], abs=4)
     assert h["cross_node_per_node"] < f["cross_node_per_node"]
-    one = planner.plan(spec, planner.layout_for(1, 4, instance_type="g6.12xlarge")).strategies
+    one = planner.plan(W(spec), planner.layout_for(1, 4, instance_type="g6.12xlarge")).strategies
     assert one["fsdp"].traffic_bytes_per_step["cross_node_per_node"] == 0
     assert one["hsdp"].traffic_bytes_per_step["intra_node_per_gpu"] == h["intra_node_per_gpu"]
     assert p.strategies["hsdp"].per_gpu_bytes["total"] > p.strategies["fsdp"].per_gpu_bytes["total"]
@@ -84,28 +85,28 @@ def test_fsdp_traffic_formula_and_hsdp_crosses_nodes_less() -> None:
 
 def test_step_time_is_network_bound_across_nodes_and_efa_beats_tcp() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    st = planner.plan(spec, G6, policy="pure-bf16").step_time_s
+    st = planner.plan(W(spec, policy="pure-bf16"), G6).step_time_s
     assert st["bound"] == "network" and st["transport"] == "efa"
     assert st["efa"]["estimate"] < st["tcp"]["estimate"]
     # The published 2 x g6.12xlarge figures: 0.5173 steps/s on EFA, 0.2513 on TCP.
     assert 1 / st["efa"]["estimate"] == pytest.approx(0.5173, rel=0.25)
     assert 1 / st["tcp"]["estimate"] == pytest.approx(0.2513, rel=0.25)
-    single = planner.plan(spec, planner.layout_for(1, 8, instance_type="p5.48xlarge"), micro_batch=8, seq_len=2048)
+    single = planner.plan(W(spec, micro_batch=8, seq_len=2048), planner.layout_for(1, 8, instance_type="p5.48xlarge"))
     assert single.step_time_s["bound"] == "compute" and single.step_time_s["network"] == 0
 
 
 def test_largest_micro_batch_is_the_edge_of_fitting_and_monotone() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    p = planner.plan(spec, G6, policy="bf16-mixed")
+    p = planner.plan(W(spec, policy="bf16-mixed"), G6)
     s = p.strategies["fsdp"]
     cap = p.gpu_memory_bytes
-    total = lambda b: planner.memory_bytes(spec, 8, "bf16-mixed", 128, b, False)["total"]
+    total = lambda b: planner.memory_bytes(W(spec, seq_len=128, micro_batch=b), 8)["total"]
     assert s.max_micro_batch >= 1 and total(s.max_micro_batch) <= cap < total(s.max_micro_batch + 1)
 
     def mb(**kw: object) -> int:
         args = dict(nodes=2, gpus=4, gpu="l4", seq=128, ac=False) | kw
         lay = planner.layout_for(args["nodes"], args["gpus"], gpu=args["gpu"], network_gbps=40)
-        return planner.plan(spec, lay, seq_len=args["seq"], activation_checkpointing=args["ac"]).max_micro_batch
+        return planner.plan(W(spec, seq_len=args["seq"], activation_checkpointing=args["ac"]), lay).max_micro_batch
 
     seqs = [mb(seq=s) for s in (128, 512, 2048, 8192)]
     assert seqs == sorted(seqs, reverse=True) and seqs[0] > seqs[-1]
@@ -138,13 +139,13 @@ def test_saved_activations_match_what_autograd_keeps(checkpointing: bool) -> Non
         ids = torch.randint(0, spec.vocab_size, (2, 128))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids, labels=ids)
-        want = planner.activation_parts(spec, 128, 2, checkpointing)["saved"]
+        want = planner.activation_parts(W(spec, seq_len=128, micro_batch=2, activation_checkpointing=checkpointing))["saved"]
         assert sum(saved.values()) == pytest.approx(want, rel=0.02), spec.name
 
 
 def test_activation_checkpointing_keeps_only_block_inputs() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    a = planner.plan(spec, G6, seq_len=1024, micro_batch=2).activations_bytes
+    a = planner.plan(W(spec, seq_len=1024, micro_batch=2), G6).activations_bytes
     assert a["with_checkpointing"] < a["without_checkpointing"] / 2
     per_token_in = spec.num_layers * 2 * spec.hidden_size * 1024 * 2
     assert a["with_checkpointing"] > per_token_in
@@ -152,14 +153,14 @@ def test_activation_checkpointing_keeps_only_block_inputs() -> None:
 
 def test_recommendation_and_recommend_sharding() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    assert planner.recommend_sharding(spec, 2, 4, "l4", 128, 1) == "hsdp"
-    assert planner.recommend_sharding(spec, 1, 4, "l4", 128, 1) == "fsdp"  # one node
-    assert planner.recommend_sharding(spec, 2, 4, None, 128, 1, instance_type="g6.12xlarge", policy="pure-bf16") == "hsdp"
+    assert planner.recommend_sharding(W(spec), planner.layout_for(2, 4, gpu="l4", network_gbps=40)) == "hsdp"
+    assert planner.recommend_sharding(W(spec), planner.layout_for(1, 4, gpu="l4", network_gbps=40)) == "fsdp"  # one node
+    assert planner.recommend_sharding(W(spec, policy="pure-bf16"), G6) == "hsdp"
     # 8 nodes x 1 L4: HSDP would keep 16 B/param of 1.5B on each 22.4 GiB GPU.
-    assert planner.recommend_sharding(spec, 8, 1, "l4", 128, 1) == "fsdp"
-    rec = planner.plan(spec, planner.layout_for(8, 1, gpu="l4", network_gbps=40)).recommendation
+    assert planner.recommend_sharding(W(spec), planner.layout_for(8, 1, gpu="l4", network_gbps=40)) == "fsdp"
+    rec = planner.plan(W(spec), planner.layout_for(8, 1, gpu="l4", network_gbps=40)).recommendation
     assert "HSDP needs" in rec["reason"] and rec["micro_batch"] >= 1
-    big = planner.plan(get_spec("qwen2.5-1.5b"), planner.layout_for(1, 1, gpu="l4", network_gbps=40))
+    big = planner.plan(W(get_spec("qwen2.5-1.5b")), planner.layout_for(1, 1, gpu="l4", network_gbps=40))
     assert big.fits is False and big.recommendation["micro_batch"] == 0
     assert "not even one sequence" in big.recommendation["micro_batch_reason"]
 
@@ -201,12 +202,12 @@ def test_human_output_names_the_recommendation(clean_env: object, capsys: pytest
 
 def test_tcp_only_layout_uses_tcp_rate() -> None:
     lay = replace(G6, efa=False)
-    st = planner.plan(get_spec("qwen2.5-1.5b"), lay).step_time_s
+    st = planner.plan(W(get_spec("qwen2.5-1.5b")), lay).step_time_s
     assert st["transport"] == "tcp" and st["estimate"] == st["tcp"]["estimate"]
 
 
 def test_compute_bound_layouts_keep_fsdp_for_its_memory() -> None:
-    p = planner.plan(get_spec("qwen2.5-1.5b"), planner.layout_for(2, 8, instance_type="p5.48xlarge"), seq_len=4096, micro_batch=4)
+    p = planner.plan(W(get_spec("qwen2.5-1.5b"), seq_len=4096, micro_batch=4), planner.layout_for(2, 8, instance_type="p5.48xlarge"))
     assert p.step_time_s["bound"] == "compute"
     assert p.recommendation["strategy"] == "fsdp" and "compute-bound either way" in p.recommendation["reason"]
     assert p.strategies["fsdp"].per_gpu_bytes["total"] < p.strategies["hsdp"].per_gpu_bytes["total"]
@@ -214,44 +215,44 @@ def test_compute_bound_layouts_keep_fsdp_for_its_memory() -> None:
 
 def test_accumulation_gathers_every_micro_batch_and_reduces_as_the_sync_mode_says() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    one = {s: planner.traffic_bytes(spec, s, G6, "bf16-mixed") for s in ("fsdp", "hsdp")}
+    one = {s: planner.traffic_bytes(W(spec), s, G6) for s in ("fsdp", "hsdp")}
     for strategy, sync, rs_times, ar_times in [
         ("fsdp", "every", 8, 8), ("fsdp", "once", 1, 1),
         ("hsdp", "every", 8, 8), ("hsdp", "once", 1, 1), ("hsdp", "all-reduce-once", 8, 1),
     ]:
-        t = planner.traffic_bytes(spec, strategy, G6, "bf16-mixed", grad_accum=8, sync=sync)
+        t = planner.traffic_bytes(W(spec, grad_accum=8, sync=sync), strategy, G6)
         base = one[strategy]
         assert t["all_gather"] == pytest.approx(8 * base["all_gather"], abs=8), (strategy, sync)
         assert t["reduce_scatter"] == pytest.approx(rs_times * base["reduce_scatter"], abs=8), (strategy, sync)
         assert t["all_reduce"] == pytest.approx(ar_times * base["all_reduce"], abs=8), (strategy, sync)
     # HSDP's network carries only the all-reduce: paying it once is what makes accumulation pay off.
-    hsdp_once = planner.traffic_bytes(spec, "hsdp", G6, "bf16-mixed", grad_accum=8, sync="all-reduce-once")
+    hsdp_once = planner.traffic_bytes(W(spec, grad_accum=8, sync="all-reduce-once"), "hsdp", G6)
     assert hsdp_once["cross_node_per_node"] == one["hsdp"]["cross_node_per_node"]
-    assert planner.traffic_bytes(spec, "fsdp", G6, "bf16-mixed", grad_accum=1, sync="once") == planner.traffic_bytes(spec, "fsdp", G6, "bf16-mixed") | {"sync": "once"}
+    assert planner.traffic_bytes(W(spec, grad_accum=1, sync="once"), "fsdp", G6) == planner.traffic_bytes(W(spec), "fsdp", G6) | {"sync": "once"}
 
 
 def test_accumulation_memory_is_the_unsharded_gradient_for_once_and_a_shard_for_all_reduce_once() -> None:
     spec, p = get_spec("qwen2.5-1.5b"), P15
-    m = lambda **kw: planner.memory_bytes(spec, 4, "bf16-mixed", 128, 4, False, **kw)
+    m = lambda **kw: planner.memory_bytes(W(spec, seq_len=128, micro_batch=4, **kw), 4)
     assert m()["accumulated_grads"] == 0 == m(grad_accum=1, sync="once")["accumulated_grads"]
     assert m(grad_accum=4, sync="once")["accumulated_grads"] == 4 * p  # fp32 reduce dtype, whole model
     assert m(grad_accum=4, sync="all-reduce-once")["accumulated_grads"] == 4 * -(-p // 4)
     assert m(grad_accum=4, sync="every")["accumulated_grads"] == 0
-    pure = planner.memory_bytes(spec, 4, "pure-bf16", 128, 4, False, grad_accum=4, sync="once")
+    pure = planner.memory_bytes(W(spec, policy="pure-bf16", seq_len=128, micro_batch=4, grad_accum=4, sync="once"), 4)
     assert pure["accumulated_grads"] == 2 * p  # no reduce dtype: kept in bf16
 
 
 def test_step_time_overlaps_within_each_micro_batch_and_one_micro_batch_is_the_old_formula() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    st1 = planner.step_time(spec, "hsdp", G6, "bf16-mixed", 128, 16, False)
+    st1 = planner.step_time(W(spec, seq_len=128, micro_batch=16), "hsdp", G6)
     assert st1["estimate"] == max(st1["compute"], st1["communication"])
-    st = planner.step_time(spec, "hsdp", G6, "bf16-mixed", 128, 16, False, grad_accum=8, sync="all-reduce-once")
+    st = planner.step_time(W(spec, seq_len=128, micro_batch=16, grad_accum=8, sync="all-reduce-once"), "hsdp", G6)
     assert st["compute"] == pytest.approx(8 * st1["compute"], abs=1e-3)
     assert st["tokens_per_step"] == 16 * 128 * 8 * 8 and st["tokens_per_s"] == pytest.approx(st["tokens_per_step"] / st["estimate"], rel=1e-3)
     # The cross-node all-reduce is paid once for 8 micro-batches; the all-gathers inside the node 8 times.
     assert st["network"] == pytest.approx(st1["network"], abs=1e-3) and st["intra_node"] > 7 * st1["intra_node"]
     assert st["tokens_per_s"] > 2 * st1["tokens_per_s"]
-    serial = planner.step_time(spec, "hsdp", G6, "bf16-mixed", 128, 16, False, planner.Assumptions(overlap=False), grad_accum=8, sync="all-reduce-once")
+    serial = planner.step_time(W(spec, seq_len=128, micro_batch=16, grad_accum=8, sync="all-reduce-once"), "hsdp", G6, planner.Assumptions(overlap=False))
     assert serial["estimate"] == pytest.approx(serial["compute"] + serial["communication"], abs=1e-3)
     assert serial["estimate"] > st["estimate"]
 
@@ -262,7 +263,7 @@ def test_acceptance_plan_recommends_accumulation_and_tokens_per_s_on_the_referen
     assert rec["grad_accum"] > 1 and rec["tokens_per_s"] > 0
     assert rec["tokens_per_step"] == rec["micro_batch"] * rec["grad_accum"] * 8 * 128 <= rec["max_global_batch"] == 131072
     # The reference's own layout, 1 x 128 per GPU without accumulation, is what it beats.
-    ref = planner.recommend(get_spec("qwen2.5-1.5b"), G6, micro_batches=(1,), grad_accums=(1,), strategies=("fsdp",), policy="bf16-mixed")
+    ref = planner.recommend(W(get_spec("qwen2.5-1.5b"), policy="bf16-mixed"), G6, micro_batches=(1,), grad_accums=(1,), strategies=("fsdp",))
     assert ref.best is not None and rec["tokens_per_s"] > 20 * ref.best.tokens_per_s
     assert rec["runner_up"] is not None and (rec["runner_up"]["strategy"], rec["runner_up"]["sync"]) != (rec["strategy"], rec["sync"])
     assert rec["candidates_considered"] > 50 and rec["top"][0]["tokens_per_s"] >= rec["tokens_per_s"]
@@ -271,7 +272,7 @@ def test_acceptance_plan_recommends_accumulation_and_tokens_per_s_on_the_referen
 
 def test_recommend_is_the_fastest_that_fits_within_the_ceiling_and_honours_pinned_dimensions() -> None:
     spec = get_spec("qwen2.5-1.5b")
-    rec = planner.recommend(spec, G6, seq_len=128)
+    rec = planner.recommend(W(spec, seq_len=128), G6)
     assert rec.best is not None
     fitting = [c for c in rec.candidates if c.fits]
     assert all(c.tokens_per_step <= 131072 for c in rec.candidates)
@@ -280,16 +281,16 @@ def test_recommend_is_the_fastest_that_fits_within_the_ceiling_and_honours_pinne
     assert not any(c.sync == "all-reduce-once" for c in rec.candidates if c.strategy == "fsdp")
     # Each candidate is the planner's own arithmetic for that layout.
     b = rec.best
-    again = planner.candidate(spec, b.strategy, G6, seq_len=128, micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync)
+    again = planner.candidate(W(spec, seq_len=128, micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync), b.strategy, G6)
     assert again == b
-    small = planner.recommend(spec, G6, seq_len=128, max_global_batch=16384)
+    small = planner.recommend(W(spec, seq_len=128, max_global_batch=16384), G6)
     assert small.best is not None and small.best.tokens_per_step <= 16384 < rec.best.tokens_per_step
-    pinned = planner.recommend(spec, G6, micro_batches=(2,), grad_accums=(4,), strategies=("fsdp",), syncs=("every",))
+    pinned = planner.recommend(W(spec), G6, micro_batches=(2,), grad_accums=(4,), strategies=("fsdp",), syncs=("every",))
     assert [(c.strategy, c.micro_batch, c.grad_accum, c.sync) for c in pinned.candidates] == [("fsdp", 2, 4, "every")]
     # One node: no HSDP; a compute-bound single GPU takes the largest micro-batch, not accumulation.
-    h200 = planner.recommend(spec, planner.layout_for(1, 1, gpu="h200", network_gbps=100))
+    h200 = planner.recommend(W(spec), planner.layout_for(1, 1, gpu="h200", network_gbps=100))
     assert h200.best is not None and h200.best.strategy == "fsdp" and h200.best.grad_accum == 1 and h200.best.micro_batch >= 64
-    nothing = planner.recommend(spec, planner.layout_for(1, 1, gpu="l4", network_gbps=40))
+    nothing = planner.recommend(W(spec), planner.layout_for(1, 1, gpu="l4", network_gbps=40))
     assert nothing.best is None and "nothing fits" in nothing.reason and nothing.to_dict()["micro_batch"] == 0
 
 

@@ -113,8 +113,8 @@ def test_fsdp2_local_shards_match_the_planner_within_2_percent(ray_local: Any, t
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     one_node = planner.Layout(nodes=1, gpus_per_node=2, gpu="l4", network_gbps=40)
     for i, (spec, policy) in enumerate(CASES):
-        want = planner.memory_bytes(spec, 2, policy, 16, 1, False)
-        traffic = planner.traffic_bytes(spec, "fsdp", one_node, policy)
+        want = planner.memory_bytes(planner.Workload(spec, seq_len=16, policy=policy), 2)
+        traffic = planner.traffic_bytes(planner.Workload(spec, policy=policy), "fsdp", one_node)
         b = planner.PRECISION[policy]
         got = [r[i] for r in ranks]
         keys = ("params", "grads", "optimizer")
@@ -137,8 +137,8 @@ def test_fsdp2_local_shards_match_the_planner_within_2_percent(ray_local: Any, t
 
     spec, policy = HSDP_CASE
     two_nodes = planner.Layout(nodes=2, gpus_per_node=1, gpu="l4", network_gbps=40)
-    traffic = planner.traffic_bytes(spec, "hsdp", two_nodes, policy)
-    want = planner.memory_bytes(spec, 1, policy, 16, 1, False)
+    traffic = planner.traffic_bytes(planner.Workload(spec, policy=policy), "hsdp", two_nodes)
+    want = planner.memory_bytes(planner.Workload(spec, seq_len=16, policy=policy), 1)
     for r in ranks:
         g = r[len(CASES)]
         assert g["strategy"] == "hsdp" and g["params"] == want["params"]  # replicated: every rank holds it all

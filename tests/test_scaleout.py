@@ -11,6 +11,8 @@ from raydlc.cli import main
 from raydlc.errors import InputError
 from raydlc.models import get_spec
 
+W = planner.Workload
+
 COUNTS = [1, 2, 4, 8, 16, 32, 64]
 
 
@@ -35,13 +37,13 @@ def test_bad_node_counts_are_refused_by_name(text: str, says: str) -> None:
 
 def test_each_row_is_the_planners_recommendation_at_that_node_count() -> None:
     spec = get_spec("qwen2.5-72b")
-    s = scaleout.scan(spec, COUNTS, at("p5.48xlarge", 8))
+    s = scaleout.scan(W(spec), COUNTS, at("p5.48xlarge", 8))
     assert [r.nodes for r in s.rows] == COUNTS and [r.gpus for r in s.rows] == [8 * n for n in COUNTS]
     assert s.nvlink and s.efa and s.network_gbps == 3200 and s.gpu == "h100"
     for r in s.rows:
         layout = planner.layout_for(r.nodes, 8, instance_type="p5.48xlarge")
-        off = planner.recommend(spec, layout, activation_checkpointing=False).best
-        on = planner.recommend(spec, layout, activation_checkpointing=True).best
+        off = planner.recommend(W(spec, activation_checkpointing=False), layout).best
+        on = planner.recommend(W(spec, activation_checkpointing=True), layout).best
         if not r.fits:
             assert off is None and on is None
             continue
@@ -58,7 +60,7 @@ def test_each_row_is_the_planners_recommendation_at_that_node_count() -> None:
 
 
 def test_efficiency_is_tokens_per_s_against_linear_from_the_first_count_that_fits() -> None:
-    s = scaleout.scan(get_spec("qwen2.5-1.5b"), COUNTS, at("g6.12xlarge", 4))
+    s = scaleout.scan(W(get_spec("qwen2.5-1.5b")), COUNTS, at("g6.12xlarge", 4))
     ref = s.rows[0]
     assert s.reference_nodes == 1 and ref.efficiency == pytest.approx(1.0)
     for r in s.rows:
@@ -73,15 +75,15 @@ def test_efficiency_is_tokens_per_s_against_linear_from_the_first_count_that_fit
 
 def test_pinned_activation_checkpointing_is_honoured() -> None:
     spec = get_spec("qwen2.5-7b")
-    on = scaleout.scan(spec, [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=True)
-    off = scaleout.scan(spec, [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=False)
+    on = scaleout.scan(W(spec), [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=True)
+    off = scaleout.scan(W(spec), [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=False)
     assert all(r.activation_checkpointing for r in on.rows if r.fits)
     assert not any(r.activation_checkpointing for r in off.rows)
 
 
 def test_the_instance_types_facts_decide_the_links() -> None:
-    g6 = scaleout.scan(get_spec("qwen2.5-7b"), [2], at("g6e.48xlarge", 8))
-    p5 = scaleout.scan(get_spec("qwen2.5-7b"), [2], at("p5.48xlarge", 8))
+    g6 = scaleout.scan(W(get_spec("qwen2.5-7b")), [2], at("g6e.48xlarge", 8))
+    p5 = scaleout.scan(W(get_spec("qwen2.5-7b")), [2], at("p5.48xlarge", 8))
     g6e, p5t = catalog.INSTANCE_TYPES["g6e.48xlarge"], catalog.INSTANCE_TYPES["p5.48xlarge"]
     assert (g6.nvlink, g6.network_gbps, g6.gpu) == (g6e.nvlink, g6e.network_gbps, g6e.gpu) == (False, 400, "l40s")
     assert (p5.nvlink, p5.network_gbps, p5.gpu) == (p5t.nvlink, p5t.network_gbps, p5t.gpu) == (True, 3200, "h100")
@@ -99,9 +101,9 @@ def test_a_gpu_what_if_takes_the_network_of_a_type_with_that_gpu() -> None:
 def test_seq_len_beyond_positions_and_unknown_policy_are_refused() -> None:
     spec = get_spec("qwen2.5-0.5b")
     with pytest.raises(InputError, match="positions"):
-        scaleout.scan(spec, [1], at("g6.12xlarge", 4), seq_len=spec.max_position_embeddings + 1)
+        scaleout.scan(W(spec, seq_len=spec.max_position_embeddings + 1), [1], at("g6.12xlarge", 4))
     with pytest.raises(InputError, match="precision"):
-        scaleout.scan(spec, [1], at("g6.12xlarge", 4), policy="int4")
+        scaleout.scan(W(spec, policy="int4"), [1], at("g6.12xlarge", 4))
 
 
 def test_plan_scan_nodes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

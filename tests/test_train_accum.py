@@ -158,7 +158,7 @@ def test_four_micro_batches_of_2_take_the_same_steps_as_one_of_8(measured: list[
 def test_each_ranks_collectives_in_one_accumulated_step_are_the_planners_bytes(measured: list[dict[str, Any]]) -> None:
     spec = SPECS["tiny"]
     for name, sharding, _, accum, sync in CASES:
-        want = planner.traffic_bytes(spec, sharding, LAYOUTS[sharding], "fp32", grad_accum=accum, sync=sync)
+        want = planner.traffic_bytes(planner.Workload(spec, policy="fp32", grad_accum=accum, sync=sync), sharding, LAYOUTS[sharding])
         for r in measured:
             got = r["cases"][name]["traffic"]
             # Of each gathered buffer and each unsharded gradient a rank receives the other half (ring, 2 ranks);
@@ -179,7 +179,7 @@ def test_what_accumulation_holds_between_micro_batches_is_the_planners_accumulat
     spec = SPECS["tiny"]
     for key, (sharding, sync) in {"fsdp-once": ("fsdp", "once"), "hsdp-once": ("hsdp", "once"), "hsdp-all-reduce-once": ("hsdp", "all-reduce-once")}.items():
         shard = 2 if sharding == "fsdp" else 1
-        want = planner.memory_bytes(spec, shard, "fp32", SEQ, 2, False, grad_accum=4, sync=sync)["accumulated_grads"]
+        want = planner.memory_bytes(planner.Workload(spec, policy="fp32", seq_len=SEQ, micro_batch=2, grad_accum=4, sync=sync), shard)["accumulated_grads"]
         for r in measured:
             assert r["held"][key] == pytest.approx(want, rel=0.02), (key, r["held"][key], want)
-    assert planner.memory_bytes(spec, 2, "fp32", SEQ, 2, False, grad_accum=4, sync="once")["accumulated_grads"] == 4 * spec.param_count()
+    assert planner.memory_bytes(planner.Workload(spec, policy="fp32", seq_len=SEQ, micro_batch=2, grad_accum=4, sync="once"), 2)["accumulated_grads"] == 4 * spec.param_count()

@@ -14,6 +14,7 @@ from raydlc.config import FIELDS, LOCAL_DEFAULTS, TrainConfig, load_config
 from raydlc.errors import CheckpointError, InputError
 from raydlc.train import launch as L
 from raydlc.train import layout
+from raydlc.train import resolve as R
 
 # What `raydlc train` runs with when nothing is set: the config's defaults under the local table.
 LOCAL = TrainConfig().updated(**{FIELDS[k].key: v for k, v in LOCAL_DEFAULTS.items()})
@@ -24,10 +25,10 @@ G6 = "g6.12xlarge"
 
 def test_auto_sharding_asks_the_planner_on_several_nodes_and_bad_names_fail() -> None:
     from raydlc.models import SPECS
-    from raydlc.plan import recommend_sharding
+    from raydlc.plan import Workload, layout_for, recommend_sharding
 
     big, tiny = SPECS["qwen2.5-1.5b"], SPECS["tiny"]
-    planned = recommend_sharding(big, 2, 4, None, 128, 1, instance_type=G6)
+    planned = recommend_sharding(Workload(big), layout_for(2, 4, instance_type=G6))
     assert planned == "hsdp"  # 40 Gb/s between nodes: replicate across them, shard within
     t = TrainConfig(model_id="qwen2.5-1.5b", num_workers=8)
 
@@ -43,7 +44,7 @@ def test_auto_sharding_asks_the_planner_on_several_nodes_and_bad_names_fail() ->
     with pytest.raises(InputError, match="zero"):
         layout.decide(TrainConfig.model_construct(**(t.model_dump() | {"sharding": "zero"})), [1], model=None, instance_type=None)
     # The driver plans `auto` on the nodes Ray grants: 8 GPU workers on 2 x 4 GPUs are HSDP (2, 4).
-    mesh, decision = L.plan_layout(t, [4, 4], model=big, instance_type=G6)
+    mesh, decision = R.plan_layout(t, [4, 4], model=big, instance_type=G6)
     assert (mesh.sharding, mesh.shape, decision.grad_accum, decision.micro_batch) == (planned, (2, 4), 1, 1)
 
 
@@ -54,13 +55,13 @@ def test_grad_accum_auto_runs_the_planners_layout_on_a_known_cluster_and_1_local
     big, tiny = SPECS["qwen2.5-1.5b"], SPECS["tiny"]
     t = TrainConfig(model_id="qwen2.5-1.5b", num_workers=8, grad_accum="auto", use_gpu=True)
     d = layout.decide(t, [4, 4], model=big, instance_type=G6)
-    best = planner.recommend(big, planner.layout_for(2, 4, instance_type=G6), seq_len=128).best
+    best = planner.recommend(planner.Workload(big, seq_len=128), planner.layout_for(2, 4, instance_type=G6)).best
     assert best is not None and d.planned and d.note.startswith("planned: ")
     assert (d.sharding, d.micro_batch, d.grad_accum, d.grad_sync) == (best.strategy, best.micro_batch, best.grad_accum, best.sync)
     assert d.grad_accum > 1 and d.micro_batch * d.grad_accum * 8 * 128 <= t.max_global_batch
     applied = d.apply(t)
     assert (applied.batch_size, applied.grad_accum, applied.grad_sync) == (d.micro_batch, d.grad_accum, d.grad_sync)
-    assert L.global_sequences(applied) == d.micro_batch * d.grad_accum * 8
+    assert R.global_sequences(applied) == d.micro_batch * d.grad_accum * 8
     # The training set caps the global batch too, and so does MAX_GLOBAL_BATCH.
     few = layout.decide(t, [4, 4], model=big, instance_type=G6, max_sequences=100)
     assert few.micro_batch * few.grad_accum * 8 <= 100
@@ -87,7 +88,7 @@ def test_prepare_counts_accumulation_in_the_global_batch(tmp_path: Path) -> None
     data.write_text(" ".join(f"word{i % 50}" for i in range(3000)))
     train = TrainConfig(model_id="tiny", num_workers=2, seq_len=32, batch_size=4, data=str(data), storage_path=str(tmp_path / "o"))
     p = L.prepare(train, L.Target())
-    assert p.decision is not None and p.decision.grad_accum == 1 and p.n_train >= 8
+    assert R.resolve(train, L.Target(), p, R.Granted.local(train)).grad_accum == 1 and p.n_train >= 8
     too_many = p.n_train // 8 + 1  # 2 workers x 4 sequences x this many micro-batches outgrows the data
     with pytest.raises(InputError, match=f"one global batch of {8 * too_many}"):
         L.prepare(train.updated(grad_accum=too_many), L.Target())
@@ -112,12 +113,12 @@ def test_mesh_shape_replicates_across_nodes_and_shards_within() -> None:
 
 
 def test_resources_fill_gpus_and_workers() -> None:
-    s = L.resolve_resources(TrainConfig(num_workers=0), {"CPU": 96, "GPU": 8})
+    s = R.resolve_resources(TrainConfig(num_workers=0), {"CPU": 96, "GPU": 8})
     assert (s.use_gpu, s.num_workers) == (True, 8)
-    s = L.resolve_resources(TrainConfig(num_workers=2), {"CPU": 2})
+    s = R.resolve_resources(TrainConfig(num_workers=2), {"CPU": 2})
     assert (s.use_gpu, s.num_workers) == (False, 2)
     with pytest.raises(InputError, match="no GPUs"):
-        L.resolve_resources(TrainConfig(num_workers=0), {"CPU": 2})
+        R.resolve_resources(TrainConfig(num_workers=0), {"CPU": 2})
 
 
 def test_local_defaults_apply_only_where_the_source_is_default(clean_env: Path) -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from raydlc.config import TrainConfig
 from raydlc.errors import InputError, TrainError
 from raydlc.train import launch as L
+from raydlc.train import resolve as R
 from raydlc.train.layout import Mesh, check_placement, placement, plan_mesh
 from raydlc.train.runspec import Crash, RunSpec
 from raydlc.train.tokenizer import TokenizerInfo
@@ -99,10 +100,10 @@ def test_a_layout_on_several_nodes_needs_storage_every_node_sees(tmp_path: Path)
     from raydlc.errors import ConfigError
 
     train = TrainConfig(model_id="tiny", num_workers=8, storage_path=str(tmp_path))
-    two_nodes, _ = L.plan_layout(train, [4, 4, 0], model=None, instance_type=None)
+    two_nodes, _ = R.plan_layout(train, [4, 4, 0], model=None, instance_type=None)
     assert two_nodes.nodes == 2
     with pytest.raises(ConfigError, match="STORAGE_PATH: 2 nodes need storage every node sees"):
-        L.check_storage(train, two_nodes)
-    L.check_storage(train.updated(storage_shared=True), two_nodes)
-    L.check_storage(train.updated(storage_path="s3://bucket/runs"), two_nodes)
-    L.check_storage(train, L.plan_layout(train, [8], model=None, instance_type=None)[0])  # one node: its disk will do
+        R.check_storage(train, two_nodes)
+    R.check_storage(train.updated(storage_shared=True), two_nodes)
+    R.check_storage(train.updated(storage_path="s3://bucket/runs"), two_nodes)
+    R.check_storage(train, R.plan_layout(train, [8], model=None, instance_type=None)[0])  # one node: its disk will do

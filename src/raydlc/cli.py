@@ -6,7 +6,6 @@ Commands import the module that does their work inside the function body, so tha
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from raydlc.api import _plan as plan_use_case
+from raydlc.api import _train as train_use_case
 from raydlc.errors import InputError, RaydlcError
+from raydlc.flags import finite as _finite
+from raydlc.flags import with_options
 from raydlc.output import console, debug_requested, emit_json, err_console
 
 if TYPE_CHECKING:
@@ -43,14 +46,6 @@ def _state(ctx: typer.Context) -> State:
     if root.obj is None:
         root.obj = State()
     return root.obj
-
-
-def _finite(value: Any) -> Any:
-    """Float flags (one or repeated): inf and nan parse as floats but mean nothing here."""
-    for v in value if isinstance(value, list) else [value]:
-        if v is not None and not math.isfinite(v):
-            raise typer.BadParameter(f"must be a finite number, got {v}")
-    return value
 
 
 def load(ctx: typer.Context, **flags: Any) -> Config:
@@ -228,56 +223,48 @@ def nccl(
 
 
 @app.command("plan")
+@with_options(plan_use_case.OPTIONS, notes=False)
 def plan_cmd(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Built-in spec (qwen2.5-0.5b…72b, llama-3.2-1b…llama-3.3-70b, tiny), its hub id, or a dir with config.json [MODEL_ID]."),
-    nodes: int | None = typer.Option(None, "--nodes", help="GPU nodes [GPU_NODE_COUNT]."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", max=16, help="GPUs per node (what-if; default GPUS_PER_NODE)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU model (l4, a10g, l40s, a100-40gb, a100-80gb, h100, h200, b200); default: GPU_NODE_TYPE's."),
     network_gbps: float | None = typer.Option(
         None, "--network-gbps", callback=_finite, help="Node network bandwidth, Gb/s; default: GPU_NODE_TYPE's."
     ),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN]."),
-    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Sequences per GPU per micro-batch [BATCH_SIZE]."),
-    grad_accum: str | None = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step, or auto: the figures of the recommended layout [GRAD_ACCUM]."),
-    sync: str | None = typer.Option(None, "--sync", help="Gradient sync with accumulation: every, once, all-reduce-once (HSDP), auto [GRAD_SYNC]."),
-    max_global_batch: int | None = typer.Option(None, "--max-global-batch", help="Most tokens per optimizer step the recommendation may use [MAX_GLOBAL_BATCH]."),
     policy: str = typer.Option("bf16-mixed", "--policy", help="Precision: bf16-mixed (fp32 shards, bf16 compute), pure-bf16 or fp32."),
     strategy: str | None = typer.Option(None, "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed); default fsdp, or the recommended one with --grad-accum auto."),
     activation_checkpointing: bool | None = typer.Option(
         None, "--activation-checkpointing/--no-activation-checkpointing",
         help="Recompute each block in backward (default off; with --scan-nodes each node count chooses unless given).",
     ),
-    instance_type: str | None = typer.Option(None, "--instance-type", help="GPU instance type whose catalogue facts to plan with [GPU_NODE_TYPE]."),
     scan_nodes: str | None = typer.Option(None, "--scan-nodes", help="Comma-separated node counts, e.g. 1,2,4,8,16,32,64: the recommended layout, tokens/s and scaling efficiency at each."),
     plot: Path | None = typer.Option(None, "--plot", help="With --scan-nodes: write a PNG of tokens/s and efficiency against nodes."),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
+    *,
+    named: dict[str, Any],
 ) -> None:
     """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits."""
-    from raydlc import catalog
-    from raydlc import plan as planner
-    from raydlc.models import get_spec
-
     if plot is not None and scan_nodes is None:
         raise InputError("--plot draws a scale-out scan", hint="add --scan-nodes 1,2,4,8")
-    known = catalog.instance_type(instance_type) if instance_type else None
-    cfg = load(
-        ctx, MODEL_ID=model, GPU_NODE_COUNT=nodes, SEQ_LEN=seq_len, BATCH_SIZE=micro_batch, GRAD_ACCUM=grad_accum,
-        GRAD_SYNC=sync, MAX_GLOBAL_BATCH=max_global_batch, GPU_NODE_TYPE=instance_type, GPUS_PER_NODE=known.gpus if known else None,
-    )
-    gpn = cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node
-    t = cfg.train
-    spec = get_spec(t.model_id)
-    if scan_nodes is not None:
-        _plan_scan(spec, scan_nodes, gpn, gpu, cfg.gpu_nodes.instance_type, network_gbps, t.seq_len, policy,
-                   activation_checkpointing, t.max_global_batch, plot, json_)
+    from raydlc.config import parse_assignments
+
+    st = _state(ctx)
+    settings = parse_assignments(st.assignments)
+    common = dict(config=st.config_path, gpus_per_node=gpus_per_node, gpu=gpu, network_gbps=network_gbps, policy=policy,
+                  activation_checkpointing=activation_checkpointing)
+    if scan_nodes is not None:  # the step flags are checked as settings; the scan searches the step itself
+        step = {o.env: named.pop(o.keyword) for o in plan_use_case.OPTIONS if o.keyword in plan_use_case.SEARCHED and o.keyword in named}
+        found = plan_use_case.scan(scan_nodes, plot=plot, settings={**settings, **step}, **common, **named)
+        if json_:
+            emit_json(found.to_dict())
+            return
+        from raydlc.views.scan import print_scan
+
+        print_scan(found, console)
+        if plot is not None:
+            console.print(f"plot: {plot}")
         return
-    activation_checkpointing = bool(activation_checkpointing)
-    layout = planner.layout_for(cfg.gpu_nodes.count, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
-    result = planner.plan(
-        spec, layout, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync,
-        max_global_batch=t.max_global_batch, policy=policy, activation_checkpointing=activation_checkpointing, strategy=strategy,
-    )
+    result = plan_use_case.plan(strategy=strategy, settings=settings, **common, **named)
     if json_:
         emit_json(result.to_dict())
         return
@@ -286,36 +273,6 @@ def plan_cmd(
     print_plan(result, console)
 
 
-def _plan_scan(
-    spec: Any, node_counts: str, gpus_per_node: int, gpu: str | None, instance_type: str, network_gbps: float | None,
-    seq_len: int, policy: str, activation_checkpointing: bool | None, max_global_batch: int, plot: Path | None, json_: bool,
-) -> None:
-    from raydlc import plan as planner
-    from raydlc import scaleout
-
-    counts = scaleout.parse_node_counts(node_counts)
-    if plot is not None:
-        from raydlc.files import check_output_file
-
-        check_output_file(plot, "--plot", force=True)
-
-    def layout_at(n: int) -> planner.Layout:
-        return planner.layout_for(n, gpus_per_node, gpu=gpu, instance_type=instance_type, network_gbps=network_gbps)
-
-    result = scaleout.scan(spec, counts, layout_at, seq_len=seq_len, policy=policy, activation_checkpointing=activation_checkpointing,
-                           max_global_batch=max_global_batch)
-    if plot is not None:
-        from raydlc.views.scan import plot_scan
-
-        plot_scan(result, plot)
-    if json_:
-        emit_json(result.to_dict() | {"plot": str(plot) if plot else None})
-        return
-    from raydlc.views.scan import print_scan
-
-    print_scan(result, console)
-    if plot is not None:
-        console.print(f"plot: {plot}")
 
 
 @app.command("preflight")
@@ -347,76 +304,32 @@ def preflight_cmd(
 
 
 @app.command("train")
+@with_options(train_use_case.OPTIONS)
 def train(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Built-in spec (random init), hub id or local dir (weights loaded shard by shard) [MODEL_ID; local default: tiny]."),
-    data: str | None = typer.Option(None, "--data", help=".txt/.jsonl file or dir, or a dataset id [DATA; default: bundled stdlib-docstring corpus]."),
-    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps [STEPS; local default: 300]."),
-    workers: int | None = typer.Option(None, "--workers", help="Ray Train workers [NUM_WORKERS; local default: 2]."),
-    out: Path | None = typer.Option(None, "--out", help="Storage for checkpoints, export, metrics [STORAGE_PATH; default: ./raydlc-out]."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence [SEQ_LEN; default: 128]."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per worker per step [BATCH_SIZE; local default: 8]."),
-    grad_accum: str | None = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step, or auto: the planner's micro-batch and accumulation on a known GPU cluster [GRAD_ACCUM]."),
-    lr: float | None = typer.Option(None, "--lr", callback=_finite, help="AdamW learning rate [LEARNING_RATE; local default: 0.002]."),
-    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints; 0 = only at the end [CHECKPOINT_EVERY; local default: 100]."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the model init, data order and eval split [SEED]."),
-    run_name: str | None = typer.Option(None, "--run-name", help="Run folder under --out [RUN_NAME; default: run-<UTC time>]."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint under --out [RESUME]."),
-    resume_from: str | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint directory or URI [RESUME_FROM]."),
-    sharding: str | None = typer.Option(None, "--sharding", help="fsdp | hsdp | auto [SHARDING]."),
-    bf16: bool | None = typer.Option(None, "--bf16/--fp32", help="Compute dtype [BF16; default: bf16 on GPUs, fp32 on CPUs]."),
-    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute decoder blocks in backward [ACTIVATION_CHECKPOINTING]."),
     address: str | None = typer.Option(None, "--address", help="Join this Ray cluster (host:port of its head) instead of starting a local one."),
-    preflight: bool = typer.Option(False, "--preflight", help="Measure collective bandwidth on the same workers first; stop if it fails [PREFLIGHT]."),
     json_: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (last line of stdout)."),
+    *,
+    named: dict[str, Any],
 ) -> None:
     """Fine-tune on a local Ray (or --address): FSDP2 under Ray Train, checkpoints, HF export, loss plot.
 
     Every setting is a RAYDLC_<NAME> (or --set NAME=VALUE); `raydlc config show` lists them.
     Settings left at their default take the local-run values (README: local defaults).
     """
-    from functools import partial
+    from raydlc.config import parse_assignments
+    from raydlc.train.progress import TrainView, print_summary
 
-    from raydlc import storage
-    from raydlc.train import launch, progress
-
-    cfg = load(
-        ctx,
-        MODEL_ID=model,
-        DATA=data,
-        STEPS=steps,
-        NUM_WORKERS=workers,
-        STORAGE_PATH=str(out) if out is not None else None,
-        SEQ_LEN=seq_len,
-        BATCH_SIZE=batch_size,
-        GRAD_ACCUM=grad_accum,
-        LEARNING_RATE=lr,
-        CHECKPOINT_EVERY=checkpoint_every,
-        SEED=seed,
-        RUN_NAME=run_name,
-        RESUME=resume or None,
-        RESUME_FROM=resume_from,
-        SHARDING=sharding,
-        BF16=bf16,
-        ACTIVATION_CHECKPOINTING=activation_checkpointing or None,
-        PREFLIGHT=preflight or None,
-    )
-    settings = launch.settings(cfg, local=True)
-    where = launch.target(cfg, local=True, address=address)
-    if not storage.is_uri(settings.storage_path or launch.DEFAULT_OUT):  # fail now, not after data preparation and Ray's start
-        from raydlc.files import check_output_dir
-
-        check_output_dir(settings.storage_path or launch.DEFAULT_OUT, "--out" if out is not None else "STORAGE_PATH")
-    prepared = None
-    if settings.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
-        with err_console.status("preparing data and tokenizer", spinner="dots"):
-            prepared = launch.prepare(settings, where)  # bad input fails here, before a progress bar or a worker
-    run = partial(launch.run, prepared=prepared)
-    summary = progress.run_with_progress(run, settings, where, quiet=json_, debug=debug_requested(_state(ctx).debug))
+    st = _state(ctx)
+    with TrainView(quiet=json_, debug=debug_requested(st.debug)) as view:
+        result = train_use_case.train(
+            config=st.config_path, settings=parse_assignments(st.assignments), address=address, on_progress=view,
+            log_to_driver=view.debug, **named,
+        )
     if json_:
-        emit_json(summary)
+        emit_json(result.to_dict())
     else:
-        progress.print_summary(summary)
+        print_summary(result.to_dict())
 
 
 _STEP_HELP = "capacity, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"

@@ -14,21 +14,21 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
 from raydlc import catalog
 from raydlc.errors import ConfigError
+from raydlc.fieldtypes import Above, AtLeast, Between, Blank, Dns1123, FolderName, Shaped, WholeOrAuto, rules
 
 ENV_PREFIX = "RAYDLC_"
 DEFAULT_FILE = "raydlc.yaml"
 Source = Literal["default", "file", "env", "flag"]
 
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 _K8S = re.compile(r"^1\.\d{2}$")
 _AZ = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d[a-z]$")
@@ -60,27 +60,33 @@ RETIRED: dict[str, str] = {
 }
 
 
-def _env(name: str, help: str, *, le: float | None = None, why: str | None = None, **kw: Any) -> Any:
-    """A field with its env.sh name; `le`/`why`: its upper bound and the reason the error states."""
+@dataclass(frozen=True)
+class Flag:
+    """A setting's command-line option: `raydlc train` and `python -m raydlc.train` are built from these.
+
+    `help` is the sentence before the bracket the builder adds (`[STEPS; local default: 300]`);
+    `default` is what that bracket says when the default is not the field's own value
+    (`bundled stdlib-docstring corpus`); a switch with a negation is named `--bf16/--fp32`;
+    `path`: the value is a file system path (shown and parsed as one).
+    """
+
+    name: str
+    help: str
+    default: str | None = None
+    path: bool = False
+
+
+def _env(
+    name: str, help: str, *, flag: Flag | None = None, le: float | None = None, why: str | None = None, **kw: Any
+) -> Any:
+    """A field with its env.sh name; `flag`: its option on the training commands; `le`/`why`: its
+    upper bound and the reason the error states."""
     extra: dict[str, Any] = {"env": name}
+    if flag is not None:
+        extra["flag"] = asdict(flag)
     if le is not None:
         extra["le"], extra["le_why"] = le, why or ""
     return Field(description=help, json_schema_extra=extra, **kw)
-
-
-def _dns1123(value: str, max_len: int = 63) -> str:
-    if not _DNS1123.match(value) or len(value) > max_len:
-        raise ValueError(
-            f"must be a DNS-1123 name (lowercase letters, digits and '-', starting and ending "
-            f"with a letter or digit, at most {max_len} characters), got {value!r}"
-        )
-    return value
-
-
-def _shape(pattern: re.Pattern[str], what: str, value: str) -> str:
-    if not pattern.match(value):
-        raise ValueError(f"must be {what}, got {value!r}")
-    return value
 
 
 def zone_problem(zone: str, region: str) -> str | None:
@@ -92,206 +98,136 @@ def zone_problem(zone: str, region: str) -> str | None:
     return None
 
 
+# The field types: a rule in the annotation is checked by _Section after the rules every field gets.
+Count = Annotated[int, AtLeast(1)]
+NonNegative = Annotated[int, AtLeast(0)]
+Name = Annotated[str, Dns1123()]
+Unset = Annotated[str | None, Blank()]
+MaybeBool = Annotated[bool | None, Blank()]
+
+
 class _Section(BaseModel):
-    """Rules every field gets for free: floats finite, numbers bounded, strings free of control characters."""
+    """Rules every field gets for free: floats finite, numbers bounded, strings free of control
+    characters; then the rules its annotation carries (raydlc.fieldtypes)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _raw(cls, v: Any, info: ValidationInfo) -> Any:
+        for rule in rules(cls.model_fields[str(info.field_name)].metadata):
+            v = rule.before(v)
+        return v
 
     @field_validator("*", mode="after")
     @classmethod
     def _every_field(cls, v: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields[str(info.field_name)]
         if isinstance(v, str) and _CONTROL.search(v):
             raise ValueError(f"must not contain control characters (newlines, tabs, NUL), got {v!r}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return v
-        extra = cls.model_fields[str(info.field_name)].json_schema_extra or {}
-        assert isinstance(extra, dict)
-        le = extra.get("le", INT_MAX if isinstance(v, int) else None)
-        if le is not None and v > le:  # type: ignore[operator]
-            why = extra.get("le_why", INT_MAX_WHY if "le" not in extra else "")
-            raise ValueError(f"must be at most {le:,}" + (f" ({why})" if why else "") + f", got {v}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            extra = field.json_schema_extra or {}
+            assert isinstance(extra, dict)
+            le = extra.get("le", INT_MAX if isinstance(v, int) else None)
+            if le is not None and v > le:  # type: ignore[operator]
+                why = extra.get("le_why", INT_MAX_WHY if "le" not in extra else "")
+                raise ValueError(f"must be at most {le:,}" + (f" ({why})" if why else "") + f", got {v}")
+        for rule in rules(field.metadata):
+            rule.check(v)
         return v
 
 
+_NODEGROUP_QUOTA = "EKS's default quota of nodes per managed node group"
+
+
 class ClusterConfig(_Section):
-    name: str = _env("CLUSTER_NAME", "EKS cluster name", default="eks-cluster")
-    region: str = _env("REGION", "AWS region", default="us-east-2")
-    k8s_version: str = _env("K8S_VERSION", "Kubernetes version of the EKS control plane", default="1.36")
+    name: Annotated[str, Dns1123(100)] = _env("CLUSTER_NAME", "EKS cluster name", default="eks-cluster")
+    region: Annotated[str, Shaped(_REGION, "an AWS region such as 'us-east-2'", verb="look like")] = _env(
+        "REGION", "AWS region", default="us-east-2"
+    )
+    k8s_version: Annotated[str, Shaped(_K8S, "a Kubernetes minor version such as '1.36'")] = _env(
+        "K8S_VERSION", "Kubernetes version of the EKS control plane", default="1.36"
+    )
     ami_family: Literal["AmazonLinux2023", "Bottlerocket"] = _env(
         "NODE_AMI_FAMILY", "AMI family of every node group", default="AmazonLinux2023"
     )
-    namespace: str = _env("NAMESPACE", "Kubernetes namespace of the Ray cluster and jobs", default="ray-train")
-    kubeconfig: str | None = _env(
+    namespace: Name = _env("NAMESPACE", "Kubernetes namespace of the Ray cluster and jobs", default="ray-train")
+    kubeconfig: Unset = _env(
         "KUBECONFIG", "kubeconfig raydlc writes for the cluster and uses; empty = ~/.raydlc/<name>-<region>/kubeconfig "
         "(~/.kube/config only when given)", default=None,
     )
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _dns1123(v, 100)
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, v: str) -> str:
-        return _dns1123(v)
-
-    @field_validator("kubeconfig", mode="before")
-    @classmethod
-    def _kubeconfig(cls, v: Any) -> Any:
-        return None if v in ("", None) else v
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str) -> str:
-        if not _REGION.match(v):
-            raise ValueError(f"must look like an AWS region such as 'us-east-2', got {v!r}")
-        return v
-
-    @field_validator("k8s_version")
-    @classmethod
-    def _k8s(cls, v: Any) -> str:
-        v = str(v)
-        if not _K8S.match(v):
-            raise ValueError(f"must be a Kubernetes minor version such as '1.36', got {v!r}")
-        return v
-
 
 class SystemNodesConfig(_Section):
-    instance_type: str = _env("SYSTEM_NODE_TYPE", "instance type of the CPU system node group", default="m7i.xlarge")
-    count: int = _env(
-        "SYSTEM_NODE_COUNT", "number of system nodes (KubeRay operator, Ray head)", default=1,
-        le=EKS_NODEGROUP_MAX, why="EKS's default quota of nodes per managed node group",
+    instance_type: Annotated[str, Shaped(_INSTANCE_TYPE, "an EC2 instance type (family.size, e.g. 'm7i.xlarge')")] = _env(
+        "SYSTEM_NODE_TYPE", "instance type of the CPU system node group", default="m7i.xlarge"
     )
-    nodegroup_name: str = _env("SYSTEM_NODEGROUP_NAME", "name of the system node group", default="system")
-    volume_size_gb: int = _env(
+    count: Count = _env(
+        "SYSTEM_NODE_COUNT", "number of system nodes (KubeRay operator, Ray head)", default=1, le=EKS_NODEGROUP_MAX, why=_NODEGROUP_QUOTA
+    )
+    nodegroup_name: Name = _env("SYSTEM_NODEGROUP_NAME", "name of the system node group", default="system")
+    volume_size_gb: Annotated[int, AtLeast(20, "GiB")] = _env(
         "SYSTEM_VOLUME_SIZE", "root volume of each system node, GiB", default=80, le=16384, why="16 TiB"
     )
 
-    @field_validator("instance_type")
-    @classmethod
-    def _type(cls, v: str) -> str:
-        return _shape(_INSTANCE_TYPE, "an EC2 instance type (family.size, e.g. 'm7i.xlarge')", v)
-
-    @field_validator("count")
-    @classmethod
-    def _count(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be at least 1, got {v}")
-        return v
-
-    @field_validator("nodegroup_name")
-    @classmethod
-    def _ng(cls, v: str) -> str:
-        return _dns1123(v)
-
-    @field_validator("volume_size_gb")
-    @classmethod
-    def _vol(cls, v: int) -> int:
-        if v < 20:
-            raise ValueError(f"must be at least 20 GiB, got {v}")
-        return v
-
 
 class GpuNodesConfig(_Section):
-    instance_type: str = _env("GPU_NODE_TYPE", "instance type of the EFA GPU node group", default="g6.12xlarge")
-    count: int = _env(
-        "GPU_NODE_COUNT", "number of GPU nodes", default=2,
-        le=EKS_NODEGROUP_MAX, why="EKS's default quota of nodes per managed node group",
+    instance_type: Annotated[str, Shaped(_INSTANCE_TYPE, "an EC2 instance type (family.size, e.g. 'g6.12xlarge')")] = _env(
+        "GPU_NODE_TYPE", "instance type of the EFA GPU node group", default="g6.12xlarge"
     )
-    gpus_per_node: int = _env(
-        "GPUS_PER_NODE", "GPUs on each GPU node; must match the instance type", default=4,
-        le=16, why="no EC2 instance type has more",
+    count: Count = _env("GPU_NODE_COUNT", "number of GPU nodes", default=2, le=EKS_NODEGROUP_MAX, why=_NODEGROUP_QUOTA)
+    gpus_per_node: Count = _env(
+        "GPUS_PER_NODE", "GPUs on each GPU node; must match the instance type", default=4, le=16, why="no EC2 instance type has more",
     )
-    nodegroup_name: str = _env("GPU_NODEGROUP_NAME", "name of the GPU node group", default="gpu-workers")
-    az: str | None = _env(
-        "GPU_AZ", "the one Availability Zone of the GPU nodes (EFA cannot cross AZs); empty = discover",
-        default=None,
+    nodegroup_name: Name = _env("GPU_NODEGROUP_NAME", "name of the GPU node group", default="gpu-workers")
+    az: Annotated[str | None, Blank(), Shaped(_AZ, "an Availability Zone name such as 'us-east-2a'")] = _env(
+        "GPU_AZ", "the one Availability Zone of the GPU nodes (EFA cannot cross AZs); empty = discover", default=None,
     )
-    volume_size_gb: int = _env(
+    volume_size_gb: Annotated[int, AtLeast(50, "GiB", why="the DLC image alone is tens of GiB")] = _env(
         "GPU_VOLUME_SIZE", "root volume of each GPU node, GiB (the DLC image is large)", default=200, le=16384, why="16 TiB"
     )
     taint: bool = _env("GPU_TAINT", "taint GPU nodes so only pods that tolerate it land there", default=True)
 
-    @field_validator("count", "gpus_per_node")
-    @classmethod
-    def _count(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be at least 1, got {v}")
-        return v
 
-    @field_validator("nodegroup_name")
-    @classmethod
-    def _ng(cls, v: str) -> str:
-        return _dns1123(v)
-
-    @field_validator("az", mode="before")
-    @classmethod
-    def _az(cls, v: Any) -> Any:
-        return None if v in ("", None) else v
-
-    @field_validator("az")
-    @classmethod
-    def _az_shape(cls, v: str | None) -> str | None:
-        return None if v is None else _shape(_AZ, "an Availability Zone name such as 'us-east-2a'", v)
-
-    @field_validator("instance_type")
-    @classmethod
-    def _type(cls, v: str) -> str:
-        return _shape(_INSTANCE_TYPE, "an EC2 instance type (family.size, e.g. 'g6.12xlarge')", v)
-
-    @field_validator("volume_size_gb")
-    @classmethod
-    def _vol(cls, v: int) -> int:
-        if v < 50:
-            raise ValueError(f"must be at least 50 GiB (the DLC image alone is tens of GiB), got {v}")
-        return v
+ChartVersion = Annotated[str, Shaped(_SEMVER, "a chart version such as '1.7.0'")]
 
 
 class ImagesConfig(_Section):
-    dlc_image: str = _env("DLC_IMAGE", "the AWS Ray Train DLC image every Ray pod runs", default=catalog.DEFAULT_IMAGE)
-    ray_version: str = _env("RAY_VERSION", "Ray version inside the image (KubeRay's rayVersion)", default="2.58.0")
+    dlc_image: Annotated[str, Shaped(_IMAGE, "an image reference ([registry/]repository[:tag][@digest])")] = _env(
+        "DLC_IMAGE", "the AWS Ray Train DLC image every Ray pod runs", default=catalog.DEFAULT_IMAGE
+    )
+    ray_version: Annotated[str, Shaped(_PY_VERSION, "a Ray version such as '2.58.0'")] = _env(
+        "RAY_VERSION", "Ray version inside the image (KubeRay's rayVersion)", default="2.58.0"
+    )
     force_ray_version: bool = _env(
         "FORCE_RAY_VERSION", "accept a RAY_VERSION that differs from the image's known Ray", default=False
     )
-    kuberay_version: str = _env("KUBERAY_VERSION", "KubeRay operator chart version", default="1.7.0")
-    nvidia_device_plugin_version: str = _env(
+    kuberay_version: ChartVersion = _env("KUBERAY_VERSION", "KubeRay operator chart version", default="1.7.0")
+    nvidia_device_plugin_version: ChartVersion = _env(
         "NVIDIA_DEVICE_PLUGIN_VERSION", "NVIDIA device plugin chart version", default="0.20.0"
     )
 
-    @field_validator("dlc_image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        return _shape(_IMAGE, "an image reference ([registry/]repository[:tag][@digest])", v)
-
-    @field_validator("kuberay_version", "nvidia_device_plugin_version")
-    @classmethod
-    def _chart(cls, v: Any) -> str:
-        return _shape(_SEMVER, "a chart version such as '1.7.0'", str(v))
-
-    @field_validator("ray_version")
-    @classmethod
-    def _ray(cls, v: Any) -> str:
-        return _shape(_PY_VERSION, "a Ray version such as '2.58.0'", str(v))
-
 
 class RayConfig(_Section):
-    cluster_name: str = _env("RAY_CLUSTER_NAME", "name of the RayCluster resource", default="ray-train-cluster")
-    nccl_net: str | None = _env(
+    # KubeRay appends suffixes to the cluster's pod and service names; a job's RayCluster is its name plus 6 characters.
+    cluster_name: Annotated[str, Dns1123(47)] = _env("RAY_CLUSTER_NAME", "name of the RayCluster resource", default="ray-train-cluster")
+    nccl_net: Annotated[str | None, Blank(), Shaped(_NCCL_NET, "an NCCL net name such as 'Libfabric'")] = _env(
         "NCCL_NET",
         "pin NCCL's network (e.g. 'Libfabric'), so a missing EFA fails loudly instead of falling back to sockets; empty = not pinned",
         default="Libfabric",
     )
-    job_deadline_s: int = _env(
+    job_deadline_s: Annotated[int, AtLeast(60, "seconds")] = _env(
         "JOB_DEADLINE_S", "RayJob activeDeadlineSeconds: a cost guardrail for one job", default=4 * 3600,
         le=30 * DAY_S, why="30 days",
     )
-    job_name: str = _env("RAY_JOB_NAME", "name of the RayJob resource (its cluster is named after it)", default="ray-train-job")
-    job_ttl_s: int = _env(
+    job_name: Annotated[str, Dns1123(40)] = _env(
+        "RAY_JOB_NAME", "name of the RayJob resource (its cluster is named after it)", default="ray-train-job"
+    )
+    job_ttl_s: NonNegative = _env(
         "JOB_TTL_S", "RayJob ttlSecondsAfterFinished: how long a finished job's cluster stays for logs", default=600,
         le=30 * DAY_S, why="30 days",
     )
-    job_backoff_limit: int = _env(
+    job_backoff_limit: NonNegative = _env(
         "JOB_BACKOFF_LIMIT", "RayJob backoffLimit: whole-job retries, each on a fresh cluster", default=0,
         le=100, why="each retry starts a fresh cluster",
     )
@@ -299,157 +235,94 @@ class RayConfig(_Section):
         "JOB_SUBMISSION_MODE", "how KubeRay submits a RayJob: a submitter pod, the operator over HTTP, or a head sidecar",
         default="K8sJobMode",
     )
-    operator_namespace: str = _env(
+    operator_namespace: Name = _env(
         "KUBERAY_NAMESPACE", "namespace of the KubeRay operator (admitted by the head's NetworkPolicy)", default="kuberay-operator"
     )
-
-    @field_validator("cluster_name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _dns1123(v, 47)  # KubeRay appends suffixes to pod and service names
-
-    @field_validator("job_name")
-    @classmethod
-    def _job_name(cls, v: str) -> str:
-        return _dns1123(v, 40)  # the job's RayCluster is this name plus a 6-character suffix
-
-    @field_validator("operator_namespace")
-    @classmethod
-    def _op_ns(cls, v: str) -> str:
-        return _dns1123(v)
-
-    @field_validator("job_ttl_s", "job_backoff_limit")
-    @classmethod
-    def _non_negative(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"must be 0 or more, got {v}")
-        return v
-
-    @field_validator("nccl_net", mode="before")
-    @classmethod
-    def _net(cls, v: Any) -> Any:
-        return None if v in ("", None) else v
-
-    @field_validator("nccl_net")
-    @classmethod
-    def _net_shape(cls, v: str | None) -> str | None:
-        return None if v is None else _shape(_NCCL_NET, "an NCCL net name such as 'Libfabric'", v)
-
-    @field_validator("job_deadline_s")
-    @classmethod
-    def _deadline(cls, v: int) -> int:
-        if v < 60:
-            raise ValueError(f"must be at least 60 seconds, got {v}")
-        return v
 
 
 class TrainConfig(_Section):
     """Every knob of a training run: the workers receive exactly this, re-validated on their side."""
 
-    model_id: str = _env("MODEL_ID", "built-in model spec (README: Models), hub id, or local/hub-cache dir with config.json", default="Qwen/Qwen2.5-1.5B")
-    steps: int = _env("STEPS", "optimizer steps", default=5)
-    seq_len: int = _env("SEQ_LEN", "tokens per sequence", default=128)
-    batch_size: int = _env("BATCH_SIZE", "sequences per worker per step (micro-batch)", default=1)
-    grad_accum: int | Literal["auto"] = _env(
-        "GRAD_ACCUM", "micro-batches per optimizer step; auto = the planner's micro-batch and accumulation on a known GPU cluster (1 elsewhere)", default=1
+    model_id: str = _env(
+        "MODEL_ID", "built-in model spec (README: Models), hub id, or local/hub-cache dir with config.json", default="Qwen/Qwen2.5-1.5B",
+        flag=Flag("--model", "Built-in spec (random init), hub id or local dir (weights loaded shard by shard)"),
+    )
+    steps: Count = _env("STEPS", "optimizer steps", default=5, flag=Flag("--steps", "Optimizer steps"))
+    seq_len: Count = _env("SEQ_LEN", "tokens per sequence", default=128, flag=Flag("--seq-len", "Tokens per sequence", default="128"))
+    batch_size: Count = _env(
+        "BATCH_SIZE", "sequences per worker per step (micro-batch)", default=1, flag=Flag("--batch-size", "Sequences per worker per step")
+    )
+    grad_accum: Annotated[int | Literal["auto"], WholeOrAuto("micro-batches")] = _env(
+        "GRAD_ACCUM", "micro-batches per optimizer step; auto = the planner's micro-batch and accumulation on a known GPU cluster (1 elsewhere)", default=1,
+        flag=Flag("--grad-accum", "Micro-batches per optimizer step, or auto: the planner's micro-batch and accumulation on a known GPU cluster"),
     )
     grad_sync: Literal["auto", "every", "once", "all-reduce-once"] = _env(
-        "GRAD_SYNC", "when accumulated gradients are reduced: every micro-batch, once per step, or (HSDP) all-reduce once; auto = the planner's, else once (FSDP) / all-reduce-once (HSDP)", default="auto"
+        "GRAD_SYNC", "when accumulated gradients are reduced: every micro-batch, once per step, or (HSDP) all-reduce once; auto = the planner's, else once (FSDP) / all-reduce-once (HSDP)", default="auto",
+        flag=Flag("--sync", "Gradient sync with accumulation: every, once, all-reduce-once (HSDP), auto"),
     )
-    max_global_batch: int = _env("MAX_GLOBAL_BATCH", "most tokens per optimizer step GRAD_ACCUM=auto may choose", default=131072)
-    learning_rate: float = _env("LEARNING_RATE", "AdamW learning rate", default=2e-5)
-    num_workers: int = _env("NUM_WORKERS", "Ray Train workers; 0 = one per GPU in the cluster", default=0)
-    data: str | None = _env("DATA", "training data: .txt/.jsonl file or dir, or a dataset id; empty = bundled corpus", default=None)
-    checkpoint_every: int = _env("CHECKPOINT_EVERY", "steps between sharded checkpoints; 0 = only at the end", default=0)
-    storage_path: str | None = _env("STORAGE_PATH", "checkpoint storage (local dir, s3:// or shared FS); empty = ./raydlc-out", default=None)
-    max_failures: int = _env("MAX_FAILURES", "worker-group restarts from the last checkpoint", default=1)
-    sharding: Literal["fsdp", "hsdp", "auto"] = _env("SHARDING", "FSDP over all ranks, HSDP (shard in node), or the planner's choice", default="auto")
-    warmup_steps: int = _env("WARMUP_STEPS", "linear learning-rate warm-up steps, then constant", default=20)
-    weight_decay: float = _env("WEIGHT_DECAY", "AdamW weight decay", default=0.0)
-    max_grad_norm: float = _env("MAX_GRAD_NORM", "clip the global gradient norm to this", default=1.0)
-    seed: int = _env("SEED", "seed of the model init, the data order and the eval split", default=0)
-    eval_fraction: float = _env("EVAL_FRACTION", "share of the packed sequences held out for eval (at most 64)", default=0.05)
-    eval_every: int = _env("EVAL_EVERY", "steps between eval losses; 0 = at each checkpoint (always at the end)", default=0)
-    report_every: int = _env("REPORT_EVERY", "steps between ray.train.report calls (each is a barrier)", default=10)
-    hsdp_replicas: int = _env("HSDP_REPLICAS", "HSDP replica groups; 0 = one per node", default=0)
-    bf16: bool | None = _env("BF16", "bf16 compute with fp32 master weights and reduction; empty = on GPUs only", default=None)
-    activation_checkpointing: bool = _env("ACTIVATION_CHECKPOINTING", "recompute decoder blocks in backward", default=False)
+    max_global_batch: Count = _env(
+        "MAX_GLOBAL_BATCH", "most tokens per optimizer step GRAD_ACCUM=auto may choose", default=131072,
+        flag=Flag("--max-global-batch", "Most tokens per optimizer step the recommendation may use"),
+    )
+    learning_rate: Annotated[float, Above(0)] = _env("LEARNING_RATE", "AdamW learning rate", default=2e-5, flag=Flag("--lr", "AdamW learning rate"))
+    num_workers: NonNegative = _env("NUM_WORKERS", "Ray Train workers; 0 = one per GPU in the cluster", default=0, flag=Flag("--workers", "Ray Train workers"))
+    data: Unset = _env(
+        "DATA", "training data: .txt/.jsonl file or dir, or a dataset id; empty = bundled corpus", default=None,
+        flag=Flag("--data", ".txt/.jsonl file or dir, or a dataset id", default="bundled stdlib-docstring corpus"),
+    )
+    checkpoint_every: NonNegative = _env(
+        "CHECKPOINT_EVERY", "steps between sharded checkpoints; 0 = only at the end", default=0,
+        flag=Flag("--checkpoint-every", "Steps between checkpoints; 0 = only at the end"),
+    )
+    storage_path: Unset = _env(
+        "STORAGE_PATH", "checkpoint storage (local dir, s3:// or shared FS); empty = ./raydlc-out", default=None,
+        flag=Flag("--out", "Storage for checkpoints, export, metrics", default="./raydlc-out", path=True),
+    )
+    max_failures: NonNegative = _env(
+        "MAX_FAILURES", "worker-group restarts from the last checkpoint", default=1,
+        flag=Flag("--max-failures", "Worker-group restarts from the last checkpoint"),
+    )
+    sharding: Literal["fsdp", "hsdp", "auto"] = _env(
+        "SHARDING", "FSDP over all ranks, HSDP (shard in node), or the planner's choice", default="auto", flag=Flag("--sharding", "fsdp | hsdp | auto")
+    )
+    warmup_steps: NonNegative = _env("WARMUP_STEPS", "linear learning-rate warm-up steps, then constant", default=20)
+    weight_decay: Annotated[float, AtLeast(0)] = _env("WEIGHT_DECAY", "AdamW weight decay", default=0.0)
+    max_grad_norm: Annotated[float, Above(0)] = _env("MAX_GRAD_NORM", "clip the global gradient norm to this", default=1.0)
+    seed: NonNegative = _env(
+        "SEED", "seed of the model init, the data order and the eval split", default=0,
+        flag=Flag("--seed", "Seed of the model init, data order and eval split"),
+    )
+    eval_fraction: Annotated[float, Between(0, 1)] = _env("EVAL_FRACTION", "share of the packed sequences held out for eval (at most 64)", default=0.05)
+    eval_every: NonNegative = _env("EVAL_EVERY", "steps between eval losses; 0 = at each checkpoint (always at the end)", default=0)
+    report_every: Count = _env("REPORT_EVERY", "steps between ray.train.report calls (each is a barrier)", default=10)
+    hsdp_replicas: NonNegative = _env("HSDP_REPLICAS", "HSDP replica groups; 0 = one per node", default=0)
+    bf16: MaybeBool = _env(
+        "BF16", "bf16 compute with fp32 master weights and reduction; empty = on GPUs only", default=None,
+        flag=Flag("--bf16/--fp32", "Compute dtype", default="bf16 on GPUs, fp32 on CPUs"),
+    )
+    activation_checkpointing: bool = _env(
+        "ACTIVATION_CHECKPOINTING", "recompute decoder blocks in backward", default=False,
+        flag=Flag("--activation-checkpointing", "Recompute decoder blocks in backward"),
+    )
     compile: bool = _env("COMPILE", "torch.compile each decoder block", default=False)
-    use_gpu: bool | None = _env("USE_GPU", "one GPU per worker; empty = when the Ray cluster has GPUs", default=None)
-    run_name: str | None = _env("RUN_NAME", "run folder under STORAGE_PATH; empty = run-<UTC time>", default=None)
-    resume: bool = _env("RESUME", "continue from the newest checkpoint under STORAGE_PATH", default=False)
-    resume_from: str | None = _env("RESUME_FROM", "continue from this checkpoint directory (path or URI)", default=None)
+    use_gpu: MaybeBool = _env("USE_GPU", "one GPU per worker; empty = when the Ray cluster has GPUs", default=None)
+    run_name: Annotated[str | None, Blank(), FolderName()] = _env(
+        "RUN_NAME", "run folder under STORAGE_PATH; empty = run-<UTC time>", default=None,
+        flag=Flag("--run-name", "Run folder under --out", default="run-<UTC time>"),
+    )
+    resume: bool = _env(
+        "RESUME", "continue from the newest checkpoint under STORAGE_PATH", default=False,
+        flag=Flag("--resume", "Continue from the newest checkpoint under --out"),
+    )
+    resume_from: Unset = _env(
+        "RESUME_FROM", "continue from this checkpoint directory (path or URI)", default=None,
+        flag=Flag("--resume-from", "Continue from this checkpoint directory or URI"),
+    )
     storage_shared: bool = _env("STORAGE_SHARED", "STORAGE_PATH is a file system every node mounts (EFS, FSx, NFS)", default=False)
-    preflight: bool = _env("PREFLIGHT", "measure collective bandwidth on the workers first; stop if it fails", default=False)
-
-    @field_validator("steps", "seq_len", "batch_size", "report_every", "max_global_batch")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be at least 1, got {v}")
-        return v
-
-    @field_validator("grad_accum", mode="before")
-    @classmethod
-    def _accum_word(cls, v: Any) -> Any:
-        """One message for anything that is neither a whole number nor `auto` (not one per union member)."""
-        if isinstance(v, str):
-            v = v.strip().lower()
-            if v == "auto":
-                return v
-            if not v.lstrip("+-").isdigit():
-                raise ValueError(f"must be a whole number of micro-batches or auto, got {v!r}")
-            return int(v)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"must be a whole number of micro-batches or auto, got {v!r}")
-        return v
-
-    @field_validator("grad_accum")
-    @classmethod
-    def _accum(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError(f"must be at least 1, or auto, got {v}")
-        return v
-
-    @field_validator("num_workers", "checkpoint_every", "max_failures", "warmup_steps", "seed", "eval_every", "hsdp_replicas")
-    @classmethod
-    def _non_negative(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"must be 0 or more, got {v}")
-        return v
-
-    @field_validator("learning_rate", "max_grad_norm")
-    @classmethod
-    def _lr(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError(f"must be greater than 0, got {v}")
-        return v
-
-    @field_validator("weight_decay")
-    @classmethod
-    def _decay(cls, v: float) -> float:
-        if not v >= 0:
-            raise ValueError(f"must be 0 or more, got {v}")
-        return v
-
-    @field_validator("eval_fraction")
-    @classmethod
-    def _fraction(cls, v: float) -> float:
-        if not 0 < v < 1:
-            raise ValueError(f"must be between 0 and 1, got {v}")
-        return v
-
-    @field_validator("run_name")
-    @classmethod
-    def _run_name(cls, v: str | None) -> str | None:
-        if v is not None and (v in (".", "..") or "/" in v or "\\" in v):
-            raise ValueError(f"must be one folder name (no '/'), got {v!r}")
-        return v
-
-    @field_validator("data", "storage_path", "run_name", "resume_from", "bf16", "use_gpu", mode="before")
-    @classmethod
-    def _empty(cls, v: Any) -> Any:
-        return None if v in ("", None) else v
+    preflight: bool = _env(
+        "PREFLIGHT", "measure collective bandwidth on the workers first; stop if it fails", default=False,
+        flag=Flag("--preflight", "Measure collective bandwidth on the same workers first; stop if it fails"),
+    )
 
     def updated(self, **changes: Any) -> TrainConfig:
         """A copy with `changes` applied and everything validated again (model_copy checks nothing)."""
@@ -468,13 +341,15 @@ SECTIONS: dict[str, type[_Section]] = {
 
 @dataclass(frozen=True)
 class FieldInfo:
-    """One leaf of the tree: where it lives, its env.sh name, its default and meaning."""
+    """One leaf of the tree: where it lives, its env.sh name, its default and meaning, its flag."""
 
     section: str
     key: str
     env: str
     default: Any
     help: str
+    annotation: Any = None  # the field's type, as the flag builders read it
+    flag: Flag | None = None
 
     @property
     def env_var(self) -> str:
@@ -486,7 +361,8 @@ def fields() -> Iterator[FieldInfo]:
         for key, f in model.model_fields.items():
             extra = f.json_schema_extra or {}
             assert isinstance(extra, dict)
-            yield FieldInfo(section, key, str(extra["env"]), f.default, f.description or "")
+            flag = Flag(**extra["flag"]) if "flag" in extra else None  # type: ignore[arg-type]
+            yield FieldInfo(section, key, str(extra["env"]), f.default, f.description or "", f.annotation, flag)
 
 
 FIELDS: dict[str, FieldInfo] = {f.env: f for f in fields()}

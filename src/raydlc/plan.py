@@ -20,7 +20,7 @@ returns the fastest by tokens/s, with the runner-up and the candidates it compar
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from raydlc import catalog
@@ -98,7 +98,66 @@ class Layout:
         return self.nodes * self.gpus_per_node
 
 
-@dataclass
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step trains and how: every planner function reads this one value.
+
+    The model, the step's shape (sequence length, micro-batch, accumulation, when gradients
+    sync), how it is computed (precision policy, activation checkpointing) and the ceiling of
+    the global batch a search may choose, in tokens per step. `grad_accum="auto"` and
+    `sync="auto"` are requests only `plan` resolves; the arithmetic reads concrete values, and
+    the searches (`recommend`, `raydlc.scaleout.scan`) vary the dimensions they search.
+    A new term of the model is a field here, read where it counts.
+    """
+
+    spec: ModelSpec
+    seq_len: int = 128
+    micro_batch: int = 1
+    grad_accum: int | str = 1
+    sync: str = "every"
+    policy: str = "bf16-mixed"
+    activation_checkpointing: bool = False
+    max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH
+
+    def __post_init__(self) -> None:
+        if self.policy not in PRECISION:
+            raise InputError(f"unknown precision policy {self.policy!r}", hint=f"use one of: {', '.join(POLICIES)}")
+        if self.sync != "auto" and self.sync not in SYNCS["hsdp"]:
+            raise InputError(f"unknown sync mode {self.sync!r}", hint=f"use auto or one of: {', '.join(SYNCS['hsdp'])}")
+        if self.seq_len < 1 or self.micro_batch < 1:
+            raise InputError(f"sequence length and micro-batch must be at least 1, got {self.seq_len} and {self.micro_batch}",
+                             hint="pass --seq-len L --micro-batch B with L, B >= 1")
+        if self.grad_accum != "auto" and (not isinstance(self.grad_accum, int) or self.grad_accum < 1):
+            raise InputError(f"gradient accumulation must be at least 1 or auto, got {self.grad_accum!r}",
+                             hint="pass --grad-accum 4 or --grad-accum auto")
+        if self.max_global_batch < 1:
+            raise InputError(f"the global-batch ceiling must be at least 1 token, got {self.max_global_batch}",
+                             hint="pass --max-global-batch 131072")
+        if self.seq_len > self.spec.max_position_embeddings:
+            raise InputError(f"--seq-len {self.seq_len} exceeds {self.spec.name}'s {self.spec.max_position_embeddings} positions",
+                             hint=f"pass --seq-len {self.spec.max_position_embeddings} or less")
+
+    def at(self, **changes: Any) -> Workload:
+        """The same workload with some fields changed (and checked again)."""
+        return replace(self, **changes)
+
+    @property
+    def precision(self) -> PrecisionBytes:
+        return PRECISION[self.policy]
+
+    @property
+    def accum(self) -> int:
+        """The accumulation as a number: the arithmetic needs one ("auto" is resolved by `plan`)."""
+        assert isinstance(self.grad_accum, int), "resolve grad_accum='auto' first (plan does)"
+        return self.grad_accum
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on one GPU."""
+        return self.seq_len * self.micro_batch
+
+
+@dataclass(frozen=True)
 class StrategyPlan:
     strategy: str
     shard_size: int
@@ -139,7 +198,7 @@ class Candidate:
         return f"{self.strategy}, micro-batch {self.micro_batch}{accum}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recommendation:
     best: Candidate | None
     runner_up: Candidate | None
@@ -170,7 +229,7 @@ class Recommendation:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     model: str
     params: int
@@ -207,7 +266,7 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
-def activation_parts(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> dict[str, int]:
+def activation_parts(w: Workload) -> dict[str, int]:
     """Activation bytes of one micro-batch at its peak (the start of backward), in three parts.
 
     `saved` is what autograd keeps after forward (measured on CPU with saved_tensors_hooks:
@@ -220,10 +279,10 @@ def activation_parts(spec: ModelSpec, seq_len: int, micro_batch: int, checkpoint
     rebuilt during backward (`recompute`). `loss_backward` is the transient fp32 and bf16
     gradient of the logits (6 B per vocab entry) while everything saved is still held.
     """
+    spec, checkpointing, tokens = w.spec, w.activation_checkpointing, w.tokens
     h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     kv = spec.num_kv_heads * spec.head_dim
     block = 20 * h + 4 * kv + 8 * i
-    tokens = seq_len * micro_batch
     per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h + 4 * v
     return {
         "saved": per_token * tokens,
@@ -232,8 +291,8 @@ def activation_parts(spec: ModelSpec, seq_len: int, micro_batch: int, checkpoint
     }
 
 
-def activation_bytes(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> int:
-    return sum(activation_parts(spec, seq_len, micro_batch, checkpointing).values())
+def activation_bytes(w: Workload) -> int:
+    return sum(activation_parts(w).values())
 
 
 def default_sync(strategy: str, grad_accum: int = 2) -> str:
@@ -249,32 +308,21 @@ def _sync_for(strategy: str, sync: str, grad_accum: int) -> str:
     return sync
 
 
-def memory_bytes(
-    spec: ModelSpec,
-    shard_size: int,
-    policy: str,
-    seq_len: int,
-    micro_batch: int,
-    checkpointing: bool,
-    a: Assumptions = DEFAULT_ASSUMPTIONS,
-    *,
-    grad_accum: int = 1,
-    sync: str = "every",
-) -> dict[str, int]:
+def memory_bytes(w: Workload, shard_size: int, a: Assumptions = DEFAULT_ASSUMPTIONS) -> dict[str, int]:
     """Per-GPU bytes by component; `total` is what must fit in the GPU's memory.
 
     `accumulated_grads` is what accumulation keeps between micro-batches: with sync `once`
     every unit's unsharded gradient in the reduce dtype (FSDP2 upcasts it after each
     backward), with `all-reduce-once` the reduce-scattered shard waiting for the all-reduce.
     """
-    pb = PRECISION[policy]
+    pb, spec = w.precision, w.spec
     p = spec.param_count()
     local = math.ceil(p / shard_size)
     root, block = root_unit_params(spec), spec.layer_params()
     accumulated = 0
-    if grad_accum > 1 and sync == "once":
+    if w.accum > 1 and w.sync == "once":
         accumulated = p * pb.reduce
-    elif grad_accum > 1 and sync == "all-reduce-once":
+    elif w.accum > 1 and w.sync == "all-reduce-once":
         accumulated = local * pb.reduce
     out = {
         "params": local * pb.param,
@@ -287,7 +335,7 @@ def memory_bytes(
         # A unit's full gradient before reduce-scatter, plus its reduce_dtype copy when that differs.
         "unsharded_grads": max(root, block) * (pb.compute + (pb.reduce if pb.reduce != pb.compute else 0)),
         "accumulated_grads": accumulated,
-        "activations": activation_bytes(spec, seq_len, micro_batch, checkpointing),
+        "activations": activation_bytes(w),
     }
     subtotal = sum(out.values())
     out["overhead"] = a.overhead_fixed_bytes + int(subtotal * a.overhead_fraction)
@@ -301,15 +349,11 @@ def _layout_groups(strategy: str, layout: Layout) -> tuple[int, int]:
     return layout.world, 1
 
 
-def max_micro_batch(
-    spec: ModelSpec, shard_size: int, policy: str, seq_len: int, checkpointing: bool, capacity: int,
-    a: Assumptions = DEFAULT_ASSUMPTIONS, limit: int = 1 << 16, *, grad_accum: int = 1, sync: str = "every",
-) -> int:
-    """The largest micro-batch whose total fits `capacity`; 0 when not even one sequence fits."""
+def max_micro_batch(w: Workload, shard_size: int, capacity: int, a: Assumptions = DEFAULT_ASSUMPTIONS, limit: int = 1 << 16) -> int:
+    """The largest micro-batch (at `w`'s accumulation and sync) whose total fits `capacity`; 0 when not even one sequence fits."""
 
     def fits(b: int) -> bool:
-        mem = memory_bytes(spec, shard_size, policy, seq_len, b, checkpointing, a, grad_accum=grad_accum, sync=sync)
-        return mem["total"] <= capacity
+        return memory_bytes(w.at(micro_batch=b), shard_size, a)["total"] <= capacity
 
     if not fits(1):
         return 0
@@ -323,9 +367,9 @@ def max_micro_batch(
     return lo
 
 
-def _micro_batch_bytes(spec: ModelSpec, strategy: str, layout: Layout, policy: str) -> tuple[float, float, float]:
+def _micro_batch_bytes(w: Workload, strategy: str, layout: Layout) -> tuple[float, float, float]:
     """(all-gather, reduce-scatter, all-reduce) bytes each GPU receives for one micro-batch that reduces."""
-    pb = PRECISION[policy]
+    pb, spec = w.precision, w.spec
     p = spec.param_count()
     resharded = p - spec.layer_params() - root_unit_params(spec)
     shard, replicate = _layout_groups(strategy, layout)
@@ -343,9 +387,7 @@ def _reductions(grad_accum: int, sync: str) -> tuple[int, int]:
     return rs, ar
 
 
-def traffic_bytes(
-    spec: ModelSpec, strategy: str, layout: Layout, policy: str, *, grad_accum: int = 1, sync: str = "every"
-) -> dict[str, Any]:
+def traffic_bytes(w: Workload, strategy: str, layout: Layout) -> dict[str, Any]:
     """Bytes each GPU receives per optimizer step (ring collectives), and what crosses each node's NIC.
 
     FSDP: every unit is all-gathered in forward and again in backward, except the root unit
@@ -358,7 +400,8 @@ def traffic_bytes(
     (`every`), once (`once`), or the reduce-scatter for each and the all-reduce once
     (`all-reduce-once`).
     """
-    ag1, rs1, ar1 = _micro_batch_bytes(spec, strategy, layout, policy)
+    grad_accum, sync = w.accum, w.sync
+    ag1, rs1, ar1 = _micro_batch_bytes(w, strategy, layout)
     n_rs, n_ar = _reductions(grad_accum, sync)
     ag, rs, ar = grad_accum * ag1, n_rs * rs1, n_ar * ar1
     if strategy == "hsdp":
@@ -380,18 +423,15 @@ def traffic_bytes(
     }
 
 
-def flops_per_step(spec: ModelSpec, seq_len: int, micro_batch: int, checkpointing: bool) -> float:
+def flops_per_step(w: Workload) -> float:
     """Per GPU and micro-batch: 6 x params per token (8 with the forward recomputed) plus attention scores."""
-    tokens = seq_len * micro_batch
-    passes = 8 if checkpointing else 6
-    attention = (passes * 2) * spec.num_layers * spec.hidden_size * seq_len
-    return float(tokens * (passes * spec.param_count() + attention))
+    spec = w.spec
+    passes = 8 if w.activation_checkpointing else 6
+    attention = (passes * 2) * spec.num_layers * spec.hidden_size * w.seq_len
+    return float(w.tokens * (passes * spec.param_count() + attention))
 
 
-def step_time(
-    spec: ModelSpec, strategy: str, layout: Layout, policy: str, seq_len: int, micro_batch: int,
-    checkpointing: bool, a: Assumptions = DEFAULT_ASSUMPTIONS, *, grad_accum: int = 1, sync: str = "every",
-) -> dict[str, Any]:
+def step_time(w: Workload, strategy: str, layout: Layout, a: Assumptions = DEFAULT_ASSUMPTIONS) -> dict[str, Any]:
     """Compute vs communication per optimizer step, and the tokens per second that makes.
 
     With overlap (FSDP2's prefetch) a micro-batch takes the larger of its compute and its
@@ -399,14 +439,14 @@ def step_time(
     backward is the only compute they can hide behind. Without overlap everything adds up.
     """
     gpu = catalog.GPUS[layout.gpu]
-    n = grad_accum
-    compute_one = flops_per_step(spec, seq_len, micro_batch, checkpointing) / (gpu.bf16_tflops * 1e12 * a.mfu)
-    ag, rs, ar = _micro_batch_bytes(spec, strategy, layout, policy)
+    n, sync = w.accum, w.sync
+    compute_one = flops_per_step(w) / (gpu.bf16_tflops * 1e12 * a.mfu)
+    ag, rs, ar = _micro_batch_bytes(w, strategy, layout)
     # A micro-batch before the last reduces what the sync mode reduces every time; the last reduces all.
     rs_each = rs if sync != "once" else 0.0
     ar_each = ar if sync == "every" else 0.0
     intra_rate = (a.nvlink_gbytes_s if layout.nvlink else a.pcie_gbytes_s) * GB
-    tokens = micro_batch * seq_len * n * layout.world
+    tokens = w.tokens * n * layout.world
 
     def phases(ag_b: float, rs_b: float, ar_b: float, rate: float) -> tuple[float, float, float]:
         intra = (ag_b + rs_b) / intra_rate
@@ -444,24 +484,21 @@ def step_time(
     return chosen | {"transport": "efa" if layout.efa else "tcp", "micro_batches": n, "sync": sync, "efa": efa, "tcp": tcp}
 
 
-def _strategy_plan(
-    spec: ModelSpec, strategy: str, layout: Layout, policy: str, seq_len: int, micro_batch: int,
-    checkpointing: bool, capacity: int, a: Assumptions, grad_accum: int, sync: str,
-) -> StrategyPlan:
+def _strategy_plan(w: Workload, strategy: str, layout: Layout, a: Assumptions) -> StrategyPlan:
     shard, replicate = _layout_groups(strategy, layout)
-    sync = _sync_for(strategy, sync, grad_accum)
-    acc = {"grad_accum": grad_accum, "sync": sync}
-    mem = memory_bytes(spec, shard, policy, seq_len, micro_batch, checkpointing, a, **acc)
+    w = w.at(sync=_sync_for(strategy, w.sync, w.accum))
+    capacity = gpu_capacity(layout)
+    mem = memory_bytes(w, shard, a)
     return StrategyPlan(
         strategy=strategy,
         shard_size=shard,
         replicate_size=replicate,
-        sync=sync,
+        sync=w.sync,
         per_gpu_bytes=mem,
         fits=mem["total"] <= capacity,
-        max_micro_batch=max_micro_batch(spec, shard, policy, seq_len, checkpointing, capacity, a, **acc),
-        traffic_bytes_per_step=traffic_bytes(spec, strategy, layout, policy, **acc),
-        step_time_s=step_time(spec, strategy, layout, policy, seq_len, micro_batch, checkpointing, a, **acc),
+        max_micro_batch=max_micro_batch(w, shard, capacity, a),
+        traffic_bytes_per_step=traffic_bytes(w, strategy, layout),
+        step_time_s=step_time(w, strategy, layout, a),
     )
 
 
@@ -477,32 +514,24 @@ def gpu_capacity(layout: Layout) -> int:
     return int(catalog.GPUS[layout.gpu].memory_gib * (1 << 30))
 
 
-def candidate(
-    spec: ModelSpec, strategy: str, layout: Layout, *, seq_len: int, micro_batch: int, grad_accum: int, sync: str,
-    policy: str = "bf16-mixed", activation_checkpointing: bool = False, a: Assumptions = DEFAULT_ASSUMPTIONS,
-) -> Candidate:
+def candidate(w: Workload, strategy: str, layout: Layout, a: Assumptions = DEFAULT_ASSUMPTIONS) -> Candidate:
     """One layout's memory, traffic and speed, in the form `recommend` compares."""
     shard, _ = _layout_groups(strategy, layout)
-    acc = {"grad_accum": grad_accum, "sync": sync}
-    mem = memory_bytes(spec, shard, policy, seq_len, micro_batch, activation_checkpointing, a, **acc)["total"]
-    traffic = traffic_bytes(spec, strategy, layout, policy, **acc)
-    st = step_time(spec, strategy, layout, policy, seq_len, micro_batch, activation_checkpointing, a, **acc)
+    mem = memory_bytes(w, shard, a)["total"]
+    traffic = traffic_bytes(w, strategy, layout)
+    st = step_time(w, strategy, layout, a)
     return Candidate(
-        strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum, sync=sync,
-        global_batch=micro_batch * grad_accum * layout.world, tokens_per_step=st["tokens_per_step"],
+        strategy=strategy, micro_batch=w.micro_batch, grad_accum=w.accum, sync=w.sync,
+        global_batch=w.micro_batch * w.accum * layout.world, tokens_per_step=st["tokens_per_step"],
         per_gpu_bytes=mem, fits=mem <= gpu_capacity(layout), step_time_s=st["estimate"], tokens_per_s=st["tokens_per_s"],
         bound=st["bound"], cross_node_bytes_per_node=traffic["cross_node_per_node"], intra_node_bytes_per_gpu=traffic["intra_node_per_gpu"],
     )
 
 
 def recommend(
-    spec: ModelSpec,
+    w: Workload,
     layout: Layout,
     *,
-    seq_len: int = 128,
-    policy: str = "bf16-mixed",
-    activation_checkpointing: bool = False,
-    max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH,
     strategies: tuple[str, ...] | None = None,
     micro_batches: tuple[int, ...] | None = None,
     grad_accums: tuple[int, ...] | None = None,
@@ -511,8 +540,9 @@ def recommend(
 ) -> Recommendation:
     """The fastest layout that fits, by tokens/s, among sharding x micro-batch x accumulation x sync.
 
-    Unconstrained, micro-batches and accumulations are powers of two whose global batch stays
-    within `max_global_batch` tokens (one micro-batch of one sequence per GPU always counts).
+    The workload gives the model, sequence length, precision, checkpointing and the ceiling; its
+    micro-batch, accumulation and sync are what this searches. Unconstrained, micro-batches and
+    accumulations are powers of two whose global batch stays within `w.max_global_batch` tokens (one micro-batch of one sequence per GPU always counts).
     Each of `strategies`, `micro_batches`, `grad_accums`, `syncs` pins that dimension (what a
     run fixed in its config). Layouts within `tie_fraction` of the fastest are as fast: the
     largest micro-batch wins (the assumed MFU does not fall for small matmuls, a real GPU's
@@ -521,10 +551,11 @@ def recommend(
     """
     a = assumptions
     capacity = gpu_capacity(layout)
-    world = layout.world
+    world, ceiling = layout.world, w.max_global_batch
+    one = w.at(grad_accum=1, sync="every")
     if strategies is None:
         strategies = STRATEGIES if layout.nodes > 1 else ("fsdp",)
-    within = lambda mb, n: mb * n * world * seq_len <= max_global_batch
+    within = lambda mb, n: mb * n * world * w.seq_len <= ceiling
     seen: set[tuple[str, int, int, str]] = set()
     out: list[Candidate] = []
     for strategy in strategies:
@@ -534,18 +565,17 @@ def recommend(
             if micro_batches is not None:
                 mbs = list(micro_batches)
             else:
-                top = max_micro_batch(spec, shard, policy, seq_len, activation_checkpointing, capacity, a)
+                top = max_micro_batch(one, shard, capacity, a)
                 mbs = [mb for mb in _pow2_upto(max(top, 1)) if mb == 1 or within(mb, 1)]
             for mb in mbs:
-                ns = list(grad_accums) if grad_accums is not None else [n for n in _pow2_upto(max_global_batch) if n == 1 or within(mb, n)]
+                ns = list(grad_accums) if grad_accums is not None else [n for n in _pow2_upto(ceiling) if n == 1 or within(mb, n)]
                 for n in ns:
                     label = sync if n > 1 else ("every" if "every" in modes else sync)
                     key = (strategy, mb, n, label)
                     if key in seen:
                         continue
                     seen.add(key)
-                    out.append(candidate(spec, strategy, layout, seq_len=seq_len, micro_batch=mb, grad_accum=n, sync=label,
-                                         policy=policy, activation_checkpointing=activation_checkpointing, a=a))
+                    out.append(candidate(w.at(micro_batch=mb, grad_accum=n, sync=label), strategy, layout, a))
     out.sort(key=lambda c: (not c.fits, -c.tokens_per_s, c.tokens_per_step))
     fitting = [c for c in out if c.fits]
     best: Candidate | None = None
@@ -553,8 +583,8 @@ def recommend(
     if fitting:
         best = _pick(fitting, a.tie_fraction)
         runner = _pick([c for c in fitting if c.mode != best.mode], a.tie_fraction)
-    reason, mb_reason = _reasons(spec, layout, best, runner, out, strategies, max_global_batch, seq_len, policy, activation_checkpointing, a)
-    return Recommendation(best, runner, out, max_global_batch, reason, mb_reason)
+    reason, mb_reason = _reasons(w, layout, best, runner, out, strategies, a)
+    return Recommendation(best, runner, out, ceiling, reason, mb_reason)
 
 
 def _pick(fastest_first: list[Candidate], tie: float) -> Candidate | None:
@@ -566,11 +596,12 @@ def _pick(fastest_first: list[Candidate], tie: float) -> Candidate | None:
 
 
 def _reasons(
-    spec: ModelSpec, layout: Layout, best: Candidate | None, runner: Candidate | None, cands: list[Candidate],
-    strategies: tuple[str, ...], ceiling: int, seq_len: int, policy: str, checkpointing: bool, a: Assumptions,
+    w: Workload, layout: Layout, best: Candidate | None, runner: Candidate | None, cands: list[Candidate],
+    strategies: tuple[str, ...], a: Assumptions,
 ) -> tuple[str, str]:
     """Why this layout, in a sentence a person can check against the tables."""
     gb = lambda n: f"{n / GB:.2f} GB"
+    ceiling = w.max_global_batch
     capacity = gpu_capacity(layout)
     if best is None:
         smallest = min(cands, key=lambda c: c.per_gpu_bytes) if cands else None
@@ -603,10 +634,10 @@ def _reasons(
         gap = f"{1 - ratio:.0%} slower" if ratio <= 1 else f"{ratio - 1:.0%} faster, within the tie margin"
         parts.append(f"runner-up: {runner.describe()}, ~{runner.tokens_per_s:,.0f} tokens/s ({gap}, {gb(runner.per_gpu_bytes)} per GPU)")
     shard, _ = _layout_groups(best.strategy, layout)
-    top = max_micro_batch(spec, shard, policy, seq_len, checkpointing, capacity, a, grad_accum=best.grad_accum, sync=best.sync)
+    top = max_micro_batch(w.at(grad_accum=best.grad_accum, sync=best.sync), shard, capacity, a)
     if best.micro_batch == _pow2_floor(top):
         mb = f"largest power of two within the largest micro-batch that fits ({top})"
-    elif best.micro_batch * 2 * layout.world * seq_len > ceiling:
+    elif best.micro_batch * 2 * layout.world * w.seq_len > ceiling:
         mb = f"the largest power of two within the global-batch ceiling ({top} would fit)"
     else:
         mb = f"a larger micro-batch is slower here ({top} would fit)"
@@ -652,97 +683,51 @@ def layout_for(
     )
 
 
-def plan(
-    spec: ModelSpec,
-    layout: Layout,
-    *,
-    seq_len: int = 128,
-    micro_batch: int = 1,
-    policy: str = "bf16-mixed",
-    activation_checkpointing: bool = False,
-    strategy: str | None = None,
-    grad_accum: int | str = 1,
-    sync: str = "auto",
-    max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH,
-    assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
-) -> Plan:
-    """Both strategies' figures at one micro-batch and accumulation, and the recommended layout.
+def plan(w: Workload, layout: Layout, *, strategy: str | None = None, assumptions: Assumptions = DEFAULT_ASSUMPTIONS) -> Plan:
+    """Both strategies' figures for the workload's step, and the recommended layout.
 
     `grad_accum="auto"` fills the figures with the recommendation's strategy (unless
     `strategy` is given), micro-batch, accumulation and sync mode.
     """
-    if policy not in PRECISION:
-        raise InputError(f"unknown precision policy {policy!r}", hint=f"use one of: {', '.join(POLICIES)}")
     if strategy is not None and strategy not in STRATEGIES:
         raise InputError(f"unknown sharding strategy {strategy!r}", hint=f"use one of: {', '.join(STRATEGIES)}")
-    if sync != "auto" and sync not in SYNCS["hsdp"]:
-        raise InputError(f"unknown sync mode {sync!r}", hint=f"use auto or one of: {', '.join(SYNCS['hsdp'])}")
-    if seq_len < 1 or micro_batch < 1:
-        raise InputError(f"sequence length and micro-batch must be at least 1, got {seq_len} and {micro_batch}",
-                         hint="pass --seq-len L --micro-batch B with L, B >= 1")
-    if grad_accum != "auto" and (not isinstance(grad_accum, int) or grad_accum < 1):
-        raise InputError(f"gradient accumulation must be at least 1 or auto, got {grad_accum!r}", hint="pass --grad-accum 4 or --grad-accum auto")
-    if max_global_batch < 1:
-        raise InputError(f"the global-batch ceiling must be at least 1 token, got {max_global_batch}", hint="pass --max-global-batch 131072")
-    if seq_len > spec.max_position_embeddings:
-        raise InputError(f"--seq-len {seq_len} exceeds {spec.name}'s {spec.max_position_embeddings} positions",
-                         hint=f"pass --seq-len {spec.max_position_embeddings} or less")
-    rec = recommend(spec, layout, seq_len=seq_len, policy=policy, activation_checkpointing=activation_checkpointing,
-                    max_global_batch=max_global_batch, assumptions=assumptions)
-    if grad_accum == "auto":
-        if rec.best is not None:
-            micro_batch, grad_accum, sync = rec.best.micro_batch, rec.best.grad_accum, rec.best.sync
-            strategy = strategy or rec.best.strategy
-        else:
-            grad_accum = 1
-    assert isinstance(grad_accum, int)
+    rec = recommend(w, layout, assumptions=assumptions)
+    if w.grad_accum == "auto":
+        b = rec.best
+        w = w.at(micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync) if b is not None else w.at(grad_accum=1)
+        strategy = strategy or (b.strategy if b is not None else None)
     strategy = strategy or "fsdp"
-    capacity = gpu_capacity(layout)
-    plans = {
-        s: _strategy_plan(spec, s, layout, policy, seq_len, micro_batch, activation_checkpointing, capacity, assumptions, grad_accum, sync)
-        for s in STRATEGIES
-    }
+    plans = {s: _strategy_plan(w, s, layout, assumptions) for s in STRATEGIES}
     sel = plans[strategy]
-    shard = sel.shard_size
     return Plan(
-        model=spec.name,
-        params=spec.param_count(),
-        policy=policy,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        activation_checkpointing=activation_checkpointing,
+        model=w.spec.name,
+        params=w.spec.param_count(),
+        policy=w.policy,
+        seq_len=w.seq_len,
+        micro_batch=w.micro_batch,
+        grad_accum=w.accum,
+        activation_checkpointing=w.activation_checkpointing,
         layout=asdict(layout) | {"world": layout.world, "gpu_name": catalog.GPUS[layout.gpu].name},
-        gpu_memory_bytes=capacity,
+        gpu_memory_bytes=gpu_capacity(layout),
         strategy=strategy,
         sync=sel.sync,
         per_gpu_bytes=sel.per_gpu_bytes,
         activations_bytes={
-            "without_checkpointing": activation_bytes(spec, seq_len, micro_batch, False),
-            "with_checkpointing": activation_bytes(spec, seq_len, micro_batch, True),
-        } | activation_parts(spec, seq_len, micro_batch, activation_checkpointing),
+            "without_checkpointing": activation_bytes(w.at(activation_checkpointing=False)),
+            "with_checkpointing": activation_bytes(w.at(activation_checkpointing=True)),
+        } | activation_parts(w),
         traffic_bytes_per_step=sel.traffic_bytes_per_step,
         step_time_s=sel.step_time_s,
         max_micro_batch=sel.max_micro_batch,
         fits=sel.fits,
         strategies=plans,
         recommendation=rec.to_dict(),
-        assumptions=asdict(assumptions) | {"precision_bytes": asdict(PRECISION[policy]), "shard_size": shard},
+        assumptions=asdict(assumptions) | {"precision_bytes": asdict(w.precision), "shard_size": sel.shard_size},
     )
 
 
-def recommend_sharding(
-    spec: ModelSpec, nodes: int, gpus_per_node: int, gpu: str | None, seq_len: int, micro_batch: int,
-    *, policy: str = "bf16-mixed", instance_type: str | None = None, network_gbps: float | None = None,
-) -> str:
-    """The faster sharding that fits at this micro-batch without accumulation, "fsdp" or "hsdp";
-    FSDP (the smaller footprint) when neither fits.
-
-    The network comes from `instance_type` when given (g6.12xlarge: 40 Gb/s, EFA), else
-    `network_gbps`, else 40 Gb/s over EFA; `gpu=None` takes the instance type's GPU.
-    """
-    if instance_type is None and network_gbps is None:
-        network_gbps = 40.0
-    layout = layout_for(nodes, gpus_per_node, gpu=gpu, instance_type=instance_type, network_gbps=network_gbps)
-    rec = recommend(spec, layout, seq_len=seq_len, policy=policy, micro_batches=(micro_batch,), grad_accums=(1,))
+def recommend_sharding(w: Workload, layout: Layout) -> str:
+    """The faster sharding that fits at the workload's micro-batch without accumulation, "fsdp" or
+    "hsdp"; FSDP (the smaller footprint) when neither fits."""
+    rec = recommend(w, layout, micro_batches=(w.micro_batch,), grad_accums=(1,))
     return rec.best.strategy if rec.best is not None else "fsdp"

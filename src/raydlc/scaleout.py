@@ -16,7 +16,6 @@ from typing import Any
 from raydlc import catalog
 from raydlc import plan as planner
 from raydlc.errors import InputError
-from raydlc.models import ModelSpec
 
 MAX_NODE_COUNTS = 32  # points on one scan
 MAX_NODES = 450  # EKS's default nodes per managed node group, as GPU_NODE_COUNT
@@ -63,7 +62,7 @@ class ScanRow:
     reason: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Scan:
     model: str
     params: int
@@ -99,38 +98,30 @@ def _choose(without: planner.Recommendation, with_ac: planner.Recommendation | N
 
 
 def scan(
-    spec: ModelSpec,
+    w: planner.Workload,
     node_counts: Sequence[int],
     layout_at: Callable[[int], planner.Layout],
     *,
-    seq_len: int = 128,
-    policy: str = "bf16-mixed",
     activation_checkpointing: bool | None = None,
-    max_global_batch: int = planner.DEFAULT_MAX_GLOBAL_BATCH,
     instance_type: str | None = None,
     assumptions: planner.Assumptions = planner.DEFAULT_ASSUMPTIONS,
 ) -> Scan:
     """The recommended layout and its predicted speed at each node count.
 
+    Like `recommend`, the scan searches the step: the workload gives the model, sequence length,
+    precision and the global-batch ceiling. Activation checkpointing is searched too:
     `activation_checkpointing=None` lets each node count choose; True or False pins it.
     """
     if not node_counts:
         raise InputError("--scan-nodes: no node counts", hint="e.g. --scan-nodes 1,2,4,8")
-    if seq_len > spec.max_position_embeddings:
-        raise InputError(f"--seq-len {seq_len} exceeds {spec.name}'s {spec.max_position_embeddings} positions",
-                         hint=f"pass --seq-len {spec.max_position_embeddings} or less")
-    if policy not in planner.PRECISION:
-        raise InputError(f"unknown precision policy {policy!r}", hint=f"use one of: {', '.join(planner.POLICIES)}")
-    kw = {"seq_len": seq_len, "policy": policy, "max_global_batch": max_global_batch, "assumptions": assumptions}
     rows: list[ScanRow] = []
     ref: tuple[int, float] | None = None
     first = layout_at(node_counts[0])
     for n in node_counts:
         layout = layout_at(n)
-        off = planner.recommend(spec, layout, activation_checkpointing=False, **kw) if activation_checkpointing is not True else None
-        on = planner.recommend(spec, layout, activation_checkpointing=True, **kw) if activation_checkpointing is not False else None
-        rec, ac = _choose(off, on, assumptions.tie_fraction) if off is not None else (on, True)
-        assert rec is not None
+        choices = (False, True) if activation_checkpointing is None else (activation_checkpointing,)
+        recs = {ac: planner.recommend(w.at(activation_checkpointing=ac), layout, assumptions=assumptions) for ac in choices}
+        rec, ac = _choose(recs[False], recs.get(True), assumptions.tie_fraction) if False in recs else (recs[True], True)
         b = rec.best
         linear = eff = None
         if b is not None:
@@ -150,8 +141,8 @@ def scan(
         ))
     gpu = catalog.GPUS[first.gpu]
     return Scan(
-        model=spec.name, params=spec.param_count(), instance_type=instance_type or first.instance_type, gpu=first.gpu, gpu_name=gpu.name,
+        model=w.spec.name, params=w.spec.param_count(), instance_type=instance_type or first.instance_type, gpu=first.gpu, gpu_name=gpu.name,
         gpus_per_node=first.gpus_per_node, gpu_memory_bytes=planner.gpu_capacity(first), network_gbps=first.network_gbps,
-        efa=first.efa, nvlink=first.nvlink, seq_len=seq_len, policy=policy, reference_nodes=ref[0] if ref else None, rows=rows,
-        assumptions=asdict(assumptions) | {"max_global_batch": max_global_batch},
+        efa=first.efa, nvlink=first.nvlink, seq_len=w.seq_len, policy=w.policy, reference_nodes=ref[0] if ref else None, rows=rows,
+        assumptions=asdict(assumptions) | {"max_global_batch": w.max_global_batch},
     )

@@ -36,6 +36,12 @@ _EXPORTS: dict[str, str] = {
     "Rendered": "raydlc.api._render",
     "version": "raydlc.api._info",
     "VersionInfo": "raydlc.api._info",
+    "plan": "raydlc.api._plan",
+    "scan": "raydlc.api._plan",
+    "PlanResult": "raydlc.api._plan",
+    "ScanResult": "raydlc.api._plan",
+    "train": "raydlc.api._train",
+    "TrainResult": "raydlc.api._train",
 }
 
 __all__ = list(_EXPORTS)

@@ -17,25 +17,13 @@ from raydlc.output import emit_json, err_console
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The training settings' options, built from their fields as `raydlc train`'s are (raydlc.flags)."""
+    from raydlc import flags
+
     ap = argparse.ArgumentParser(prog="python -m raydlc.train", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--config", help="raydlc.yaml (default: ./raydlc.yaml or $RAYDLC_CONFIG)")
     ap.add_argument("--set", dest="assignments", action="append", metavar="NAME=VALUE", help="any setting by its env.sh name (repeatable)")
-    ap.add_argument("--model", dest="MODEL_ID")
-    ap.add_argument("--data", dest="DATA")
-    ap.add_argument("--steps", dest="STEPS", type=int)
-    ap.add_argument("--workers", dest="NUM_WORKERS", type=int)
-    ap.add_argument("--seq-len", dest="SEQ_LEN", type=int)
-    ap.add_argument("--batch-size", dest="BATCH_SIZE", type=int)
-    ap.add_argument("--grad-accum", dest="GRAD_ACCUM", help="micro-batches per optimizer step, or auto (the planner's layout)")
-    ap.add_argument("--lr", dest="LEARNING_RATE", type=float)
-    ap.add_argument("--checkpoint-every", dest="CHECKPOINT_EVERY", type=int)
-    ap.add_argument("--storage-path", "--out", dest="STORAGE_PATH")
-    ap.add_argument("--max-failures", dest="MAX_FAILURES", type=int)
-    ap.add_argument("--sharding", dest="SHARDING", choices=["fsdp", "hsdp", "auto"])
-    ap.add_argument("--resume-from", dest="RESUME_FROM")
-    ap.add_argument("--bf16", dest="BF16", action=argparse.BooleanOptionalAction, default=None)
-    ap.add_argument("--activation-checkpointing", dest="ACTIVATION_CHECKPOINTING", action="store_true", default=None)
-    ap.add_argument("--preflight", dest="PREFLIGHT", action="store_true", default=None, help="measure collective bandwidth on the workers first; fail before training")
+    flags.add_arguments(ap, flags.options("train"), extra_names={"STORAGE_PATH": ("--storage-path",)})  # its name before --out
     ap.add_argument("--address", default="auto", help="Ray address (default: auto, the cluster this job runs in)")
     ap.add_argument("--local", action="store_true", help="apply the laptop defaults (tiny model, 2 workers) and start a local Ray")
     return ap.parse_args(argv)

@@ -1,16 +1,16 @@
-"""From settings to a finished run: prepare the data in the driver, plan the layout on what Ray
+"""From settings to a finished run: prepare the inputs in the driver, resolve the run on what Ray
 grants, run TorchTrainer, and summarise from what Ray hands back.
 
-The settings are one `TrainConfig`; `Target` says where the run goes. Everything that can be
-wrong with the input is found in `prepare`, before Ray starts a worker; the parallel layout is
-decided once, here, from the workers Ray can place, and travels to every worker inside the
-RunSpec. Progress and metrics come back through Ray (an actor, Ray Train's result), so a
-driver that joined a multi-node cluster by address sees them like a local one.
+The request is one `TrainConfig` and `Target` says where the run goes; neither is rebound.
+Everything that can be wrong with the input is found in `prepare` (train.prepare), before Ray
+starts a worker; the run is resolved once, here, from the workers Ray can place, into the
+RunSpec every worker receives (train.resolve). Progress and metrics come back through Ray (an
+actor, Ray Train's result), so a driver that joined a multi-node cluster by address sees them
+like a local one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -20,18 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc import rayedge, storage
-from raydlc.config import TrainConfig, shared_storage_problem, with_local_defaults
-from raydlc.errors import CheckpointError, ConfigError, InputError, TrainError
-from raydlc.train.layout import Decision, Mesh, decide, placement, plan_mesh
+from raydlc.config import TrainConfig, with_local_defaults
+from raydlc.errors import TrainError
+from raydlc.train.prepare import Prepared, prepare
+from raydlc.train.resolve import Granted, resolve, resolve_resources
 from raydlc.train.runspec import Crash, RunSpec
 
 if TYPE_CHECKING:
     from raydlc.config import Config
-    from raydlc.models import ModelSpec
-    from raydlc.train.checkpoint import Manifest
-    from raydlc.train.tokenizer import TokenizerInfo
 
-DEFAULT_OUT = "raydlc-out"
 NODE_WAIT_S = 600.0  # on a cluster, how long to wait for worker nodes still joining before refusing the run
 PROGRESS_EVERY_S = 1.0  # how often the driver drains rank 0's progress (rank 0 posts at most this often too)
 
@@ -63,192 +60,6 @@ def target(cfg: Config, *, local: bool, address: str | None = None) -> Target:
     return where if local and where.local else replace(where, instance_type=cfg.gpu_nodes.instance_type)
 
 
-def new_run_name() -> str:
-    t = time.time()
-    return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime(t)) + f"-{int(t * 1e6) % 1_000_000:06d}"
-
-
-# ---- driver-side preparation ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prepared:
-    train: TrainConfig
-    builtin: str | None
-    model: ModelSpec | None
-    arrays: dict[str, Any]
-    tokenizer: TokenizerInfo
-    storage: str
-    run_name: str
-    resume_from: str | None
-    n_train: int
-    n_eval: int
-    data_digest: str
-    resume_meta: dict[str, Any] | None = None
-    decision: Decision | None = None  # known here for a local run; on a cluster once Ray says what it grants
-
-
-def prepare(train: TrainConfig, where: Target | None = None) -> Prepared:
-    """Check and build everything the workers need; raises `InputError`/`CheckpointError`."""
-    from raydlc.models import SPECS, model_dir, spec_for
-    from raydlc.train import data as D
-    from raydlc.train import tokenizer as T
-    from raydlc.train.weights import safetensors_files
-
-    if train.num_workers < 1:
-        raise InputError(f"--workers must be at least 1, got {train.num_workers}")
-    if train.seq_len < 2:
-        raise InputError("seq len must be at least 2")
-    builtin = train.model_id.lower() if train.model_id.lower() in SPECS else None
-    model_spec = SPECS[builtin] if builtin else spec_for(train.model_id)  # a local config.json is read (and checked) here
-    if builtin is None and model_spec is None and "/" not in train.model_id:
-        raise InputError(f"--model {train.model_id!r}: not a built-in spec, a local directory or a hub id", hint=f"built-in specs: {', '.join(SPECS)}")
-    local = model_dir(train.model_id) if builtin is None else None
-    if local is not None:
-        safetensors_files(local)  # the workers load shard by shard from these
-    if model_spec is not None and train.seq_len > model_spec.max_position_embeddings:
-        raise InputError(f"--seq-len {train.seq_len} exceeds the model's {model_spec.max_position_embeddings} positions")
-    decision = None
-    if where is not None and where.local:  # a local Ray is one node: the layout is known now
-        _, decision = plan_layout(train, [train.num_workers], model=model_spec, instance_type=None)
-        train = decision.apply(train)
-
-    root = storage.resolve(train.storage_path or DEFAULT_OUT)
-    resume_from, manifest = _resume_checkpoint(train, root)
-
-    docs = D.load_documents(train.data)
-    vocab = min(model_spec.vocab_size, 4096) if builtin and model_spec else 0
-    info, tok = T.for_model(train.model_id, [d.text for d in docs], vocab, has_own=builtin is None)
-    if model_spec is not None and info.vocab_size > model_spec.vocab_size:
-        raise InputError(f"tokenizer has {info.vocab_size} tokens, the model only {model_spec.vocab_size}")
-    packed = D.pack(docs, T.encoder(tok), info.eos_id, train.seq_len)
-    global_size = global_sequences(train)
-    if len(packed) == 0:
-        raise InputError(f"--data gives fewer than {train.seq_len} tokens: not one sequence", hint="add text or lower --seq-len")
-    s = D.split(packed, eval_fraction=train.eval_fraction, world_size=train.num_workers, seed=train.seed)
-    D.check_size(s, global_batch=global_size, seq_len=train.seq_len, world_size=train.num_workers)
-    arrays = {
-        "train_input_ids": s.train.input_ids,
-        "train_labels": s.train.labels,
-        "eval_input_ids": s.eval.input_ids,
-        "eval_labels": s.eval.labels,
-    }
-    digest = _digest(arrays)
-    meta = manifest.meta if manifest is not None and resume_from is not None else None
-    if meta is not None and resume_from is not None:
-        _check_compatible(resume_from, meta, train, global_size, digest)
-    return Prepared(
-        train, builtin, model_spec, arrays, info, root, train.run_name or new_run_name(), resume_from, len(s.train), len(s.eval), digest,
-        meta, decision,
-    )
-
-
-def global_sequences(train: TrainConfig) -> int:
-    """Sequences per optimizer step; an accumulation still `auto` counts as 1 until it is decided."""
-    accum = train.grad_accum if isinstance(train.grad_accum, int) else 1
-    return train.batch_size * accum * train.num_workers
-
-
-def check_batch(p: Prepared) -> None:
-    """Once the step is decided: the data holds one global batch, and a checkpoint to continue has the same one."""
-    from raydlc.train import data as D
-
-    global_size = global_sequences(p.train)
-    D.check_count(n_train=p.n_train, n_eval=p.n_eval, global_batch=global_size, seq_len=p.train.seq_len, world_size=p.train.num_workers)
-    if p.resume_meta is not None and p.resume_from is not None:
-        _check_compatible(p.resume_from, p.resume_meta, p.train, global_size, p.data_digest)
-
-
-def _digest(arrays: dict[str, Any]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(arrays):
-        h.update(k.encode())
-        h.update(arrays[k].tobytes())
-    return h.hexdigest()[:16]
-
-
-def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manifest | None]:
-    """The checkpoint to continue from and its manifest, checked before any worker starts.
-
-    Local checkpoints are verified in full; remote ones (s3://…) by manifest and sizes here,
-    and by SHA-256 on each worker after its download.
-    """
-    from raydlc.train import checkpoint as C
-
-    def checked(path: str) -> tuple[str, Manifest]:
-        if storage.is_uri(path):
-            return path, C.verify_remote(path)
-        local = str(Path(path).expanduser().resolve())
-        return local, C.verify(local)
-
-    if train.resume_from:
-        return checked(train.resume_from)
-    if not train.resume:
-        return None, None
-    found = C.latest(root)
-    if found is None:
-        raise CheckpointError(f"--resume: no checkpoint under {root}", hint="run once without --resume, or pass --out where the earlier run wrote")
-    return checked(found)
-
-
-def _check_compatible(path: str, meta: dict[str, Any], train: TrainConfig, global_size: int, data_digest: str) -> None:
-    """The data order is a function of (data, seq_len, global batch, seed): all must match to continue it."""
-    want = {"model": train.model_id, "seq_len": train.seq_len, "global_batch": global_size, "seed": train.seed, "data": data_digest}
-    diff = [f"{k}: checkpoint {meta.get(k)!r}, now {v!r}" for k, v in want.items() if k in meta and meta[k] != v]
-    if diff:
-        raise CheckpointError(f"checkpoint {path} was written by a different run ({'; '.join(diff)})", hint="resume with the same model, data, seq len, batch x workers and seed")
-
-
-# ---- decisions on what Ray grants ----------------------------------------------------------------
-
-
-def resolve_resources(train: TrainConfig, cluster_resources: dict[str, float]) -> TrainConfig:
-    """Fill USE_GPU and NUM_WORKERS=0 (one per GPU) from what the Ray cluster has."""
-    gpus = int(cluster_resources.get("GPU", 0))
-    use_gpu = gpus > 0 if train.use_gpu is None else train.use_gpu
-    if use_gpu and gpus == 0:
-        raise InputError("GPUs were requested but the Ray cluster has none", hint="set USE_GPU=false, or join a cluster with GPU workers")
-    workers = train.num_workers
-    if workers == 0:
-        if gpus == 0:
-            raise InputError("NUM_WORKERS=0 means one worker per GPU, and the Ray cluster has no GPUs", hint="pass --workers N")
-        workers = gpus
-    return train.updated(use_gpu=use_gpu, num_workers=workers)
-
-
-def plan_layout(
-    train: TrainConfig, capacities: list[int], *, model: ModelSpec | None, instance_type: str | None, max_sequences: int | None = None
-) -> tuple[Mesh, Decision]:
-    """The mesh and the step for the workers Ray will place on nodes of these capacities (GPUs, or CPUs)."""
-    counts = placement(capacities, train.num_workers)
-    decision = decide(train, counts, model=model, instance_type=instance_type, max_sequences=max_sequences)
-    return plan_mesh(decision.sharding, counts, train.hsdp_replicas), decision
-
-
-def check_storage(train: TrainConfig, mesh: Mesh) -> None:
-    """Workers on several nodes all write into STORAGE_PATH: it must be the same storage for each."""
-    problem = shared_storage_problem(train, mesh.nodes)
-    if problem:
-        raise ConfigError([f"STORAGE_PATH: {problem}"])
-
-
-def run_spec(p: Prepared, mesh: Mesh, where: Target) -> RunSpec:
-    t = p.train
-    return RunSpec(
-        train=t,
-        spec=p.builtin,
-        mesh=mesh,
-        use_gpu=bool(t.use_gpu),
-        bf16=bool(t.use_gpu) if t.bf16 is None else t.bf16,
-        run_name=p.run_name,
-        run_dir=storage.join(p.storage, p.run_name),
-        tokenizer=p.tokenizer,
-        data_digest=p.data_digest,
-        resume_from=p.resume_from,
-        crash=where.crash,
-    )
-
-
 # ---- the edge: Ray ------------------------------------------------------------------------
 
 
@@ -256,28 +67,22 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 
 def run(train: TrainConfig, where: Target | None = None, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
-    """Prepare, start (or join) Ray, plan the layout, train, and summarise.
+    """Prepare, start (or join) Ray, resolve the run on what it grants, train, and summarise.
 
-    With a known worker count the data is checked before Ray starts at all; with `0` (one
-    per GPU) it has to wait for the cluster's resources, still before any worker.
+    With a known worker count the inputs are checked before Ray starts at all; with `0` (one
+    per GPU) they wait for the cluster's resources, still before any worker.
     """
     where = where or Target()
     p = prepared or (prepare(train, where) if train.num_workers > 0 else None)
     with rayedge.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
-        train = resolve_resources(train, rayedge.cluster_resources())
-        p = replace(p, train=train) if p is not None else prepare(train, where)
-        capacities = rayedge.node_capacities(
-            "GPU" if train.use_gpu else "CPU", at_least=train.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
+        resources = rayedge.cluster_resources()
+        workers = resolve_resources(train, resources)
+        p = p or prepare(train, where, workers=workers.num_workers)
+        slots = rayedge.node_capacities(
+            "GPU" if workers.use_gpu else "CPU", at_least=workers.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
         )
-        mesh, decision = plan_layout(
-            train, capacities, model=p.model, instance_type=where.instance_type if train.use_gpu else None, max_sequences=p.n_train
-        )
-        train = decision.apply(train)
-        p = replace(p, train=train, decision=decision)
-        check_batch(p)
-        check_storage(train, mesh)
-        spec = run_spec(p, mesh, where)
-        checked = _preflight(spec, where, p.storage) if train.preflight else None
+        spec = resolve(train, where, p, Granted(resources, tuple(slots)))
+        checked = _preflight(spec, where, p.storage) if spec.train.preflight else None
         summary = _fit(spec, p, where, on_progress)
         return summary if checked is None else {**summary, "preflight": checked}
 
@@ -386,7 +191,7 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "micro_batch": spec.train.batch_size,
         "grad_accum": spec.train.grad_accum,
         "grad_sync": spec.train.grad_sync,
-        "layout_note": p.decision.note if p.decision is not None else None,
+        "layout_note": spec.layout_note,
         "seq_len": spec.train.seq_len,
         "train_sequences": p.n_train,
         "eval_sequences": p.n_eval,

@@ -108,9 +108,12 @@ def decide(
         layout = planner.layout_for(nodes, counts[0], instance_type=instance_type)
         ceiling = train.max_global_batch if max_sequences is None else min(train.max_global_batch, max_sequences * train.seq_len)
         strategies = ("fsdp", "hsdp") if requested == "auto" and nodes > 1 else (("fsdp",) if requested == "auto" else (requested,))
+        work = planner.Workload(
+            model, seq_len=train.seq_len, policy="bf16-mixed" if bf16 else "fp32",
+            activation_checkpointing=train.activation_checkpointing, max_global_batch=max(ceiling, 1),
+        )
         rec = planner.recommend(
-            model, layout, seq_len=train.seq_len, policy="bf16-mixed" if bf16 else "fp32",
-            activation_checkpointing=train.activation_checkpointing, max_global_batch=max(ceiling, 1), strategies=strategies,
+            work, layout, strategies=strategies,
             micro_batches=None if accum_auto else (train.batch_size,),
             grad_accums=None if accum_auto else (train.grad_accum,),  # type: ignore[arg-type]
             syncs=None if train.grad_sync == "auto" else (train.grad_sync,),

@@ -1,51 +1,78 @@
-"""What a person sees while `raydlc train` runs: one rich progress bar and a summary table."""
+"""What a person sees while `raydlc train` runs: a spinner, one rich progress bar and a summary table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raydlc.output import console, err_console
 
-if TYPE_CHECKING:
-    from raydlc.config import TrainConfig
-    from raydlc.train.launch import Target
+
+class TrainView:
+    """The progress callback of `raydlc.api.train` for a terminal, on stderr (stdout stays clean for --json).
+
+    A spinner while the driver prepares the data, then one bar over the steps as rank 0 posts
+    them; with `quiet` (--json) the bar is transient, and off the terminal there is none.
+    """
+
+    def __init__(self, *, quiet: bool, debug: bool) -> None:
+        self.quiet, self.debug = quiet, debug
+        self._status: Any = None
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> TrainView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_status()
+        if self._bar is not None:
+            self._bar.stop()
+
+    def _stop_status(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __call__(self, rec: dict[str, Any]) -> None:
+        stage = rec.get("stage")
+        if stage == "preparing":
+            self._status = err_console.status("preparing data and tokenizer", spinner="dots")
+            self._status.start()
+        elif stage == "training":
+            self._stop_status()
+            if not self.quiet or err_console.is_terminal:
+                self._start_bar(rec["steps"])
+        elif self._bar is not None:
+            self._update(rec)
+
+    def _start_bar(self, steps: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]train[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=self.quiet,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task("train", total=steps, loss="-", eval="-", tps="-")
+
+    def _update(self, rec: dict[str, Any]) -> None:
+        bar, task = self._bar, self._task
+        if "eval_loss" in rec:
+            bar.update(task, eval=f"{rec['eval_loss']:.3f}")
+        elif "loss" in rec:
+            bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.3f}", tps=f"{rec['tokens_per_s']:,.0f}")
+        elif rec.get("resumed"):
+            bar.update(task, completed=rec["step"])
+            bar.console.print(f"resumed from the checkpoint of step {rec['step']}")
 
 
-def run_with_progress(run: Callable[..., dict[str, Any]], settings: TrainConfig, where: Target, *, quiet: bool, debug: bool) -> dict[str, Any]:
-    """Run with a live bar on stderr (stdout stays clean for --json); Ray's worker logs only with --debug."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    where = replace(where, log_to_driver=debug)
-    if quiet and not err_console.is_terminal:
-        return run(settings, where)
-    bar = Progress(
-        TextColumn("[bold]train[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=quiet,
-    )
-    with bar:
-        task = bar.add_task("train", total=settings.steps, loss="-", eval="-", tps="-")
-
-        def on_progress(rec: dict[str, Any]) -> None:
-            if "eval_loss" in rec:
-                bar.update(task, eval=f"{rec['eval_loss']:.3f}")
-            elif "loss" in rec:
-                bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.3f}", tps=f"{rec['tokens_per_s']:,.0f}")
-            elif rec.get("resumed"):
-                bar.update(task, completed=rec["step"])
-                bar.console.print(f"resumed from the checkpoint of step {rec['step']}")
-
-        return run(settings, where, on_progress=on_progress)
-
-
-def print_summary(s: dict[str, Any]) -> None:
+def print_summary(s: dict[str, Any], out: Any = console) -> None:
     from rich.table import Table
 
     def fmt(v: Any) -> str:
@@ -76,4 +103,4 @@ def print_summary(s: dict[str, Any]) -> None:
     ]
     for k, v in rows:
         table.add_row(k, fmt(v))
-    console.print(table)
+    out.print(table)

@@ -1,7 +1,7 @@
 """What every worker of one run receives: the validated settings and the driver's decisions.
 
-The driver decides once (the model source, the mesh, the precision, where the run writes,
-which checkpoint it continues) and sends this as JSON; each worker validates it again on its
+The driver decides once (train.resolve: the model source, the mesh, the step, the precision,
+where the run writes, which checkpoint it continues) and sends this as JSON; each worker validates it again on its
 side of the Ray boundary, so a worker never reads an untyped dict. The packed data travel
 beside it in Ray's object store.
 """
@@ -38,6 +38,7 @@ class RunSpec(BaseModel):
     data_digest: str
     resume_from: str | None = None
     crash: Crash | None = None
+    layout_note: str | None = None  # where the step came from (the planner, or the config), for people
 
     @model_validator(mode="after")
     def _step_decided(self) -> RunSpec:

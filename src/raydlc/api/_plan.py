@@ -1,0 +1,190 @@
+"""The `plan` use cases: the memory, traffic and speed of a fine-tune before paying for GPUs, and
+the scale-out scan over node counts, as `raydlc plan` (and `--scan-nodes`) compute them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raydlc import flags
+from raydlc.api._config import load
+from raydlc.config import Flag
+from raydlc.plan import Plan
+from raydlc.scaleout import Scan
+
+if TYPE_CHECKING:
+    from raydlc import plan as planner
+
+# The settings `plan` takes, named as its flags: the planner's words where they are not training's.
+OPTIONS = [
+    flags.option("MODEL_ID", Flag("--model", "Built-in spec (qwen2.5-0.5b…72b, llama-3.2-1b…llama-3.3-70b, tiny), its hub id, or a dir with config.json")),
+    flags.option("GPU_NODE_COUNT", Flag("--nodes", "GPU nodes")),
+    flags.option("SEQ_LEN"),
+    flags.option("BATCH_SIZE", Flag("--micro-batch", "Sequences per GPU per micro-batch")),
+    flags.option("GRAD_ACCUM", Flag("--grad-accum", "Micro-batches per optimizer step, or auto: the figures of the recommended layout")),
+    flags.option("GRAD_SYNC"),
+    flags.option("MAX_GLOBAL_BATCH"),
+    flags.option("GPU_NODE_TYPE", Flag("--instance-type", "GPU instance type whose catalogue facts to plan with")),
+]
+SEARCHED = ("micro_batch", "grad_accum", "sync")  # the step a scan searches: settings only, no arguments of `scan`
+GPUS_PER_NODE_MAX = 16  # no EC2 instance type has more (GPUS_PER_NODE's bound)
+
+
+@dataclass(frozen=True)
+class PlanResult(Plan):
+    """The planner's `Plan`, printed as `raydlc plan` shows it; `to_dict()` is `raydlc plan --json`."""
+
+    def __str__(self) -> str:
+        from raydlc.views.plan import print_plan
+        from raydlc.views.text import rendered
+
+        return rendered(lambda console: print_plan(self, console))
+
+
+@dataclass(frozen=True)
+class ScanResult(Scan):
+    """The scale-out `Scan` and the plot written, if any; `to_dict()` is `raydlc plan --scan-nodes … --json`."""
+
+    plot: str | None = None
+
+    def __str__(self) -> str:
+        from raydlc.views.scan import print_scan
+        from raydlc.views.text import rendered
+
+        return rendered(lambda console: print_scan(self, console))
+
+
+def _inputs(
+    config: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None, arguments: Mapping[str, Any], gpus_per_node: int | None
+) -> tuple[Any, Any, int]:
+    """The config with the plan's settings layered in, the model's spec, and the GPUs per node to plan with.
+
+    `arguments` are the use case's own (its `locals()`): the ones named like OPTIONS are settings.
+
+    A known `instance_type` brings its GPU count (so GPUS_PER_NODE matches it); `gpus_per_node`
+    is a what-if that bypasses the config's cross-field rule.
+    """
+    from raydlc import catalog
+    from raydlc.errors import InputError
+    from raydlc.models import get_spec
+
+    if gpus_per_node is not None and gpus_per_node > GPUS_PER_NODE_MAX:
+        raise InputError(f"--gpus-per-node must be at most {GPUS_PER_NODE_MAX} (no EC2 instance type has more), got {gpus_per_node}")
+    given = flags.named_settings(OPTIONS, {o.keyword: arguments.get(o.keyword) for o in OPTIONS}, caller="plan")
+    known = catalog.instance_type(given["GPU_NODE_TYPE"]) if given.get("GPU_NODE_TYPE") else None
+    cfg = load(config, settings, **given, GPUS_PER_NODE=known.gpus if known else None)
+    gpn = cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node
+    return cfg, get_spec(cfg.train.model_id), gpn
+
+
+def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool) -> planner.Workload:
+    from raydlc import plan as planner
+
+    t = cfg.train
+    return planner.Workload(
+        spec, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync, policy=policy,
+        activation_checkpointing=activation_checkpointing, max_global_batch=t.max_global_batch,
+    )
+
+
+def plan(
+    *,
+    model: str | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    gpu: str | None = None,
+    network_gbps: float | None = None,
+    seq_len: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | str | None = None,
+    sync: str | None = None,
+    max_global_batch: int | None = None,
+    policy: str = "bf16-mixed",
+    strategy: str | None = None,
+    activation_checkpointing: bool | None = None,
+    instance_type: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> PlanResult:
+    """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits.
+
+    Unset arguments come from the configuration (`MODEL_ID`, `GPU_NODE_COUNT`, `GPU_NODE_TYPE`,
+    `SEQ_LEN`, `BATCH_SIZE`, …); `gpu`, `network_gbps` and `gpus_per_node` are what-ifs on the
+    instance type's facts. `grad_accum="auto"` shows the recommended layout's figures.
+    Pure arithmetic: nothing is called, nothing is written.
+
+    Example:
+        >>> import raydlc.api as api
+        >>> p = api.plan(model="qwen2.5-1.5b", nodes=2, gpus_per_node=4)
+        >>> p.params, p.layout["gpu_name"], p.recommendation["strategy"] in ("fsdp", "hsdp")
+        (1543714304, 'L4', True)
+        >>> print(p)  # doctest: +ELLIPSIS
+        qwen2.5-1.5b (1,543,714,304 parameters), bf16-mixed, 2 x 4 L4 (24.05 GB), 40 Gb/s EFA, ...
+        ...
+        recommended: ...
+    """
+    from raydlc import plan as planner
+
+    cfg, spec, gpn = _inputs(config, settings, locals(), gpus_per_node)
+    layout = planner.layout_for(cfg.gpu_nodes.count, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
+    result = planner.plan(_workload(cfg, spec, policy, bool(activation_checkpointing)), layout, strategy=strategy)
+    return PlanResult(**{f.name: getattr(result, f.name) for f in fields(Plan)})
+
+
+def scan(
+    scan_nodes: str | Sequence[int],
+    *,
+    model: str | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    gpu: str | None = None,
+    network_gbps: float | None = None,
+    seq_len: int | None = None,
+    max_global_batch: int | None = None,
+    policy: str = "bf16-mixed",
+    activation_checkpointing: bool | None = None,
+    instance_type: str | None = None,
+    plot: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> ScanResult:
+    """Where adding nodes stops paying: the recommended layout, tokens/s and scaling efficiency at each node count.
+
+    `scan_nodes` is `"1,2,4,8"` (as `--scan-nodes`) or a list of counts. Each count chooses
+    activation checkpointing unless `activation_checkpointing` pins it. `plot` writes a PNG of
+    tokens/s and efficiency against nodes (whole or not at all). The other arguments are `plan`'s;
+    the step (micro-batch, accumulation, sync) is what the scan searches, so it takes none (as
+    settings they are still checked).
+
+    Example:
+        >>> import raydlc.api as api
+        >>> s = api.scan("1,2,4", model="qwen2.5-1.5b", instance_type="p5.48xlarge")
+        >>> [r.nodes for r in s.rows], s.reference_nodes, s.rows[0].efficiency
+        ([1, 2, 4], 1, 1.0)
+    """
+    from raydlc import plan as planner
+    from raydlc import scaleout
+
+    text = scan_nodes if isinstance(scan_nodes, str) else ",".join(str(n) for n in scan_nodes)
+    cfg, spec, gpn = _inputs(config, settings, locals(), gpus_per_node)
+    counts = scaleout.parse_node_counts(text)
+    path = Path(plot) if plot is not None else None
+    if path is not None:
+        from raydlc.files import check_output_file
+
+        check_output_file(path, "--plot", force=True)
+    work = _workload(cfg, spec, policy, False)
+
+    def layout_at(n: int) -> planner.Layout:
+        return planner.layout_for(n, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
+
+    found = scaleout.scan(work, counts, layout_at, activation_checkpointing=activation_checkpointing)
+    result = ScanResult(**{f.name: getattr(found, f.name) for f in fields(Scan)}, plot=str(path) if path else None)
+    if path is not None:
+        from raydlc.views.scan import plot_scan
+
+        plot_scan(result, path)
+    return result

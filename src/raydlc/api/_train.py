@@ -1,0 +1,122 @@
+"""The `train` use case: fine-tune on a local Ray (or a cluster's, by address), as `raydlc train` does."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from raydlc import flags
+from raydlc.api._config import load
+
+# The settings `train` takes as keyword arguments: every training setting with a flag, named like it.
+OPTIONS = flags.options("train")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """A finished run: its losses, speed, layout and where it wrote; `to_dict()` is `raydlc train --json`."""
+
+    steps: int | None
+    first_loss: float | None
+    final_loss: float | None
+    eval_loss: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    peak_mem_mb: float | None
+    loss_drop: float | None
+    model: str
+    workers: int
+    sharding: str
+    mesh: dict[str, Any]
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    grad_sync: str
+    layout_note: str | None
+    seq_len: int
+    train_sequences: int
+    eval_sequences: int
+    resumed_from: str | None
+    run_name: str
+    run_dir: str
+    checkpoint: str | None
+    export: str
+    metrics: str
+    plot: str
+    wall_s: float
+    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
+        return cls(**summary)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.preflight is None:
+            del out["preflight"]
+        return out
+
+    def __str__(self) -> str:
+        from raydlc.train.progress import print_summary
+        from raydlc.views.text import rendered
+
+        return rendered(lambda console: print_summary(self.to_dict(), console))
+
+
+def train(
+    *,
+    config: str | os.PathLike[str] | None = None,
+    settings: Mapping[str, Any] | None = None,
+    address: str | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    log_to_driver: bool = True,
+    **named: Any,
+) -> TrainResult:
+    """Fine-tune with FSDP2 under Ray Train: checkpoints, a Hugging Face export and a loss plot.
+
+    The keyword arguments are `raydlc train`'s flags (`model`, `data`, `steps`, `workers`, `out`,
+    `seq_len`, `batch_size`, `grad_accum`, `lr`, …; see `inspect.signature(train)`); settings
+    left at their default take the local-run values, as on the command line. `address` joins a
+    running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
+    receives the driver's stages (`{"stage": "preparing"}`, then `{"stage": "training",
+    "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
+    "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
+    output off this process's stdout. Bad input raises before Ray starts.
+
+    Example:
+        >>> import tempfile
+        >>> import raydlc.api as api
+        >>> result = api.train(steps=3, seq_len=32, batch_size=2, workers=1, checkpoint_every=0,
+        ...                    out=tempfile.mkdtemp(), log_to_driver=False)
+        >>> result.model, result.steps, result.workers, result.to_dict()["grad_accum"]
+        ('tiny', 3, 1, 1)
+    """
+    from raydlc import storage
+    from raydlc.train import launch
+    from raydlc.train.prepare import DEFAULT_OUT
+
+    cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="train"))
+    request = launch.settings(cfg, local=True)
+    where = replace(launch.target(cfg, local=True, address=address), log_to_driver=log_to_driver)
+    out = request.storage_path or DEFAULT_OUT
+    if not storage.is_uri(out):  # fail now, not after data preparation and Ray's start
+        from raydlc.files import check_output_dir
+
+        check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
+    emit = on_progress or (lambda record: None)
+    prepared = None
+    if request.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
+        emit({"stage": "preparing"})
+        prepared = launch.prepare(request, where)  # bad input fails here, before a progress bar or a worker
+    emit({"stage": "training", "steps": request.steps})
+    return TrainResult.from_summary(launch.run(request, where, on_progress=on_progress, prepared=prepared))
+
+
+# Introspection shows every flag as a keyword argument, though the function takes them as **named.
+train.__signature__ = inspect.signature(train).replace(  # type: ignore[attr-defined]
+    parameters=[p for p in inspect.signature(train).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    + flags.signature(OPTIONS)
+)
