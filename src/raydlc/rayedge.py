@@ -1,7 +1,7 @@
 """The one place raydlc starts or joins Ray, and where Ray's errors become raydlc's.
 
 Training and the preflight reach Ray through here (jobs go through the head's dashboard, in
-`raydlc.jobs`): join an address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an
+`raydlc.dashboard`): join an address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an
 in-process local Ray, with the workers' environment and the log settings decided once. A Ray started here is shut
 down here; one already running in the process is used as it is. `LocalHead` starts a real
 head as a subprocess (`ray start --head --block`) on explicit free ports, so a driver in
@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,6 +358,8 @@ def start_head(
     elsewhere on the machine would find and join it; token auth is off explicitly (a
     `~/.ray/auth_token` would otherwise switch it on).
     """
+    from raydlc.dashboard import Dashboard
+
     ray_bin = Path(sys.executable).with_name("ray")
     exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray")
     if exe is None:
@@ -386,10 +387,9 @@ def start_head(
                 head.stop()
                 raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
             try:
-                with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
-                    if r.status == 200:
-                        return head
-            except OSError:
+                Dashboard(head.dashboard_url).version(timeout=2)
+                return head
+            except RayError:
                 pass
             time.sleep(0.5)
     except BaseException:  # Ctrl-C while it starts: no half-started head is left behind

@@ -25,7 +25,26 @@ import importlib
 from typing import Any
 
 # public name -> private module that defines it; one line per use case or result type
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "submit": "raydlc.api._jobs",
+    "job_list": "raydlc.api._jobs",
+    "job_logs": "raydlc.api._jobs",
+    "job_status": "raydlc.api._jobs",
+    "job_stop": "raydlc.api._jobs",
+    "verify": "raydlc.api._jobs",
+    "bench_transport": "raydlc.api._jobs",
+    "down_local": "raydlc.api._jobs",
+    "SubmitResult": "raydlc.api._jobs",
+    "JobListResult": "raydlc.api._jobs",
+    "JobLogsResult": "raydlc.api._jobs",
+    "JobStatusResult": "raydlc.api._jobs",
+    "JobStopResult": "raydlc.api._jobs",
+    "BenchResult": "raydlc.api._jobs",
+    "DownLocalResult": "raydlc.api._jobs",
+    "Job": "raydlc.dashboard",
+    "Detached": "raydlc.jobs",
+    "Verdict": "raydlc.verify",
+}
 
 __all__ = list(_EXPORTS)
 
