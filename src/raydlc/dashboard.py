@@ -41,6 +41,8 @@ HTTP_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 READ_CHUNK = 1 << 20
 LIST_LIMIT = 10_000  # RAY_MAX_LIMIT_FROM_API_SERVER's default: the most one list call may ask for
+AGENT_WAIT_S = 120.0
+NO_AGENT = "No available agent to submit job"  # job_head.py's answer while the head's job agent is not registered
 UNREACHABLE_HINT = "check the head is up (raydlc status, or the --address URL); through a port-forward, that it is open"
 _RAISE: Any = object()  # `missing=` default: a 404 is an error like any other
 
@@ -211,13 +213,26 @@ class Dashboard:
         return self._client
 
     def submit(self, *, entrypoint: str, submission_id: str | None, runtime_env: Mapping[str, Any], metadata: Mapping[str, str]) -> str:
-        """POST /api/jobs/ (after the SDK uploads the runtime env's local packages): the submission id."""
+        """POST /api/jobs/ (after the SDK uploads the runtime env's local packages): the submission id.
+
+        A head that has just started may not have its job agent registered yet: job_head.py then
+        answers 500 "No available agent to submit job, please try again later." after waiting
+        WAIT_AVAILABLE_AGENT_TIMEOUT (10 s), before anything is submitted; that answer is retried
+        for up to AGENT_WAIT_S.
+        """
         c = self._jobs()
-        return str(self._call(
-            lambda: c.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=dict(runtime_env), metadata=dict(metadata)),
-            "could not submit the job", refused="the dashboard refused the job",
-            hint="the runtime_env is in `raydlc job status ID --json`; the head's logs say more",
-        ))
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                return str(self._call(
+                    lambda: c.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=dict(runtime_env), metadata=dict(metadata)),
+                    "could not submit the job", refused="the dashboard refused the job",
+                    hint="the runtime_env is in `raydlc job status ID --json`; the head's logs say more",
+                ))
+            except HeadRefused as e:
+                if NO_AGENT not in e.message or time.monotonic() >= deadline:
+                    raise
+            time.sleep(2.0)
 
     def job(self, job_id: str) -> Job | None:
         """GET /api/jobs/{id}: the job, or None when the head knows no such submission."""

@@ -374,7 +374,10 @@ def start_head(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
     # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.
-    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **worker_env(), **(env or {})}
+    # The dashboard ends the whole head when one of its nine module processes is not ready within 30 s
+    # (dashboard/subprocesses/handle.py), which a busy 2-core machine misses; the head gets `timeout` anyway.
+    slow_start = {"RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": os.environ.get("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "120")}
+    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)

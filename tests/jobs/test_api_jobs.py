@@ -93,7 +93,7 @@ def test_results_are_what_the_commands_print_as_json(place: Path) -> None:
     notices: list[str] = []
     done = api.submit("hi/hi.py", local=True, name="api-hi", notice=notices.append)
     assert done.ok and not done.attached and "summary" not in done.to_dict()
-    assert notices[0] == heads.STARTING and notices[-1] == "submitted job api-hi on the local target"
+    assert notices[0].startswith(f"working dir {place / 'hi'}: 1 files") and notices[1:] == [heads.STARTING, "submitted job api-hi on the local target"]
     assert api.job_status("api-hi", local=True).to_dict() == cli_json("job", "status", "api-hi", "--local")
     assert api.job_list(local=True).to_dict() == cli_json("job", "list", "--local")
     assert api.job_logs("api-hi", local=True).to_dict() == cli_json("job", "logs", "api-hi", "--local")
