@@ -243,6 +243,9 @@ HEAD_GRACE_S = 5.0
 GROUP_TERM_S = 10.0  # idle workers that still run after that are killed: nothing of a head being ended is worth more
 
 
+SLOW_START_ENV = {"RAY_DASHBOARD_STARTUP_TIMEOUT_S": "170", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "120"}
+
+
 @dataclass
 class LocalHead:
     """A Ray head started by `start_head`; `address` is what `connected(address=...)` joins."""
@@ -374,9 +377,11 @@ def start_head(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
     # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.
-    # The dashboard ends the whole head when one of its nine module processes is not ready within 30 s
-    # (dashboard/subprocesses/handle.py), which a busy 2-core machine misses; the head gets `timeout` anyway.
-    slow_start = {"RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": os.environ.get("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "120")}
+    # `ray start` ends the whole head when its dashboard has not registered within 60 s
+    # (_private/services.py, RAY_DASHBOARD_STARTUP_TIMEOUT_S) or one of the dashboard's nine module
+    # processes is not ready within 30 s (dashboard/subprocesses/handle.py): a busy 2-core machine
+    # misses both. The head gets `timeout` from here anyway; a value in the environment wins.
+    slow_start = {k: os.environ.get(k, v) for k, v in SLOW_START_ENV.items()}
     child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
