@@ -10,19 +10,22 @@ the same thing twice and printing their ratio.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from raydlc.jobs import Job, JobLogs
+    from raydlc.dashboard import Dashboard, Job
+    from raydlc.jobenv import JobSpec
+    from raydlc.jobs import JobLogs
 
 # What forces NCCL onto TCP sockets, whatever the image and the pod's env say.
 SOCKETS_FORCED: dict[str, str] = {"NCCL_NET": "Socket", "FI_PROVIDER": "tcp", "NCCL_NET_PLUGIN": "none"}
 RUNS = (("configured", "efa", {}), ("sockets", "socket", SOCKETS_FORCED))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """One of the two runs: its numbers and whether they count."""
 
@@ -49,28 +52,29 @@ class Run:
 def judge(label: str, expect: str, job: Job, summary: Mapping[str, Any] | None, logs: JobLogs | None, *, target: str) -> Run:
     """A finished run, with its transport read from its own worker logs, node by node."""
     s = summary or {}
-    run = Run(label, expect, job.submission_id, job.job_id, job.status, s.get("steps"), s.get("step_time_s"), s.get("tokens_per_s"))
-    if logs is not None:
-        hosts = {h.host: h for h in logs.report.hosts}
-        for node in sorted(logs.files):
-            h = hosts.get(node)
-            run.transport[node] = "no NCCL lines" if h is None else f"{h.inter_node or 'none'} ({h.proof or 'no proof'})"
+    hosts = {h.host: h for h in logs.report.hosts} if logs is not None else {}
+    transport = {n: "no NCCL lines" if (h := hosts.get(n)) is None else f"{h.inter_node or 'none'} ({h.proof or 'no proof'})"
+                 for n in sorted(logs.files if logs is not None else {})}
+    why = _why_not(expect, job, summary, logs, hosts, target=target)
+    return Run(label, expect, job.submission_id, job.job_id, job.status, s.get("steps"), s.get("step_time_s"), s.get("tokens_per_s"),
+               transport, counts=why is None, why=why or "")
+
+
+def _why_not(expect: str, job: Job, summary: Mapping[str, Any] | None, logs: JobLogs | None, hosts: Mapping[str, Any], *,
+             target: str) -> str | None:
+    """Why a run's numbers do not count, or None when its own logs prove `expect` carried it on every node."""
     if job.status != "SUCCEEDED" or summary is None:
-        run.why = f"the run {job.status}" + ("" if summary else " without a training summary")
-    elif target == "local":
-        run.why = "trained over gloo on one machine: no NCCL transport"
-    elif logs is None or not logs.files:
-        run.why = "no worker logs of this run to prove its transport"
-    else:
-        hosts = {h.host: h for h in logs.report.hosts}
-        wrong = [n for n in logs.files if not (hosts.get(n) and hosts[n].inter_node == expect and hosts[n].proof == "carried")]
-        if len(logs.files) < 2:
-            run.why = "one node: no inter-node traffic"
-        elif wrong or logs.report.fallback:
-            run.why = f"its logs do not show {expect} carrying the traffic on {', '.join(sorted(wrong)) or 'every node'}"
-        else:
-            run.counts = True
-    return run
+        return f"the run {job.status}" + ("" if summary else " without a training summary")
+    if target == "local":
+        return "trained over gloo on one machine: no NCCL transport"
+    if logs is None or not logs.files:
+        return "no worker logs of this run to prove its transport"
+    wrong = [n for n in logs.files if not (hosts.get(n) and hosts[n].inter_node == expect and hosts[n].proof == "carried")]
+    if len(logs.files) < 2:
+        return "one node: no inter-node traffic"
+    if wrong or logs.report.fallback:
+        return f"its logs do not show {expect} carrying the traffic on {', '.join(sorted(wrong)) or 'every node'}"
+    return None
 
 
 def compare(runs: list[Run], *, target: str) -> dict[str, Any]:
@@ -95,6 +99,27 @@ def compare(runs: list[Run], *, target: str) -> dict[str, Any]:
     return doc
 
 
-def run_both(execute: Callable[[str, str, dict[str, str]], Run]) -> list[Run]:
-    """Run the configured job, then the socket one; `execute(label, expect, env)` submits and judges one."""
-    return [execute(label, expect, dict(env)) for label, expect, env in RUNS]
+def specs(settings_env: Mapping[str, str], image: Mapping[str, str], *, target: str, stamp: str | None = None) -> dict[str, JobSpec]:
+    """The two runs' jobs (by label): the built-in program with the same settings, the second with sockets forced."""
+    from raydlc import jobenv
+
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    return {label: jobenv.build(script=None, args=[], working_dir=None, pip=[], env=env, settings_env=settings_env, image=image,
+                                name=f"raydlc-bench-{stamp}-{label}", target=target) for label, _, env in RUNS}
+
+
+def run_both(dash: Dashboard, specs: Mapping[str, JobSpec], *, target: str, names: Mapping[str, str] | None = None,
+             write: Callable[[str], None] = lambda _: None, notice: Callable[[str], None] = lambda _: None) -> list[Run]:
+    """The configured job, then the socket one (`specs` by label): each submitted, followed through
+    `write` until it ends, and judged from its own summary and worker logs."""
+    from raydlc import jobs
+
+    runs = []
+    for label, expect, env in RUNS:
+        job, _ = jobs.submit(dash, specs[label])
+        notice(f"{label} run: job {job.submission_id}" + (f" ({', '.join(f'{k}={v}' for k, v in env.items())})" if env else ""))
+        job = jobs.follow(dash, job.submission_id, write)
+        summary = jobs.training_summary(dash.logs(job.submission_id))
+        found = jobs.job_nccl(dash, job.job_id, names) if job.job_id else None
+        runs.append(judge(label, expect, job, summary, found, target=target))
+    return runs

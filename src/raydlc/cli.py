@@ -6,7 +6,9 @@ Commands import the module that does their work inside the function body, so tha
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -380,20 +382,13 @@ def down(
 
 
 def _down_local(json_: bool, dry_run: bool) -> None:
-    from raydlc import targets
+    from raydlc import api
 
-    rec = targets.running_head()
-    if dry_run or rec is None:
-        what = "no local Ray head of raydlc runs" if rec is None else f"would end the local Ray head (PID {rec.pid}, {rec.dashboard_url})"
-        doc = {"local": {"pid": rec.pid if rec else None, "dashboard": rec.dashboard_url if rec else None, "ended": False}}
-    else:
-        ended = targets.stop_local_head()
-        what = "no local Ray head of raydlc runs" if ended is None else f"ended the local Ray head (PID {ended.pid}) and everything it started"
-        doc = {"local": {"pid": ended.pid if ended else None, "dashboard": ended.dashboard_url if ended else None, "ended": ended is not None}}
+    result = api.down_local(dry_run=dry_run)
     if json_:
-        emit_json(doc)
+        emit_json(result.to_dict())
     else:
-        console.print(what, highlight=False)
+        console.print(result.message, highlight=False)
 
 
 @app.command("status")
@@ -414,11 +409,11 @@ def status(
 
 
 # ---- jobs on the Ray cluster: submit, job …, verify, bench-transport ------------------------------
+# Each command parses, calls its use case in raydlc.api (which reaches the head and does the work)
+# and prints; Ctrl-C while a job streams detaches here: the job goes on.
 
 job_app = typer.Typer(help="Jobs on the Ray cluster: list, logs, status, stop (--local, --address URL, or the cluster).", no_args_is_help=True)
 app.add_typer(job_app, name="job")
-_EXPECT = ("efa", "socket", "ib")
-MAX_BENCH_STEPS = 100_000
 
 
 def _local_opt() -> Any:
@@ -429,41 +424,19 @@ def _address_opt() -> Any:
     return typer.Option(None, "--address", help="A Ray dashboard you already reach, e.g. http://127.0.0.1:8265.")
 
 
-def _builtin_env(cfg: Config, local: bool) -> dict[str, str]:
-    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads."""
-    from raydlc.config import with_local_defaults
-    from raydlc.jobenv import absolute_local_paths
-    from raydlc.render.raycluster import job_env
+def _layers(ctx: typer.Context) -> dict[str, Any]:
+    """The global --config/--set as a use case takes them."""
+    from raydlc.config import parse_assignments
 
-    return absolute_local_paths(job_env(with_local_defaults(cfg))) if local else job_env(cfg)
-
-
-def _image_versions(cfg: Config, local: bool) -> dict[str, str]:
-    """The torch and ray a job must not replace: this machine's on the local target, else the image's."""
-    from raydlc import catalog
-    from raydlc.jobenv import installed_version
-
-    img = catalog.IMAGES.get(cfg.images.dlc_image)
-    if not local and img is not None:
-        return {"torch": img.torch, "ray": img.ray}
-    return {"torch": installed_version("torch") or (img.torch if img else "2.13.0"), "ray": installed_version("ray") or cfg.images.ray_version}
+    st = _state(ctx)
+    return {"config": st.config_path, "settings": parse_assignments(st.assignments)}
 
 
-def _job_doc(job: Any, target: Any, **extra: Any) -> dict[str, Any]:
-    return {"job_id": job.submission_id, "ray_job_id": job.job_id, "status": job.status, "target": target.kind,
-            "duration_s": job.duration_s, "message": job.message, "entrypoint": job.entrypoint, **extra}
+def _notice(text: str) -> None:
+    from rich.markup import escape
 
-
-def _follow(c: Any, job_id: str, target: Any, write: Any) -> Any:
-    """Stream a job until it ends; Ctrl-C detaches (the job goes on) and says how to come back."""
-    from raydlc import jobs
-
-    try:
-        return jobs.follow(c, job_id, write)
-    except KeyboardInterrupt:
-        err_console.print(f"\ndetached from job {job_id}; it keeps running. Re-attach: raydlc job logs {job_id} --follow{target.flag}; "
-                          f"stop it: raydlc job stop {job_id}{target.flag}", highlight=False)
-        raise typer.Exit(130) from None
+    warning = text.startswith("warning: ")
+    err_console.print(f"[yellow]warning:[/] {escape(text.removeprefix('warning: '))}" if warning else escape(text), highlight=False)
 
 
 def _writer(stream: Any) -> Any:
@@ -472,6 +445,22 @@ def _writer(stream: Any) -> Any:
         stream.flush()
 
     return write
+
+
+@contextlib.contextmanager
+def _detaching(local: bool, address: str | None) -> Iterator[None]:
+    """Ctrl-C while a job streams: say that it keeps running and how to come back to it, exit 130."""
+    from raydlc.jobs import Detached
+
+    try:
+        yield
+    except Detached as d:
+        from raydlc.heads import choose
+
+        flag = choose(local, address).flag
+        err_console.print(f"\ndetached from job {d.job_id}; it keeps running. Re-attach: raydlc job logs {d.job_id} --follow{flag}; "
+                          f"stop it: raydlc job stop {d.job_id}{flag}", highlight=False)
+        raise typer.Exit(130) from None
 
 
 def _ended(job: Any, target: Any) -> None:
@@ -501,43 +490,24 @@ def submit(
 
     Ctrl-C detaches and leaves the job running.
     """
-    from raydlc import jobenv, jobs, targets
+    from raydlc import api
 
     args = list(items or [])
     script = None
     if not builtin and args and not args[0].startswith("-"):
         script, args = Path(args[0]), args[1:]
-    tgt = targets.choose(local, address)
-    cfg = load(ctx)
-    is_local = tgt.kind == targets.LOCAL
-    spec = jobenv.build(
-        script=script, args=args, working_dir=working_dir, pip=pip or [], env=jobenv.parse_env(env or []),
-        settings_env=_builtin_env(cfg, is_local) if script is None else {}, image=_image_versions(cfg, is_local), name=name, target=tgt.kind,
-    )
-    for w in spec.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    if spec.upload is not None:
-        err_console.print(f"working dir {spec.upload.root}: {len(spec.upload.files)} files, {jobenv.mib(spec.upload.size)} to upload", highlight=False)
-    starting = lambda: err_console.print("starting raydlc's local Ray head; it stays up for `job` and `verify` (`raydlc down --local` ends it)")
-    with targets.reach(tgt, cfg, start_local=True, on_start=starting) as where:
-        c = jobs.client(where.url)
-        job, attached = jobs.submit(c, spec)
-        verb = "attached to the running job" if attached else "submitted job"
-        err_console.print(f"{verb} {job.submission_id} on the {tgt.kind} target", highlight=False)
-        if no_wait:
-            if json_:
-                emit_json(_job_doc(job, tgt, attached=attached))
-            else:
-                console.print(f"follow it: raydlc job logs {job.submission_id} --follow{tgt.flag}", highlight=False)
-            return
-        job = _follow(c, job.submission_id, tgt, _writer(sys.stderr if json_ else sys.stdout))
-        builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
-        summary = jobs.training_summary(jobs.logs(c, job.submission_id)) if builtin_run else None
+    with _detaching(local, address):
+        result = api.submit(script, args, builtin=builtin, local=local, address=address, name=name, pip=pip or [], env=env or [], working_dir=working_dir,
+                            no_wait=no_wait, **_layers(ctx), write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
+    job = result.job
     if json_:
-        emit_json(_job_doc(job, tgt, attached=attached, **({"summary": summary} if builtin_run else {})))
+        emit_json(result.to_dict())
+    elif no_wait:
+        console.print(f"follow it: raydlc job logs {job.submission_id} --follow{result.target.flag}", highlight=False)
     else:
         err_console.print(f"job {job.submission_id}: {job.status} after {job.duration_s or 0:.1f} s", highlight=False)
-    _ended(job, tgt)
+    if not no_wait:
+        _ended(job, result.target)
 
 
 @job_app.command("list")
@@ -548,17 +518,15 @@ def job_list(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every job the head knows, oldest first."""
-    from raydlc import jobs, targets
+    from raydlc import api
 
-    tgt = targets.choose(local, address)
-    with targets.reach(tgt, load(ctx)) as where:
-        found = jobs.list_jobs(jobs.client(where.url))
+    result = api.job_list(local=local, address=address, **_layers(ctx))
     if json_:
-        emit_json({"target": tgt.kind, "jobs": [_job_doc(j, tgt) for j in found]})
+        emit_json(result.to_dict())
         return
     from raydlc.views.jobs import print_jobs
 
-    print_jobs(found, f"the {tgt.kind} target", console)
+    print_jobs(list(result.jobs), result.target.where, console)
 
 
 @job_app.command("logs")
@@ -571,21 +539,17 @@ def job_logs(
     json_: bool = typer.Option(False, "--json", help="Print {job_id, status, logs} as JSON."),
 ) -> None:
     """The job's driver output (its workers' output is folded in by Ray)."""
-    from raydlc import jobs, targets
+    from raydlc import api
 
-    tgt = targets.choose(local, address)
-    with targets.reach(tgt, load(ctx)) as where:
-        c = jobs.client(where.url)
-        job = jobs.require(c, job_id, f"the {tgt.kind} target")
-        if follow and not json_:
-            job = _follow(c, job.submission_id, tgt, _writer(sys.stdout))
-            _ended(job, tgt)
-            return
-        text = jobs.logs(c, job.submission_id)
-    if json_:
-        emit_json({**_job_doc(job, tgt), "logs": text})
+    streaming = follow and not json_
+    with _detaching(local, address):
+        result = api.job_logs(job_id, follow=streaming, local=local, address=address, **_layers(ctx), write=_writer(sys.stdout))
+    if streaming:
+        _ended(result.job, result.target)
+    elif json_:
+        emit_json(result.to_dict())
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(result.logs)
 
 
 @job_app.command("status")
@@ -597,18 +561,15 @@ def job_status(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The job's state as the Jobs API reports it (never inferred from a log stream)."""
-    from raydlc import jobs, targets
+    from raydlc import api
 
-    tgt = targets.choose(local, address)
-    with targets.reach(tgt, load(ctx)) as where:
-        job = jobs.require(jobs.client(where.url), job_id, f"the {tgt.kind} target")
+    result = api.job_status(job_id, local=local, address=address, **_layers(ctx))
     if json_:
-        emit_json(_job_doc(job, tgt, start_time=job.start_time, end_time=job.end_time, metadata=job.metadata, runtime_env=job.runtime_env,
-                           driver_exit_code=job.driver_exit_code))
+        emit_json(result.to_dict())
         return
     from raydlc.views.jobs import print_job
 
-    print_job(job, console)
+    print_job(result.job, console)
 
 
 @job_app.command("stop")
@@ -620,16 +581,13 @@ def job_stop(
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Stop a job and wait until it has ended."""
-    from raydlc import jobs, targets
+    from raydlc import api
 
-    tgt = targets.choose(local, address)
-    with targets.reach(tgt, load(ctx)) as where:
-        c = jobs.client(where.url)
-        jobs.require(c, job_id, f"the {tgt.kind} target")
-        job, was_running = jobs.stop(c, job_id)
+    result = api.job_stop(job_id, local=local, address=address, **_layers(ctx))
+    job = result.job
     if json_:
-        emit_json(_job_doc(job, tgt, was_running=was_running))
-    elif was_running:
+        emit_json(result.to_dict())
+    elif result.was_running:
         console.print(f"job {job.submission_id}: {job.status}", highlight=False)
     else:
         console.print(f"job {job.submission_id} had already ended: {job.status}", highlight=False)
@@ -648,21 +606,9 @@ def verify_cmd(
 
     Exit 0 only when no criterion fails, 3 when one does.
     """
-    from raydlc import jobs, targets, verify
+    from raydlc import api
 
-    if expect not in _EXPECT:
-        raise InputError(f"--expect {expect!r} is not one of {', '.join(_EXPECT)}")
-    tgt = targets.choose(local, address)
-    cfg = load(ctx)
-    with targets.reach(tgt, cfg) as where:
-        c = jobs.client(where.url)
-        job = jobs.require(c, job_id, f"the {tgt.kind} target") if job_id else jobs.latest_job(c)
-        kube = targets.cluster_facts(where.kube, cfg) if where.kube is not None else None
-        facts = jobs.ray_facts(c, where.url, job, target=tgt.kind, expect=expect, names=kube[2] if kube else None)
-    if kube is not None:
-        facts.kube_nodes, facts.pods = kube[0], kube[1]
-        facts.gpus_per_node, facts.gpu_node_count = cfg.gpu_nodes.gpus_per_node, cfg.gpu_nodes.count
-    verdict = verify.gate(facts)
+    verdict = api.verify(job=job_id, expect=expect, local=local, address=address, **_layers(ctx))
     if json_:
         emit_json(verdict.to_dict())
     else:
@@ -685,50 +631,21 @@ def bench_transport(
 
     A run's steps/s count only once its worker logs show the transport it was meant to use; exit 3 when not.
     """
-    import time
+    from raydlc import api
 
-    from raydlc import bench, jobenv, jobs, targets
+    with _detaching(local, address):
+        result = api.bench_transport(steps=steps, local=local, address=address, **_layers(ctx), write=_writer(sys.stderr), notice=_notice)
+    if json_:
+        emit_json(result.to_dict())
+    else:
+        from raydlc.views.jobs import print_bench
 
-    if not 1 <= steps <= MAX_BENCH_STEPS:
-        raise InputError(f"--steps must be between 1 and {MAX_BENCH_STEPS:,}, got {steps}")
-    tgt = targets.choose(local, address)
-    cfg = load(ctx, STEPS=steps)
-    is_local = tgt.kind == targets.LOCAL
-    if is_local:  # every local run is gloo: two of them would only time the same thing twice
-        _print_bench(bench.compare([], target=tgt.kind), json_)
-        return
-    settings, image = _builtin_env(cfg, is_local), _image_versions(cfg, is_local)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    specs = {label: jobenv.build(script=None, args=[], working_dir=None, pip=[], env=env, settings_env=settings, image=image,
-                                 name=f"raydlc-bench-{stamp}-{label}", target=tgt.kind) for label, _, env in bench.RUNS}
-    with targets.reach(tgt, cfg, start_local=True) as where:
-        c = jobs.client(where.url)
-        names = targets.cluster_facts(where.kube, cfg)[2] if where.kube is not None else None
-
-        def execute(label: str, expect: str, env: dict[str, str]) -> bench.Run:
-            job, _ = jobs.submit(c, specs[label])
-            err_console.print(f"{label} run: job {job.submission_id}" + (f" ({', '.join(f'{k}={v}' for k, v in env.items())})" if env else ""), highlight=False)
-            job = _follow(c, job.submission_id, tgt, _writer(sys.stderr))
-            summary = jobs.training_summary(jobs.logs(c, job.submission_id))
-            found = jobs.job_nccl(where.url, job.job_id, names) if job.job_id else None
-            return bench.judge(label, expect, job, summary, found, target=tgt.kind)
-
-        runs = bench.run_both(execute)
-    doc = bench.compare(runs, target=tgt.kind)
-    _print_bench(doc, json_)
-    if any(r.status != "SUCCEEDED" for r in runs):
+        print_bench(result.to_dict(), console)
+    if result.failed:
         raise typer.Exit(1)
-    if not doc["applicable"]:
+    if result.ran and not result.applicable:
         raise typer.Exit(3)
 
-
-def _print_bench(doc: dict[str, Any], json_: bool) -> None:
-    if json_:
-        emit_json(doc)
-        return
-    from raydlc.views.jobs import print_bench
-
-    print_bench(doc, console)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point, and the one rule for failures: one line `error: …` (and maybe `  hint: …`), no traceback.

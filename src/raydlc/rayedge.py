@@ -1,7 +1,7 @@
 """The one place raydlc starts or joins Ray, and where Ray's errors become raydlc's.
 
 Training and the preflight reach Ray through here (jobs go through the head's dashboard, in
-`raydlc.jobs`): join an address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an
+`raydlc.dashboard`): join an address (`RAY_ADDRESS`, `--address`, `auto` inside a job) or start an
 in-process local Ray, with the workers' environment and the log settings decided once. A Ray started here is shut
 down here; one already running in the process is used as it is. `LocalHead` starts a real
 head as a subprocess (`ray start --head --block`) on explicit free ports, so a driver in
@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +243,9 @@ HEAD_GRACE_S = 5.0
 GROUP_TERM_S = 10.0  # idle workers that still run after that are killed: nothing of a head being ended is worth more
 
 
+SLOW_START_ENV = {"RAY_DASHBOARD_STARTUP_TIMEOUT_S": "170", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "120"}
+
+
 @dataclass
 class LocalHead:
     """A Ray head started by `start_head`; `address` is what `connected(address=...)` joins."""
@@ -359,6 +361,8 @@ def start_head(
     elsewhere on the machine would find and join it; token auth is off explicitly (a
     `~/.ray/auth_token` would otherwise switch it on).
     """
+    from raydlc.dashboard import Dashboard
+
     ray_bin = Path(sys.executable).with_name("ray")
     exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray")
     if exe is None:
@@ -373,11 +377,12 @@ def start_head(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
     # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.
-    # Ray gives each dashboard module 30 s to start and ends the head when one is late, which a loaded
-    # laptop misses; the head's own start timeout is the limit that counts.
-    slow_start = {"RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": str(max(30.0, timeout))}
-    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(),
-                 **(env or {})}
+    # `ray start` ends the whole head when its dashboard has not registered within 60 s
+    # (_private/services.py, RAY_DASHBOARD_STARTUP_TIMEOUT_S) or one of the dashboard's nine module
+    # processes is not ready within 30 s (dashboard/subprocesses/handle.py): a busy 2-core machine
+    # misses both. The head gets `timeout` from here anyway; a value in the environment wins.
+    slow_start = {k: os.environ.get(k, v) for k, v in SLOW_START_ENV.items()}
+    child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)
@@ -390,10 +395,9 @@ def start_head(
                 head.stop()
                 raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
             try:
-                with urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=2) as r:
-                    if r.status == 200:
-                        return head
-            except OSError:
+                Dashboard(head.dashboard_url).version(timeout=2)
+                return head
+            except RayError:
                 pass
             time.sleep(0.5)
     except BaseException:  # Ctrl-C while it starts: no half-started head is left behind

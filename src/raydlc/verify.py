@@ -3,16 +3,22 @@
 Each row is pass, fail or "not applicable", with the evidence it rests on and the nodes that
 failed it named. "Not applicable" is for a criterion that cannot exist on the target — the
 local target has no Kubernetes, no EFA and no NCCL (it trains over gloo) — never a softer
-"pass": a cluster's row never says it. Pure: gathering the facts is the edges' job
-(`raydlc.jobs` for the Ray side, the Kubernetes gateway for nodes and pods).
+"pass": a cluster's row never says it. `collect` gathers the frozen facts in one place, through
+the edges it is handed (the head's `Dashboard`, on a cluster the Kubernetes gateway); `gate` is
+pure: facts in, rows out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from raydlc.config import Config
+    from raydlc.dashboard import Dashboard, Job, RayNode
+    from raydlc.heads import Reached
+    from raydlc.kube import Kube
     from raydlc.telemetry.fabric import Fabric
     from raydlc.telemetry.nccl import NcclReport
 
@@ -53,7 +59,7 @@ class Pod:
     node: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Facts:
     target: str  # local | address | cluster
     job: JobFact | None
@@ -66,6 +72,78 @@ class Facts:
     fabric_note: str | None = None  # why there is no answer to judge
     nccl: NcclReport | None = None
     nccl_files: dict[str, list[str]] = field(default_factory=dict)  # node -> the job's worker files read there
+
+
+@dataclass(frozen=True)
+class KubeFacts:
+    """What Kubernetes says: the nodes, the RayCluster's pods, and each pod's IP (a Ray node's name) to its pod name."""
+
+    nodes: list[KubeNode]
+    pods: list[Pod]
+    names: dict[str, str]
+
+
+def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect: str = "efa") -> Facts:
+    """Every fact the gate judges, read once: the job (the named one, else the newest), Kubernetes'
+    nodes and pods on a cluster, the job's own worker logs per node, and fi_info on the GPU nodes."""
+    from raydlc import jobs
+
+    dash, target = reached.dashboard, reached.target.kind
+    job = jobs.require(dash, job_id, reached.target.where) if job_id else jobs.latest_job(dash)
+    kube = kube_facts(reached.kube, cfg) if reached.kube is not None else None
+    names = kube.names if kube else None
+    logs = jobs.job_nccl(dash, job.job_id, names) if job is not None and job.job_id else None
+    fabric, note = _fabric(dash, logs.nodes if logs else dash.nodes(), target, expect, names) if expect == "efa" else (None, None)
+    return Facts(
+        target=target, job=_job_fact(job), expect=expect,
+        gpus_per_node=cfg.gpu_nodes.gpus_per_node if kube else None, gpu_node_count=cfg.gpu_nodes.count if kube else None,
+        kube_nodes=kube.nodes if kube else None, pods=kube.pods if kube else None, fabric=fabric, fabric_note=note,
+        nccl=logs.report if logs else None, nccl_files=logs.files if logs else {},
+    )
+
+
+def _job_fact(job: Job | None) -> JobFact | None:
+    return JobFact(job.submission_id, job.job_id, job.status, job.message) if job else None
+
+
+def _fabric(dash: Dashboard, ray_nodes: list[RayNode], target: str, expect: str,
+            names: Mapping[str, str] | None) -> tuple[list[Fabric] | None, str | None]:
+    """fi_info's answers from the GPU nodes (every node on the local target), or why there are none."""
+    from raydlc.jobs import probe_fabric
+    from raydlc.telemetry.fabric import judge
+
+    local = target == "local"
+    if not local and not any(n.alive and n.gpus > 0 for n in ray_nodes):
+        return None, "no GPU node in the Ray cluster to probe"
+    by_id = {n.node_id: n for n in ray_nodes}
+
+    def name_of(a: dict[str, Any]) -> str:
+        n = by_id.get(a["node_id"])
+        return (names or {}).get(a.get("ip") or "") or (n.name if n else f"{a.get('ip')}/{a['node_id'][:8]}")
+
+    return [judge(name_of(a), a) for a in probe_fabric(dash, target=target) if local or a.get("gpus", 0) > 0], None
+
+
+def kube_facts(kube: Kube, cfg: Config) -> KubeFacts:
+    """Nodes with their allocatable GPUs and EFA, and the RayCluster's head and worker pods, through the gateway."""
+    from raydlc import kube as k8s
+    from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
+
+    nodes = []
+    for n in kube.nodes():
+        capacity = (n.get("status") or {}).get("capacity") or {}
+        gpu_node = k8s.labels_of(n).get(ROLE) == GPU_ROLE or GPU_RESOURCE in capacity
+        nodes.append(KubeNode(k8s.name_of(n), gpu_node, k8s.allocatable(n, GPU_RESOURCE), k8s.allocatable(n, EFA_RESOURCE), k8s.node_ready(n)))
+    pods, names = [], {}
+    for p in kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name}):
+        role = k8s.labels_of(p).get("ray.io/node-type", "")
+        if role not in ("head", "worker"):
+            continue
+        pods.append(Pod(k8s.name_of(p), role, k8s.pod_phase(p), k8s.pod_ready(p), k8s.pod_node(p)))
+        ip = (p.get("status") or {}).get("podIP")
+        if ip:
+            names[ip] = k8s.name_of(p)
+    return KubeFacts(nodes, pods, names)
 
 
 @dataclass(frozen=True)

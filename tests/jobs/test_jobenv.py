@@ -163,7 +163,7 @@ def test_local_runs_write_where_submit_was_run(tmp_path: Path) -> None:
 
 
 def test_a_dashboard_traceback_is_shortened_to_the_error_it_ends_with() -> None:
-    from raydlc.jobs import _short
+    from raydlc.dashboard import _short
 
     body = "Request failed with status code 500: Traceback (most recent call last):\n  File \"x.py\", line 1\n    f()\nValueError: no such package\n"
     assert _short(RuntimeError(body)) == "Request failed with status code 500: ValueError: no such package"

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from raydlc import rayedge, targets
+from raydlc import heads, rayedge
 from raydlc.rayedge import LocalHead
 
 pytestmark = pytest.mark.slow
@@ -72,14 +72,14 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def head(home: Path) -> Iterator[targets.HeadRecord]:
+def head(home: Path) -> Iterator[heads.HeadRecord]:
     """Started by a process that then exits, as `raydlc submit --local` does: the head outlives it."""
-    subprocess.run([sys.executable, "-c", "from raydlc import targets; targets.ensure_local_head(start=True)"], check=True, timeout=300)
-    rec = targets.running_head()
+    subprocess.run([sys.executable, "-c", "from raydlc import heads; heads.ensure_local_head(start=True)"], check=True, timeout=300)
+    rec = heads.running_head()
     assert rec is not None
     yield rec
-    if targets.running_head() is not None:  # a test failed before `down --local`
-        targets.stop_local_head()
+    if heads.running_head() is not None:  # a test failed before `down --local`
+        heads.stop_local_head()
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -101,7 +101,7 @@ def get(url: str) -> Any:
 # ---- the local target ---------------------------------------------------------------------------
 
 
-def test_submit_the_builtin_program_with_a_pinned_package(head: targets.HeadRecord, tmp_path: Path) -> None:
+def test_submit_the_builtin_program_with_a_pinned_package(head: heads.HeadRecord, tmp_path: Path) -> None:
     p = cli("submit", "--local", "--builtin", "--pip", "PyYAML", "--name", "builtin-1", "--json", cwd=tmp_path, env=TINY)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = last_json(p)
@@ -129,7 +129,7 @@ def test_submit_the_builtin_program_with_a_pinned_package(head: targets.HeadReco
                     "nccl": "not applicable", "job": "pass"}
 
 
-def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: targets.HeadRecord, tmp_path: Path) -> None:
+def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: heads.HeadRecord, tmp_path: Path) -> None:
     (tmp_path / "ticker.py").write_text(TICKER)
     first = last_json(cli("submit", "ticker.py", "--local", "--name", "long-1", "--no-wait", "--json", "--", "600", cwd=tmp_path))
     again = last_json(cli("submit", "ticker.py", "--local", "--name", "long-1", "--no-wait", "--json", "--", "600", cwd=tmp_path))
@@ -148,7 +148,7 @@ def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: targ
     assert [j["status"] for j in listed["jobs"] if j["job_id"] == "long-1"] == ["STOPPED"]
 
 
-def test_ctrl_c_detaches_and_the_job_goes_on(head: targets.HeadRecord, tmp_path: Path) -> None:
+def test_ctrl_c_detaches_and_the_job_goes_on(head: heads.HeadRecord, tmp_path: Path) -> None:
     (tmp_path / "ticker.py").write_text(TICKER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
     proc = subprocess.Popen([str(RAYDLC), "submit", "ticker.py", "--local", "--name", "detach-1", "--", "16"], cwd=tmp_path, env=env,
@@ -179,7 +179,7 @@ def test_bench_transport_on_the_local_target_says_there_is_nothing_to_compare(tm
 
 
 @pytest.fixture(scope="module")
-def second_raylet(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
+def second_raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
     """A second raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
     logs are its own, as on another machine. It declares 4 GPUs and has the fi_info double on its
     PATH: a GPU node with an EFA device, as far as Ray and the probe can tell. Ended by its PID."""
@@ -235,7 +235,7 @@ def nccl_row(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return next(r for r in last_json(p)["criteria"] if r["criterion"] == "nccl")
 
 
-def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: targets.HeadRecord, second_node: str, tmp_path: Path) -> None:
+def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: heads.HeadRecord, second_node: str, tmp_path: Path) -> None:
     """Two jobs on the same two nodes, one with a node on sockets, one with EFA on both: each verdict
     reads only its own job's worker files, so neither leaks into the other."""
     url = head.dashboard_url
@@ -256,7 +256,7 @@ def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: targets.
 
 
 @pytest.fixture(scope="module")
-def cluster(head: targets.HeadRecord, home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     sys.path.insert(0, str(TESTS / "doubles"))
     import servers
     from world import Kube
@@ -304,7 +304,7 @@ def forwards(log: Path) -> list[dict[str, Any]]:
 
 
 def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
-    head: targets.HeadRecord, second_node: str, cluster: dict[str, Any], tmp_path: Path
+    head: heads.HeadRecord, second_node: str, cluster: dict[str, Any], tmp_path: Path
 ) -> None:
     listed = cli("job", "list", "--json", cwd=tmp_path, env=cluster["env"])
     assert listed.returncode == 0, listed.stderr[-2000:]
@@ -356,7 +356,7 @@ _world = _lifecycle_world()
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 
-def test_up_submit_verify_down_offline(head: targets.HeadRecord, second_node: str, world: Any, tmp_path: Path) -> None:
+def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str, world: Any, tmp_path: Path) -> None:
     """`up` against moto, kmock and the doubles; the job runs on the local head standing in for the
     cluster's, reached through the kubectl double's port-forward; the gate passes on every criterion."""
     from raydlc import lifecycle
@@ -385,7 +385,7 @@ def test_up_submit_verify_down_offline(head: targets.HeadRecord, second_node: st
 # ---- down --local, last -------------------------------------------------------------------------
 
 
-def test_down_local_ends_the_head_and_everything_it_started(head: targets.HeadRecord, second_raylet: tuple[str, LocalHead],
+def test_down_local_ends_the_head_and_everything_it_started(head: heads.HeadRecord, second_raylet: tuple[str, LocalHead],
                                                               tmp_path: Path) -> None:
     second_raylet[1].stop()  # the worker node leaves first, as a cluster's worker pods do
     p = cli("down", "--local", "--json", cwd=tmp_path)
@@ -393,6 +393,6 @@ def test_down_local_ends_the_head_and_everything_it_started(head: targets.HeadRe
     assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True}
     with pytest.raises(ProcessLookupError):
         os.killpg(head.pid, 0)  # no process of the head's group is left
-    assert not Path(head.temp_dir).exists() and targets.read_head() is None
+    assert not Path(head.temp_dir).exists() and heads.read_head() is None
     gone = cli("job", "list", "--local", cwd=tmp_path)
     assert gone.returncode == 1 and "no local Ray head of raydlc runs" in gone.stderr

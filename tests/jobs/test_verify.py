@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from raydlc import bench, verify
-from raydlc.jobs import Job, JobLogs, RayNode
+from raydlc.dashboard import Job, RayNode
+from raydlc.jobs import JobLogs
 from raydlc.telemetry.collect import analyze_node_paths
 from raydlc.telemetry.fabric import entries, judge
 from raydlc.verify import FAIL, NA, PASS, Facts, JobFact, KubeNode, Pod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raydlc.jobs import Job
+from raydlc.dashboard import Job
 from raydlc.verify import FAIL, NA, PASS, Verdict
 
 _STATUS = {"SUCCEEDED": "green", "FAILED": "bold red", "STOPPED": "yellow", "RUNNING": "cyan", "PENDING": "cyan"}

@@ -1,28 +1,28 @@
-"""Where a job command goes, reduced to the one thing every command needs there: a dashboard URL.
+"""Reaching a Ray head for one command: which target, and its dashboard for as long as the command runs.
 
 Three targets, one channel. `--local` is a Ray head on this machine that raydlc starts when
 none of its own runs, records (PID, start time, dashboard) in its state directory, leaves up for
 the next `job` and `verify` commands, and ends by that PID with `raydlc down --local` — never
 `ray stop`, which would end every Ray on the machine. `--address URL` is a dashboard the user
 already reaches. The cluster is reached through a port-forward to the head Service that raydlc
-opens on 127.0.0.1 and closes when the command ends.
+opens on 127.0.0.1 and closes when the command ends. Whatever the target, `reach` yields one
+`Reached`: the target, its `Dashboard` (the only HTTP edge to the head) and, on a cluster, the
+Kubernetes gateway it was found through.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from raydlc.dashboard import Dashboard
 from raydlc.errors import InputError, RayError
 from raydlc.records import Record, RecordError, read_json
 
@@ -30,34 +30,11 @@ if TYPE_CHECKING:
     from raydlc.config import Config
     from raydlc.kube import Kube
     from raydlc.tools import Runner
-    from raydlc.verify import KubeNode, Pod
 
 LOCAL, ADDRESS, CLUSTER = "local", "address", "cluster"
 HEAD_RECORD = "head.json"
 HEAD_START_TIMEOUT_S = 180.0
-PROBE_TIMEOUT_S = 5.0
-
-
-def state_dir() -> Path:
-    """raydlc's own state on this machine (the lifecycle keeps each cluster's kubeconfig beside it)."""
-    return Path.home() / ".raydlc"
-
-
-def local_dir() -> Path:
-    return state_dir() / "local"
-
-
-class HeadRecord(Record):
-    """The local head raydlc started: enough to find it again and to end exactly it."""
-
-    pid: int
-    start_ticks: int | None  # the process's start time: a PID reused by another program is not taken for the head
-    dashboard_url: str
-    address: str
-    temp_dir: str
-    log: str
-    python: str
-    started_at: float
+STARTING = "starting raydlc's local Ray head; it stays up for `job` and `verify` (`raydlc down --local` ends it)"
 
 
 @dataclass(frozen=True)
@@ -69,6 +46,10 @@ class Target:
     def flag(self) -> str:
         """How a later command names the same target (for hints)."""
         return {LOCAL: " --local", ADDRESS: f" --address {self.address}", CLUSTER: ""}[self.kind]
+
+    @property
+    def where(self) -> str:
+        return f"the {self.kind} target"
 
 
 def choose(local: bool, address: str | None) -> Target:
@@ -93,23 +74,29 @@ def normalize_url(address: str) -> str:
     return a.rstrip("/")
 
 
-def dashboard_version(url: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    """The dashboard's /api/version, or a RayError saying nothing Ray answers there."""
-    try:
-        with urllib.request.urlopen(f"{url}/api/version", timeout=timeout) as r:
-            doc = json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise RayError(
-            f"no Ray dashboard answers at {url} ({reason})",
-            hint="check the head is running and the URL is its dashboard (port 8265 by default); through a port-forward, that it is open",
-        ) from None
-    if not isinstance(doc, dict) or "ray_version" not in doc:
-        raise RayError(f"{url} answers, but not as a Ray dashboard (no ray_version in /api/version)")
-    return doc
-
-
 # ---- the local head ------------------------------------------------------------------------------
+
+
+def state_dir() -> Path:
+    """raydlc's own state on this machine (the lifecycle keeps each cluster's kubeconfig beside it)."""
+    return Path.home() / ".raydlc"
+
+
+def local_dir() -> Path:
+    return state_dir() / "local"
+
+
+class HeadRecord(Record):
+    """The local head raydlc started: enough to find it again and to end exactly it."""
+
+    pid: int
+    start_ticks: int | None  # the process's start time: a PID reused by another program is not taken for the head
+    dashboard_url: str
+    address: str
+    temp_dir: str
+    log: str
+    python: str
+    started_at: float
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -120,6 +107,7 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _is_alive(rec: HeadRecord) -> bool:
+    """Whether the record still names its process: the one place a record is checked before it is used."""
     from raydlc.rayedge import process_alive
 
     if not process_alive(rec.pid):
@@ -176,7 +164,7 @@ def local_cpus() -> int:
     return max(os.cpu_count() or 1, 4)
 
 
-def ensure_local_head(*, start: bool, on_start: Any = None) -> HeadRecord:
+def ensure_local_head(*, start: bool, on_start: Callable[[], None] | None = None) -> HeadRecord:
     """raydlc's running local head; started (and recorded) when none runs and `start` is set."""
     from raydlc import rayedge
 
@@ -184,7 +172,7 @@ def ensure_local_head(*, start: bool, on_start: Any = None) -> HeadRecord:
         rec = running_head()
         if rec is not None:
             with contextlib.suppress(RayError):
-                dashboard_version(rec.dashboard_url)
+                Dashboard(rec.dashboard_url).version()
                 return rec
             raise RayError(f"raydlc's local Ray head (PID {rec.pid}) runs but its dashboard {rec.dashboard_url} does not answer",
                            hint=f"see {rec.log}; `raydlc down --local` ends it")
@@ -224,6 +212,7 @@ def stop_local_head(timeout: float = 30.0) -> HeadRecord | None:
 
 DASHBOARD_PORT = 8265  # KubeRay's head Service names it "dashboard"
 FORWARD_TIMEOUT_S = 60.0
+FORWARDED_PROBE_S = 30.0  # the first answer through a fresh port-forward can take a while
 
 
 @dataclass(frozen=True)
@@ -278,52 +267,30 @@ def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead) -> Iterato
         yield f"http://127.0.0.1:{m.group(1)}"
 
 
-def cluster_facts(kube: Kube, cfg: Config) -> tuple[list[KubeNode], list[Pod], dict[str, str]]:
-    """What `verify` reads from Kubernetes: nodes with their allocatable GPUs and EFA, the
-    RayCluster's pods, and each pod's IP (the name a Ray node goes by) to its pod name."""
-    from raydlc import kube as k8s
-    from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
-    from raydlc.verify import KubeNode, Pod
-
-    nodes = []
-    for n in kube.nodes():
-        capacity = (n.get("status") or {}).get("capacity") or {}
-        gpu_node = k8s.labels_of(n).get(ROLE) == GPU_ROLE or GPU_RESOURCE in capacity
-        nodes.append(KubeNode(k8s.name_of(n), gpu_node, k8s.allocatable(n, GPU_RESOURCE), k8s.allocatable(n, EFA_RESOURCE), k8s.node_ready(n)))
-    pods, names = [], {}
-    for p in kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name}):
-        role = k8s.labels_of(p).get("ray.io/node-type", "")
-        if role not in ("head", "worker"):
-            continue
-        pods.append(Pod(k8s.name_of(p), role, k8s.pod_phase(p), k8s.pod_ready(p), k8s.pod_node(p)))
-        ip = (p.get("status") or {}).get("podIP")
-        if ip:
-            names[ip] = k8s.name_of(p)
-    return nodes, pods, names
+# ---- one head per command ---------------------------------------------------------------------------
 
 
-# ---- one dashboard URL per command ------------------------------------------------------------------
-
-
-@dataclass
+@dataclass(frozen=True)
 class Reached:
-    """A target for the length of one command: its dashboard URL, and on a cluster its Kubernetes API."""
+    """A target for the length of one command: its dashboard, and on a cluster its Kubernetes API."""
 
     target: Target
-    url: str
+    dashboard: Dashboard
     kube: Kube | None = None
     head: ClusterHead | None = None
 
 
 @contextlib.contextmanager
-def reach(target: Target, cfg: Config | None = None, *, start_local: bool = False, on_start: Any = None) -> Iterator[Reached]:
-    """The dashboard of `target` for one command; a cluster's port-forward is closed when it ends."""
+def reach(target: Target, cfg: Config | None = None, *, start_local: bool = False,
+          on_start: Callable[[], None] | None = None) -> Iterator[Reached]:
+    """The dashboard of `target` for one command, checked to answer; a cluster's port-forward is closed when it ends."""
     if target.kind == LOCAL:
-        yield Reached(target, ensure_local_head(start=start_local, on_start=on_start).dashboard_url)
+        yield Reached(target, Dashboard(ensure_local_head(start=start_local, on_start=on_start).dashboard_url))
     elif target.kind == ADDRESS:
         assert target.address is not None
-        dashboard_version(target.address)
-        yield Reached(target, target.address)
+        dash = Dashboard(target.address)
+        dash.version()
+        yield Reached(target, dash)
     else:
         from raydlc.kube import Kube, load_client
         from raydlc.lifecycle.context import kubeconfig_path
@@ -333,7 +300,7 @@ def reach(target: Target, cfg: Config | None = None, *, start_local: bool = Fals
         kubeconfig = kubeconfig_path(cfg)
         kube = Kube(load_client(kubeconfig))
         head = find_head(kube, cfg)
-        runner = Runner()
-        with port_forward(runner, kubeconfig, head) as url:
-            dashboard_version(url, timeout=30.0)
-            yield Reached(target, url, kube, head)
+        with port_forward(Runner(), kubeconfig, head) as url:
+            dash = Dashboard(url)
+            dash.version(timeout=FORWARDED_PROBE_S)
+            yield Reached(target, dash, kube, head)

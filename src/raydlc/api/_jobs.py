@@ -1,0 +1,407 @@
+"""Jobs on a Ray head as use cases: submit, job_list/logs/status/stop, verify, bench_transport, down_local.
+
+Each reaches its target once (`heads.reach`: the local head, `address`, or the cluster through
+a port-forward), works through the head's `Dashboard`, and returns a frozen result whose
+`to_dict()` is what the command's `--json` prints. A job's log streams through `write`; lines
+for a person (warnings, what was submitted) through `notice`. Ctrl-C while a job streams raises
+`raydlc.jobs.Detached` (a KeyboardInterrupt naming the job, which goes on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raydlc.api._config import load
+from raydlc.errors import InputError
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
+    from raydlc.dashboard import Job
+    from raydlc.heads import Reached, Target
+    from raydlc.verify import Verdict
+
+PathLike = str | os.PathLike[str]
+Write = Callable[[str], None]
+EXPECT = ("efa", "socket", "ib")
+MAX_BENCH_STEPS = 100_000
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _job_doc(job: Job, target: Target, **extra: Any) -> dict[str, Any]:
+    """The fields every job command's --json shares."""
+    return {"job_id": job.submission_id, "ray_job_id": job.job_id, "status": job.status, "target": target.kind,
+            "duration_s": job.duration_s, "message": job.message, "entrypoint": job.entrypoint, **extra}
+
+
+@contextlib.contextmanager
+def _reached(local: bool, address: str | None, config: PathLike | None, settings: Mapping[str, Any] | None, *,
+             start: bool = False, notice: Write = _quiet, **named: Any) -> Iterator[tuple[Reached, Config]]:
+    """The target → config → head preamble of every job command, in the order its errors are reported."""
+    from raydlc import heads
+
+    target = heads.choose(local, address)
+    cfg = load(config, settings, **named)
+    with heads.reach(target, cfg, start_local=start, on_start=lambda: notice(heads.STARTING)) as reached:
+        yield reached, cfg
+
+
+def _builtin_env(cfg: Config, local: bool) -> dict[str, str]:
+    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads."""
+    from raydlc.config import with_local_defaults
+    from raydlc.jobenv import absolute_local_paths
+    from raydlc.render.raycluster import job_env
+
+    return absolute_local_paths(job_env(with_local_defaults(cfg))) if local else job_env(cfg)
+
+
+def _image_versions(cfg: Config, local: bool) -> dict[str, str]:
+    """The torch and ray a job must not replace: this machine's on the local target, else the image's."""
+    from raydlc import catalog
+    from raydlc.jobenv import installed_version
+
+    img = catalog.IMAGES.get(cfg.images.dlc_image)
+    if not local and img is not None:
+        return {"torch": img.torch, "ray": img.ray}
+    return {"torch": installed_version("torch") or (img.torch if img else "2.13.0"), "ray": installed_version("ray") or cfg.images.ray_version}
+
+
+# ---- submit ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """The job as it ended (or as submitted, with `no_wait`), and the built-in program's summary."""
+
+    job: Job
+    target: Target
+    attached: bool  # the name was running already: this call followed that job instead of starting one
+    waited: bool
+    builtin: bool  # raydlc's training program ran (so a summary is looked for)
+    summary: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.job.status == "SUCCEEDED"
+
+    def to_dict(self) -> dict[str, Any]:
+        extra = {"summary": self.summary} if self.waited and self.builtin else {}
+        return _job_doc(self.job, self.target, attached=self.attached, **extra)
+
+
+def submit(
+    script: PathLike | None = None, args: Sequence[str] = (), *, builtin: bool = False, local: bool = False, address: str | None = None,
+    name: str | None = None, pip: Sequence[str] = (), env: Mapping[str, str] | Sequence[str] = (), working_dir: PathLike | None = None,
+    no_wait: bool = False, config: PathLike | None = None, settings: Mapping[str, Any] | None = None,
+    write: Write = _quiet, notice: Write = _quiet,
+) -> SubmitResult:
+    """Run `script` (or, with `builtin`, raydlc's training program with the config's settings) as a Ray job.
+
+    Checks everything that travels first (script, working dir, packages, env), then reaches the
+    target — on `local`, starting raydlc's local head when none runs — and submits; a `name` whose
+    job still runs is attached to instead. Unless `no_wait`, the job's log streams through `write`
+    until it ends; the result says how it ended (the call does not raise for a failed job).
+
+    Example:
+        import raydlc.api as api
+        done = api.submit(local=True, builtin=True, settings={"STEPS": 2, "SEQ_LEN": 32, "BATCH_SIZE": 2, "NUM_WORKERS": 1})
+        assert done.ok and done.summary["steps"] == 2
+        print(done.job.submission_id, done.job.status, round(done.summary["final_loss"], 3))
+        api.down_local()
+    """
+    from raydlc import heads, jobenv, jobs
+
+    if builtin and script is not None:
+        raise InputError("builtin=True runs raydlc's own training program: give no script")
+    target = heads.choose(local, address)
+    cfg = load(config, settings)
+    is_local = target.kind == heads.LOCAL
+    program = None if builtin or script is None else Path(script)
+    env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
+    spec = jobenv.build(
+        script=program, args=list(args), working_dir=Path(working_dir) if working_dir is not None else None, pip=list(pip),
+        env=jobenv.parse_env(env_pairs), settings_env=_builtin_env(cfg, is_local) if program is None else {},
+        image=_image_versions(cfg, is_local), name=name, target=target.kind,
+    )
+    for w in spec.warnings:
+        notice(f"warning: {w}")
+    if spec.upload is not None:
+        notice(f"working dir {spec.upload.root}: {len(spec.upload.files)} files, {jobenv.mib(spec.upload.size)} to upload")
+    with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING)) as reached:
+        dash = reached.dashboard
+        job, attached = jobs.submit(dash, spec)
+        notice(f"{'attached to the running job' if attached else 'submitted job'} {job.submission_id} on {target.where}")
+        if no_wait:
+            return SubmitResult(job, target, attached, waited=False, builtin=spec.builtin)
+        job = jobs.follow(dash, job.submission_id, write)
+        builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
+        summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
+    return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary)
+
+
+# ---- job list / logs / status / stop ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobListResult:
+    target: Target
+    jobs: tuple[Job, ...]  # oldest first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target.kind, "jobs": [_job_doc(j, self.target) for j in self.jobs]}
+
+
+def job_list(*, local: bool = False, address: str | None = None, config: PathLike | None = None,
+             settings: Mapping[str, Any] | None = None) -> JobListResult:
+    """Every job the head knows, oldest first.
+
+    Example:
+        import pathlib
+        import raydlc.api as api
+        pathlib.Path("hello").mkdir(exist_ok=True)
+        pathlib.Path("hello/hello.py").write_text("print('hello from a Ray job')")
+        done = api.submit("hello/hello.py", local=True)  # starts raydlc's local head when none runs
+        listed = api.job_list(local=True)
+        assert done.job.submission_id in [j.submission_id for j in listed.jobs]
+        print([(j.submission_id, j.status) for j in listed.jobs])
+    """
+    from raydlc import jobs
+
+    with _reached(local, address, config, settings) as (reached, _):
+        return JobListResult(reached.target, tuple(jobs.list_jobs(reached.dashboard)))
+
+
+@dataclass(frozen=True)
+class JobLogsResult:
+    job: Job
+    target: Target
+    logs: str  # the driver's output (with `follow`: all that streamed)
+
+    @property
+    def ok(self) -> bool:
+        return self.job.status == "SUCCEEDED"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_job_doc(self.job, self.target), "logs": self.logs}
+
+
+def job_logs(job_id: str, *, follow: bool = False, local: bool = False, address: str | None = None, config: PathLike | None = None,
+             settings: Mapping[str, Any] | None = None, write: Write = _quiet) -> JobLogsResult:
+    """The job's driver output (its workers' output is folded in by Ray); with `follow`, streamed through `write` until it ends.
+
+    Example:
+        import pathlib
+        import raydlc.api as api
+        pathlib.Path("hello").mkdir(exist_ok=True)
+        pathlib.Path("hello/hello.py").write_text("print('hello from a Ray job')")
+        started = api.submit("hello/hello.py", local=True, no_wait=True)
+        out = api.job_logs(started.job.submission_id, follow=True, local=True, write=print)
+        assert out.ok and "hello from a Ray job" in out.logs
+    """
+    from raydlc import jobs
+
+    with _reached(local, address, config, settings) as (reached, _):
+        dash = reached.dashboard
+        job = jobs.require(dash, job_id, reached.target.where)
+        if not follow:
+            return JobLogsResult(job, reached.target, dash.logs(job.submission_id))
+        seen: list[str] = []
+
+        def both(text: str) -> None:
+            seen.append(text)
+            write(text)
+
+        job = jobs.follow(dash, job.submission_id, both)
+        return JobLogsResult(job, reached.target, "".join(seen))
+
+
+@dataclass(frozen=True)
+class JobStatusResult:
+    job: Job
+    target: Target
+
+    def to_dict(self) -> dict[str, Any]:
+        j = self.job
+        return _job_doc(j, self.target, start_time=j.start_time, end_time=j.end_time, metadata=j.metadata, runtime_env=j.runtime_env,
+                        driver_exit_code=j.driver_exit_code)
+
+
+def job_status(job_id: str, *, local: bool = False, address: str | None = None, config: PathLike | None = None,
+               settings: Mapping[str, Any] | None = None) -> JobStatusResult:
+    """The job's state as the Jobs API reports it (never inferred from a log stream).
+
+    Example:
+        import pathlib
+        import raydlc.api as api
+        pathlib.Path("hello").mkdir(exist_ok=True)
+        pathlib.Path("hello/hello.py").write_text("print('hello from a Ray job')")
+        started = api.submit("hello/hello.py", local=True, env={"GREETING": "hi"}, no_wait=True)
+        state = api.job_status(started.job.submission_id, local=True)
+        assert state.job.runtime_env["env_vars"]["GREETING"] == "hi"
+        print(state.job.status, state.to_dict()["entrypoint"])
+    """
+    from raydlc import jobs
+
+    with _reached(local, address, config, settings) as (reached, _):
+        return JobStatusResult(jobs.require(reached.dashboard, job_id, reached.target.where), reached.target)
+
+
+@dataclass(frozen=True)
+class JobStopResult:
+    job: Job  # its state once it ended (or after the wait)
+    target: Target
+    was_running: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return _job_doc(self.job, self.target, was_running=self.was_running)
+
+
+def job_stop(job_id: str, *, local: bool = False, address: str | None = None, config: PathLike | None = None,
+             settings: Mapping[str, Any] | None = None) -> JobStopResult:
+    """Stop a job and wait until it has ended.
+
+    Example:
+        import pathlib
+        import raydlc.api as api
+        pathlib.Path("sleeper").mkdir(exist_ok=True)
+        pathlib.Path("sleeper/sleep.py").write_text("import time; time.sleep(600)")
+        started = api.submit("sleeper/sleep.py", local=True, no_wait=True)
+        stopped = api.job_stop(started.job.submission_id, local=True)
+        assert stopped.job.status == "STOPPED" and stopped.was_running
+        print(stopped.job.submission_id, stopped.job.status)
+    """
+    from raydlc import jobs
+
+    with _reached(local, address, config, settings) as (reached, _):
+        jobs.require(reached.dashboard, job_id, reached.target.where)
+        job, was_running = jobs.stop(reached.dashboard, job_id)
+        return JobStopResult(job, reached.target, was_running)
+
+
+# ---- verify and bench-transport ---------------------------------------------------------------------
+
+
+def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, address: str | None = None,
+           config: PathLike | None = None, settings: Mapping[str, Any] | None = None) -> Verdict:
+    """The gate: GPU nodes, pods, fi_info per node, NCCL per node from the job's own worker logs, the job's status.
+
+    `job` defaults to the newest job on the target; `verdict.passed` is False when a criterion fails.
+
+    Example:
+        import pathlib
+        import raydlc.api as api
+        pathlib.Path("hello").mkdir(exist_ok=True)
+        pathlib.Path("hello/hello.py").write_text("print('hello from a Ray job')")
+        done = api.submit("hello/hello.py", local=True)
+        verdict = api.verify(job=done.job.submission_id, local=True)  # on the local target the network rows are not applicable
+        assert verdict.passed and {r.criterion: r.status for r in verdict.rows}["job"] == "pass"
+        print([(r.criterion, r.status) for r in verdict.rows])
+    """
+    from raydlc import verify as gate
+
+    if expect not in EXPECT:
+        raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECT)}")
+    with _reached(local, address, config, settings) as (reached, cfg):
+        facts = gate.collect(reached, cfg, job_id=job, expect=expect)
+    return gate.gate(facts)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The two runs and the comparison `bench.compare` made of them (its dict is the --json)."""
+
+    target: Target
+    runs: tuple[Any, ...]  # bench.Run
+    comparison: dict[str, Any]
+
+    @property
+    def ran(self) -> bool:
+        """False on the local target: there every run trains over gloo, so nothing was run."""
+        return bool(self.runs)
+
+    @property
+    def failed(self) -> list[str]:
+        """The labels of the runs whose job did not succeed."""
+        return [r.label for r in self.runs if r.status != "SUCCEEDED"]
+
+    @property
+    def applicable(self) -> bool:
+        return bool(self.comparison["applicable"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.comparison
+
+
+def bench_transport(*, steps: int = 20, local: bool = False, address: str | None = None, config: PathLike | None = None,
+                    settings: Mapping[str, Any] | None = None, write: Write = _quiet, notice: Write = _quiet) -> BenchResult:
+    """The same short training job twice, as configured and with sockets forced, each proven from its own logs.
+
+    A run's steps/s count only once its worker logs show the transport it was meant to use.
+
+    Example:
+        import raydlc.api as api
+        result = api.bench_transport(local=True, steps=3)
+        assert not result.ran and result.comparison["speedup"] is None
+        print(result.comparison["reason"])
+    """
+    from raydlc import bench, heads
+    from raydlc.verify import kube_facts
+
+    if not 1 <= steps <= MAX_BENCH_STEPS:
+        raise InputError(f"--steps must be between 1 and {MAX_BENCH_STEPS:,}, got {steps}")
+    target = heads.choose(local, address)
+    cfg = load(config, settings, STEPS=steps)
+    if target.kind == heads.LOCAL:  # every local run is gloo: two of them would only time the same thing twice
+        return BenchResult(target, (), bench.compare([], target=target.kind))
+    runs_specs = bench.specs(_builtin_env(cfg, False), _image_versions(cfg, False), target=target.kind)
+    with heads.reach(target, cfg) as reached:
+        names = kube_facts(reached.kube, cfg).names if reached.kube is not None else None
+        runs = bench.run_both(reached.dashboard, runs_specs, target=target.kind, names=names, write=write, notice=notice)
+    return BenchResult(target, tuple(runs), bench.compare(runs, target=target.kind))
+
+
+# ---- down --local ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DownLocalResult:
+    pid: int | None  # the head's PID, None when none ran
+    dashboard: str | None
+    ended: bool
+    dry_run: bool
+
+    @property
+    def message(self) -> str:
+        if self.pid is None:
+            return "no local Ray head of raydlc runs"
+        if self.dry_run:
+            return f"would end the local Ray head (PID {self.pid}, {self.dashboard})"
+        return f"ended the local Ray head (PID {self.pid}) and everything it started"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"local": {"pid": self.pid, "dashboard": self.dashboard, "ended": self.ended}}
+
+
+def down_local(*, dry_run: bool = False) -> DownLocalResult:
+    """End raydlc's local Ray head by its recorded PID and process group (never `ray stop`); with `dry_run`, only say which.
+
+    Example:
+        import raydlc.api as api
+        gone = api.down_local()
+        assert api.down_local().pid is None  # a second call finds nothing to end
+        print(gone.message)
+    """
+    from raydlc import heads
+
+    rec = heads.running_head()
+    if dry_run or rec is None:
+        return DownLocalResult(rec.pid if rec else None, rec.dashboard_url if rec else None, ended=False, dry_run=dry_run)
+    ended = heads.stop_local_head()
+    return DownLocalResult(ended.pid if ended else None, ended.dashboard_url if ended else None, ended=ended is not None, dry_run=False)
