@@ -25,7 +25,15 @@ import importlib
 from typing import Any
 
 # public name -> private module that defines it; one line per use case or result type
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "up": "raydlc.api._cluster",
+    "down": "raydlc.api._cluster",
+    "status": "raydlc.api._cluster",
+    "Run": "raydlc.lifecycle.types",
+    "StepResult": "raydlc.lifecycle.types",
+    "Reporter": "raydlc.lifecycle.types",
+    "ClusterStatus": "raydlc.lifecycle.report",
+}
 
 __all__ = list(_EXPORTS)
 
