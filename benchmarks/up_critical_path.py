@@ -70,6 +70,7 @@ def main() -> None:
         cfg = load_config(env={})
         from raydlc import capacity
 
+        servers.reset_moto(moto, warm_regions=(cfg.cluster.region,))  # moto builds its EC2 backend; not part of up
         capacity.discover(cfg)  # moto loads its instance-type data on first use; not part of up
         for i in range(args.repeat):
             servers.reset_moto(moto)

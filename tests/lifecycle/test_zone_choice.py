@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
+from raydlc.capacity.choice import ZoneChoice, choose, existing_choice
 from raydlc.capacity.ranking import CapacityReport, QuotaReport, QuotaRequest, ZoneReport
 from raydlc.capacity.signals import SubnetFacts
 from raydlc.config import load_config
-from raydlc.lifecycle.resources.capacity import ZoneChoice, choose, existing_choice
 
 
 def zone(name: str, verdict: str = "ready", offered: bool | None = True, reason: str = "fits") -> ZoneReport:

@@ -24,8 +24,8 @@ from raydlc.render.nodes import SYSTEM_ROLE
 from raydlc.tools import ToolFailed
 
 if TYPE_CHECKING:
+    from raydlc.capacity.choice import ZoneChoice
     from raydlc.lifecycle.context import Context
-    from raydlc.lifecycle.resources.capacity import ZoneChoice
 
 
 def refuse_foreign(ctx: Context) -> None:

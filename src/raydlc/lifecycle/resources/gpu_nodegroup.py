@@ -21,8 +21,8 @@ from raydlc.render.nodes import GPU_ROLE, ROLE
 from raydlc.tools import ToolFailed
 
 if TYPE_CHECKING:
+    from raydlc.capacity.choice import ZoneChoice
     from raydlc.lifecycle.context import Context
-    from raydlc.lifecycle.resources.capacity import ZoneChoice
 
 
 class GpuNodeGroup(Resource):
