@@ -66,3 +66,22 @@ def test_an_existing_node_group_stays_where_it_is() -> None:
     got = existing_choice(load_config(env={}), "us-east-2b", {"us-east-2c", "us-east-2b", "us-east-2a"})
     assert got == ZoneChoice("us-east-2b", ("us-east-2b",), "us-east-2b: the AZ of the existing node group gpu-workers",
                              False, ("us-east-2b", "us-east-2a", "us-east-2c"))
+
+
+@pytest.mark.slow
+def test_one_run_decides_the_zone_once_and_keeps_it_off_the_context(world) -> None:
+    """capacity's check, the cluster's ClusterConfig and the GPU node group all ask; discovery runs once."""
+    import raydlc.capacity
+    from raydlc import lifecycle
+    from raydlc.lifecycle import Context, Timings
+
+    calls: list[str] = []
+    real = raydlc.capacity.discover
+    world.monkeypatch.setattr(raydlc.capacity, "discover", lambda cfg, **kw: calls.append(cfg.cluster.name) or real(cfg, **kw))
+    fast = Timings(poll_s=0.1, cluster_s=60, nodegroup_s=60, stack_s=60, helm_s=60, nodes_s=30)
+    run = lifecycle.up(world.config(), until="gpu-nodegroup", timings=fast)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert calls == ["eks-cluster"]
+    assert "Ready in us-east-2a" in run.results[-1].reason
+    ctx = Context(world.config())
+    assert not {"zones", "gpu_az", "az_chosen", "candidates", "capacity", "capacity_reason"} & set(vars(ctx))
