@@ -38,16 +38,15 @@ def up(
     and skips what needs it; Ctrl-C raises `raydlc.lifecycle.Interrupted` with the results so far.
 
     Example:
-        Against an empty account (the test suite points AWS_ENDPOINT_URL at a moto server), a dry
-        run plans every step and changes nothing:
-
-        >>> import raydlc.api as api
-        >>> plan = api.up(dry_run=True)
-        >>> [(s.step, s.action) for s in plan.results]  # doctest: +NORMALIZE_WHITESPACE
-        [('capacity', 'none'), ('cluster', 'create'), ('gpu-nodegroup', 'create'), ('kuberay', 'create'),
-         ('device-plugins', 'create'), ('raycluster', 'create')]
-        >>> plan.ok
-        True
+        # An empty account (in the test suite AWS_ENDPOINT_URL is a moto server): a dry run
+        # plans every step and changes nothing.
+        plan = api.up(dry_run=True)
+        for step in plan.results:
+            print(step.step, step.action, step.reason)
+        assert [(s.step, s.action) for s in plan.results] == [
+            ("capacity", "none"), ("cluster", "create"), ("gpu-nodegroup", "create"),
+            ("kuberay", "create"), ("device-plugins", "create"), ("raycluster", "create")]
+        assert "eksctl create cluster --config-file" in plan.to_dict()["steps"][1]["command"]
     """
     from raydlc.lifecycle import orders
 
@@ -67,13 +66,12 @@ def down(
     was already absent.
 
     Example:
-        On an empty account (AWS_ENDPOINT_URL at the test suite's moto server) there is nothing to remove:
-
-        >>> import raydlc.api as api
-        >>> plan = api.down(dry_run=True)
-        >>> [(s.step, s.action) for s in plan.results]  # doctest: +NORMALIZE_WHITESPACE
-        [('raycluster', 'none'), ('device-plugins', 'none'), ('kuberay', 'none'), ('gpu-nodegroup', 'none'),
-         ('cluster', 'none'), ('capacity', 'none')]
+        # An empty account (in the test suite AWS_ENDPOINT_URL is a moto server): nothing to remove.
+        plan = api.down(dry_run=True)
+        print(plan.to_dict())
+        assert [s.step for s in plan.results] == [
+            "raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"]
+        assert {s.action for s in plan.results} == {"none"}
     """
     from raydlc.lifecycle import orders
 
@@ -89,15 +87,14 @@ def status(
     Reads only. The result's `to_dict()` is `raydlc status --json`.
 
     Example:
-        On an empty account (AWS_ENDPOINT_URL at the test suite's moto server):
-
-        >>> import raydlc.api as api
-        >>> now = api.status()
-        >>> now.status, [(s.step, s.state) for s in now.steps]  # doctest: +NORMALIZE_WHITESPACE
-        ('NOT_FOUND', [('capacity', 'ready'), ('cluster', 'absent'), ('gpu-nodegroup', 'absent'), ('kuberay', 'absent'),
-                       ('device-plugins', 'absent'), ('raycluster', 'absent')])
-        >>> now.cost["total_usd_per_hour"]
-        0
+        # An empty account (in the test suite AWS_ENDPOINT_URL is a moto server).
+        now = api.status()
+        print(now.to_dict())
+        assert now.status == "NOT_FOUND" and now.nodes == () and now.raycluster is None
+        assert [(s.step, s.state) for s in now.steps] == [
+            ("capacity", "ready"), ("cluster", "absent"), ("gpu-nodegroup", "absent"),
+            ("kuberay", "absent"), ("device-plugins", "absent"), ("raycluster", "absent")]
+        assert now.cost["total_usd_per_hour"] == 0
     """
     from raydlc.lifecycle import orders
 

@@ -46,6 +46,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class StepResult:
+    """How one step ended: its outcome, what it did and why, the commands, what `check` saw first."""
+
     step: str
     outcome: Outcome
     action: str
