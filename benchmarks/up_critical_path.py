@@ -47,7 +47,7 @@ def main() -> None:
 
     from raydlc import lifecycle
     from raydlc.config import load_config
-    from raydlc.lifecycle import Timings, up_steps
+    from raydlc.lifecycle import Timings, orders
     from raydlc.lifecycle.steps import critical_path
 
     tmp = Path(tempfile.mkdtemp(prefix="raydlc-bench-"))
@@ -70,6 +70,7 @@ def main() -> None:
         cfg = load_config(env={})
         from raydlc import capacity
 
+        servers.reset_moto(moto, warm_regions=(cfg.cluster.region,))  # moto builds its EC2 backend; not part of up
         capacity.discover(cfg)  # moto loads its instance-type data on first use; not part of up
         for i in range(args.repeat):
             servers.reset_moto(moto)
@@ -84,12 +85,12 @@ def main() -> None:
             if not run.ok:
                 sys.exit("up failed: " + "; ".join(f"{r.step}: {r.reason}" for r in run.failed))
             steps = {r.step: r.elapsed_s for r in run.results}
-            chain, path = critical_path(up_steps.STEPS, steps)
+            chain, path = critical_path(orders.steps("up"), steps)
             rows.append((sum(steps.values()), chain, wall, steps))
             print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()), file=sys.stderr)
     seq, chain, wall = (statistics.median(r[i] for r in rows) for i in range(3))
-    _, path = critical_path(up_steps.STEPS, rows[-1][3])
-    known = critical_path(up_steps.STEPS, {
+    _, path = critical_path(orders.steps("up"), rows[-1][3])
+    known = critical_path(orders.steps("up"), {
         "cluster": DELAYS["create cluster"] + DELAYS["create nodegroup system"], "gpu-nodegroup": DELAYS["create nodegroup gpu-workers"],
         "kuberay": DELAYS["install kuberay-operator"], "device-plugins": DELAYS["install nvidia-device-plugin"],
         "raycluster": POD_DELAY})[0] * args.scale

@@ -337,6 +337,14 @@ def train(
 _STEP_HELP = "capacity, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
 
 
+def _layers(ctx: typer.Context) -> dict[str, Any]:
+    """The global --config/--set as a use case's `config` and `settings` (raydlc.api's layering)."""
+    from raydlc.config import parse_assignments
+
+    st = _state(ctx)
+    return {"config": st.config_path, "settings": parse_assignments(st.assignments)}
+
+
 @app.command("up")
 def up(
     ctx: typer.Context,
@@ -349,13 +357,13 @@ def up(
     force: bool = typer.Option(False, "--force", help="Use an existing cluster that raydlc did not create."),
 ) -> None:
     """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
-    from raydlc import lifecycle
-    from raydlc.lifecycle import up_steps as steps
+    from raydlc import api
     from raydlc.views import lifecycle as view
 
-    cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
-    run = lambda reporter: lifecycle.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
-    raise typer.Exit(view.execute("up", [s.name for s in steps.STEPS], run, json_=json_, dry_run=dry_run))
+    layers = _layers(ctx)
+    run = lambda reporter: api.up(**layers, only=only, from_=from_, until=until, dry_run=dry_run, force=force,
+                                  kubeconfig=kubeconfig, reporter=reporter)
+    raise typer.Exit(view.execute("up", run, json_=json_, dry_run=dry_run))
 
 
 @app.command("down")
@@ -369,16 +377,16 @@ def down(
     local: bool = typer.Option(False, "--local", help="End raydlc's local Ray head instead (by its recorded PID and process group)."),
 ) -> None:
     """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
-    from raydlc import lifecycle
-    from raydlc.lifecycle import down_steps as steps
+    from raydlc import api
     from raydlc.views import lifecycle as view
 
     if local:
         _down_local(json_, dry_run)
         return
-    cfg = load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None)
-    run = lambda reporter: lifecycle.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
-    raise typer.Exit(view.execute("down", [s.name for s in steps.STEPS], run, json_=json_, dry_run=dry_run))
+    layers = _layers(ctx)
+    run = lambda reporter: api.down(**layers, keep_cluster=keep_cluster, dry_run=dry_run, force=force,
+                                    kubeconfig=kubeconfig, reporter=reporter)
+    raise typer.Exit(view.execute("down", run, json_=json_, dry_run=dry_run))
 
 
 def _down_local(json_: bool, dry_run: bool) -> None:
@@ -398,10 +406,10 @@ def status(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
 ) -> None:
     """Each step's state, the nodes and their GPUs/EFA, the RayCluster's pods, and the hourly cost."""
-    from raydlc import lifecycle
+    from raydlc import api
     from raydlc.views import lifecycle as view
 
-    doc = lifecycle.status(load(ctx, KUBECONFIG=str(kubeconfig) if kubeconfig else None))
+    doc = api.status(**_layers(ctx), kubeconfig=kubeconfig).to_dict()
     if json_:
         emit_json(doc)
     else:

@@ -14,7 +14,7 @@ import pytest
 
 from raydlc import lifecycle
 from raydlc.lifecycle import Reporter, StepResult, Timings
-from raydlc.lifecycle.steps import Interrupted, Plan
+from raydlc.lifecycle.types import Interrupted, Plan
 
 pytestmark = pytest.mark.slow  # each runs up and/or down end to end: seconds, not milliseconds
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from raydlc.errors import InputError
-from raydlc.lifecycle import Context, Run, down_steps, up_steps
+from raydlc.lifecycle import Context, Run, orders
 from raydlc.lifecycle.report import hourly_cost
-from raydlc.lifecycle.steps import Observation, Plan, Reporter, Step, StepFailed, StepResult, critical_path, order, run_all, select
+from raydlc.lifecycle.steps import Step, critical_path, order, run_all, select
+from raydlc.lifecycle.types import Observation, Plan, Reporter, StepFailed, StepResult
 
 
 def fake(name: str, needs: tuple[str, ...], *, sleep: float = 0.0, fail: bool = False, log: list[Any] | None = None) -> Step:
@@ -47,11 +48,11 @@ class Ctx:
 
 
 def test_up_and_down_declare_the_documented_graph() -> None:
-    assert [s.name for s in order(up_steps.STEPS)] == ["capacity", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
-    needs = {s.name: set(s.needs) for s in up_steps.STEPS}
+    assert [s.name for s in order(orders.steps("up"))] == ["capacity", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
+    needs = {s.name: set(s.needs) for s in orders.steps("up")}
     assert needs == {"capacity": set(), "cluster": {"capacity"}, "gpu-nodegroup": {"cluster"}, "kuberay": {"cluster"},
                      "device-plugins": {"gpu-nodegroup"}, "raycluster": {"device-plugins", "kuberay"}}
-    down = {s.name: set(s.needs) for s in down_steps.STEPS}
+    down = {s.name: set(s.needs) for s in orders.steps("down")}
     for step, ns in needs.items():  # down is the reverse: whatever up needed first goes last
         for n in ns:
             assert step in _closure(down, n), f"down must remove {step} before {n}"
@@ -68,7 +69,7 @@ def _closure(graph: dict[str, set[str]], name: str) -> set[str]:
 
 
 def test_partial_runs_follow_the_dependencies() -> None:
-    s = up_steps.STEPS
+    s = orders.steps("up")
     assert select(s) == [x.name for x in order(s)]
     assert select(s, until="gpu-nodegroup") == ["capacity", "cluster", "gpu-nodegroup"]
     assert select(s, until="kuberay") == ["capacity", "cluster", "kuberay"]
@@ -129,6 +130,24 @@ def test_the_live_display_shows_each_step_its_time_and_the_tool_line() -> None:
     assert "cluster" in text and "acting" in text and "waiting for CloudFormation stack" in text
     assert "kuberay" in text and "done" in text and "release deployed" in text
     assert "s " in text or "s│" in text  # an elapsed time
+
+
+def test_the_live_table_appears_only_once_a_step_has_started() -> None:
+    """An error before any step (a bad setting, no credentials) prints alone, without an empty table above it."""
+    from rich.console import Console
+
+    from raydlc.views.lifecycle import LiveReporter
+
+    quiet = Console(record=True, width=120, force_terminal=False)
+    with LiveReporter(quiet, ["cluster"], "raydlc up"):
+        pass
+    assert quiet.export_text() == ""
+    shown = Console(record=True, width=120, force_terminal=False)
+    with LiveReporter(shown, ["cluster"], "raydlc up") as rep:
+        rep.started("cluster")
+        rep.finished(StepResult("cluster", "done", "none", "cluster ACTIVE"))
+    text = shown.export_text()
+    assert "raydlc up" in text and "cluster ACTIVE" in text
 
 
 def test_plan_json_has_exactly_the_documented_keys() -> None:

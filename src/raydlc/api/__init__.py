@@ -60,6 +60,13 @@ _EXPORTS: dict[str, str] = {
     "Job": "raydlc.dashboard",
     "Detached": "raydlc.jobs",
     "Verdict": "raydlc.verify",
+    "up": "raydlc.api._cluster",
+    "down": "raydlc.api._cluster",
+    "status": "raydlc.api._cluster",
+    "Run": "raydlc.lifecycle.types",
+    "StepResult": "raydlc.lifecycle.types",
+    "Reporter": "raydlc.lifecycle.types",
+    "ClusterStatus": "raydlc.lifecycle.report",
 }
 
 __all__ = list(_EXPORTS)

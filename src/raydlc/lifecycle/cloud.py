@@ -204,3 +204,22 @@ def capacity_reservations(ec2: Any, name: str) -> list[dict[str, Any]]:
         for r in aws.call(ec2, "describe_capacity_reservations", Filters=f).get("CapacityReservations") or []:
             found[r["CapacityReservationId"]] = r
     return list(found.values())
+
+
+def leftovers(eks: Any, cfn: Any, ec2: Any, name: str, vpc_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Everything of the cluster AWS still lists, by kind (reads only): empty lists mean nothing bills."""
+    desc = cluster(eks, name)
+    known = list(vpc_ids or [])
+    if desc is not None:
+        known.append((desc.get("resourcesVpcConfig") or {}).get("vpcId", ""))
+    found_vpcs = vpcs(ec2, name, known)
+    nats = nat_gateways(ec2, name, found_vpcs)
+    alloc = [a.get("AllocationId", "") for n in nats for a in n.get("NatGatewayAddresses") or []]
+    return {
+        "cluster": [f"{name} ({desc.get('status')})"] if desc else [],
+        "stacks": [s["StackName"] for s in stacks(cfn, f"eksctl-{name}-")],
+        "instances": [i["InstanceId"] for i in instances(ec2, name)],
+        "nat_gateways": [n["NatGatewayId"] for n in nats],
+        "addresses": [a["AllocationId"] for a in addresses(ec2, name, alloc)],
+        "vpcs": found_vpcs,
+    }

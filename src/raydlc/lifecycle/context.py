@@ -1,9 +1,12 @@
-"""What every step of one `up`/`down`/`status` shares: config, clients, the tool runner, decisions.
+"""What every step of one `up`/`down`/`status` shares: config, clients, the tool runner, the notes.
 
 Clients are made once and lazily (a dry run on an account with no cluster never needs a
 kubeconfig), from `raydlc.aws` and `raydlc.kube` only. Files raydlc writes for a cluster — the
 rendered manifests and its kubeconfig — live in one raydlc-owned directory per cluster and
 region, so `~/.kube/config` is never touched unless KUBECONFIG (the setting) points there.
+
+Decisions (the GPU Availability Zone, …) are not kept here: the resource that makes one returns it as
+a frozen value to the resources that need it (see `raydlc.lifecycle.orders`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raydlc.errors import InputError
-from raydlc.lifecycle.steps import Reporter
+from raydlc.lifecycle.types import Reporter
 from raydlc.tools import Command, Result, Runner
 
 if TYPE_CHECKING:
-    from raydlc.capacity import CapacityReport
     from raydlc.config import Config
     from raydlc.kube import Kube
 
@@ -71,13 +73,6 @@ class Context:
         self._session: Any = None
         self._clients: dict[str, Any] = {}
         self._kube: Kube | None = None
-        # decisions made by the capacity step, read by the node-group steps
-        self.zones: list[str] | None = None
-        self.gpu_az: str | None = None
-        self.az_chosen: bool = False  # raydlc picked the AZ (so it may move to the next one)
-        self.candidates: list[str] = []  # AZs the GPU node group may go to, best first
-        self.capacity_reason = ""
-        self.capacity: CapacityReport | None = None
         self.notes: dict[str, list[str]] = {}  # per step: what was removed / found absent (down)
 
     # ------------------------------------------------------------------ edges
@@ -141,11 +136,11 @@ class Context:
 
     # ------------------------------------------------------------------ documents
 
-    def documents(self, only: str, zones: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-        """The rendered documents of one kind (schema-checked by render); eksctl's need the zones."""
+    def documents(self, only: str, zones: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        """The rendered documents of one kind (schema-checked by render); eksctl's need the zones, GPU AZ first."""
         from raydlc.render import render_all
 
-        return render_all(self.cfg, list(zones) if zones is not None else self.zones, only=only)
+        return render_all(self.cfg, list(zones), only=only)
 
     def path_of(self, name: str) -> Path:
         return self.dir / name

@@ -1,27 +1,73 @@
 """`raydlc status`: one view of where the cluster stands and what it costs per hour.
 
-Every `up` step's check (reads only), the nodes with their role, type, AZ and allocatable GPUs
-and EFA interfaces, the RayCluster with its pods and their nodes, and an hourly cost estimate of
-what bills (instances, the EKS control plane, NAT gateways) from raydlc's price table.
+Each resource's state as `up` would see it (reads only), the nodes with their role, type, AZ and
+allocatable GPUs and EFA interfaces, the RayCluster with its pods and their nodes, and an hourly
+cost estimate of what bills (instances, the EKS control plane, NAT gateways) from raydlc's price table.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from raydlc import catalog
 from raydlc import kube as k8s
 from raydlc.errors import RaydlcError
 from raydlc.lifecycle import cloud
-from raydlc.lifecycle.context import Context
-from raydlc.lifecycle.steps import order
-from raydlc.lifecycle.up_steps import STEPS, node_devices
+from raydlc.lifecycle.resources import raycluster
+from raydlc.lifecycle.resources.device_plugins import node_devices
 from raydlc.render.nodes import ROLE
+
+if TYPE_CHECKING:
+    from raydlc.lifecycle.context import Context
+    from raydlc.lifecycle.resource import Resource
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+@dataclass(frozen=True)
+class StepState:
+    step: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    role: str
+    instance_type: str
+    zone: str
+    ready: bool
+    gpu: int
+    efa: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What `raydlc status` reports; `to_dict()` is what `raydlc status --json` prints.
+
+    `cost` is the estimate `hourly_cost` makes: items, total_usd_per_hour, unpriced, estimate, prices.
+    """
+
+    name: str
+    region: str
+    status: str  # EKS's, or NOT_FOUND
+    kubeconfig: str
+    steps: tuple[StepState, ...]
+    nodes: tuple[NodeRow, ...]
+    raycluster: raycluster.RayClusterView | None
+    cost: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": {"name": self.name, "region": self.region, "status": self.status, "kubeconfig": self.kubeconfig},
+            "steps": [asdict(s) for s in self.steps], "nodes": [asdict(n) for n in self.nodes],
+            "raycluster": self.raycluster.to_dict() if self.raycluster is not None else None, "cost": dict(self.cost),
+        }
 
 
 def hourly_cost(instance_types: Iterable[str], clusters: int, nat_gateways: int) -> dict[str, Any]:
@@ -52,58 +98,34 @@ def hourly_cost(instance_types: Iterable[str], clusters: int, nat_gateways: int)
     }
 
 
-def _node_row(n: dict[str, Any]) -> dict[str, Any]:
+def _node_row(n: dict[str, Any]) -> NodeRow:
     labels = k8s.labels_of(n)
     gpu, efa = node_devices(n)
-    return {
-        "name": k8s.name_of(n), "role": labels.get(ROLE, ""), "instance_type": labels.get(TYPE_LABEL, ""),
-        "zone": labels.get(ZONE_LABEL, ""), "ready": k8s.node_ready(n), "gpu": gpu, "efa": efa,
-    }
+    return NodeRow(k8s.name_of(n), labels.get(ROLE, ""), labels.get(TYPE_LABEL, ""), labels.get(ZONE_LABEL, ""),
+                   k8s.node_ready(n), gpu, efa)
 
 
-def _raycluster(ctx: Context, kube: k8s.Kube) -> dict[str, Any] | None:
-    cfg = ctx.cfg
-    rc = kube.get("ray.io/v1", "RayCluster", cfg.ray.cluster_name, cfg.cluster.namespace)
-    pods = kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name})
-    if rc is None and not pods:
-        return None
-    return {
-        "name": cfg.ray.cluster_name, "namespace": cfg.cluster.namespace,
-        "state": ((rc or {}).get("status") or {}).get("state", "absent" if rc is None else "unknown"),
-        "pods": [{"name": k8s.name_of(p), "type": k8s.labels_of(p).get("ray.io/node-type", ""),
-                  "phase": k8s.pod_phase(p), "ready": k8s.pod_ready(p), "node": k8s.pod_node(p)} for p in pods],
-    }
-
-
-def report(ctx: Context) -> dict[str, Any]:
+def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
+    """Ask each resource where it stands, then list the nodes, the Ray pods and what bills."""
     cfg = ctx.cfg
     ctx.aws("eks")  # no usable credentials: one error, not six unknown steps
-    steps = []
-    for s in order(STEPS):
-        try:
-            obs = s.check(ctx)
-            steps.append({"step": s.name, "state": obs.state, "reason": obs.reason})
-        except RaydlcError as e:
-            steps.append({"step": s.name, "state": "unknown", "reason": e.message})
+    steps = [StepState(r.name, obs.state, obs.reason) for r in resources for obs in [r.status(ctx)]]
     name = cfg.cluster.name
     desc = cloud.cluster(ctx.aws("eks"), name)
     kube = ctx.kube_or_none() if desc is not None else None
-    nodes: list[dict[str, Any]] = []
+    nodes: list[NodeRow] = []
     ray = None
     if kube is not None:
         try:
             nodes = [_node_row(n) for n in kube.nodes()]
-            ray = _raycluster(ctx, kube)
+            ray = raycluster.view(ctx, kube)
         except RaydlcError as e:
-            steps.append({"step": "kubernetes", "state": "unknown", "reason": e.message})
+            steps.append(StepState("kubernetes", "unknown", e.message))
     ec2 = ctx.aws("ec2")
     vpc = ((desc or {}).get("resourcesVpcConfig") or {}).get("vpcId")
     vpcs = cloud.vpcs(ec2, name, [vpc] if vpc else [])
     instances = cloud.instances(ec2, name)
     cost = hourly_cost([i["InstanceType"] for i in instances if i["State"]["Name"] in ("pending", "running")],
                        1 if desc is not None else 0, len(cloud.nat_gateways(ec2, name, vpcs)))
-    return {
-        "cluster": {"name": name, "region": cfg.cluster.region, "status": (desc or {}).get("status", "NOT_FOUND"),
-                    "kubeconfig": str(ctx.kubeconfig)},
-        "steps": steps, "nodes": nodes, "raycluster": ray, "cost": cost,
-    }
+    return ClusterStatus(name, cfg.cluster.region, (desc or {}).get("status", "NOT_FOUND"), str(ctx.kubeconfig),
+                         tuple(steps), tuple(nodes), ray, cost)

@@ -16,57 +16,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from raydlc.errors import InputError, RaydlcError
+from raydlc.lifecycle.types import Interrupted, Observation, Plan, StepResult
 from raydlc.tools import Cancelled
 
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
 
-StateName = Literal["absent", "creating", "ready", "degraded", "deleting", "unknown"]
-Outcome = Literal["done", "failed", "skipped", "interrupted", "planned"]
-
-
-class StepFailed(RaydlcError):
-    """A step could not keep its promise; the message names what is wrong and where."""
-
-
-class Interrupted(RaydlcError):
-    """Ctrl-C: the run stopped; `up` or `down` resumes from what exists."""
-
-    exit_code = 130
-
-    def __init__(self, message: str, results: list[StepResult]) -> None:
-        super().__init__(message)
-        self.results = results
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What `check` saw: the state, why, and facts `act` may need (a stale stack's name, …)."""
-
-    state: StateName
-    reason: str
-    facts: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a step would do about an observation, and the exact commands or API calls."""
-
-    action: str  # none | create | wait | replace | repair | delete
-    reason: str
-    commands: tuple[str, ...] = ()
-
-    @property
-    def acts(self) -> bool:
-        return self.action != "none"
-
 
 @dataclass(frozen=True)
 class Step:
+    """One resource in the direction of one command, as the scheduler sees it: a name, needs, four calls."""
+
     name: str
     needs: tuple[str, ...]
     summary: str
@@ -74,37 +38,6 @@ class Step:
     plan: Callable[[Context, Observation], Plan]
     act: Callable[[Context, Observation], None]
     verify: Callable[[Context], str]  # the reason the promise holds; raises StepFailed when it does not
-
-
-@dataclass
-class StepResult:
-    step: str
-    outcome: Outcome
-    action: str
-    reason: str
-    commands: list[str] = field(default_factory=list)
-    state_before: str = ""
-    elapsed_s: float = 0.0
-    found: str = ""  # what `check` saw, before any action
-    error: BaseException | None = field(default=None, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step, "outcome": self.outcome, "action": self.action, "reason": self.reason,
-            "state_before": self.state_before, "found": self.found, "elapsed_s": round(self.elapsed_s, 3), "commands": list(self.commands),
-        }
-
-
-class Reporter:
-    """Where progress goes (the live display, plain lines, or nowhere); called from step threads."""
-
-    def started(self, step: str) -> None: ...
-
-    def acting(self, step: str, plan: Plan) -> None: ...
-
-    def line(self, step: str, text: str) -> None: ...
-
-    def finished(self, result: StepResult) -> None: ...
 
 
 # ---------------------------------------------------------------------- the graph, pure

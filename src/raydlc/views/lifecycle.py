@@ -18,8 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from raydlc.lifecycle import Run
-from raydlc.lifecycle.steps import Plan, Reporter, StepResult
+from raydlc.lifecycle.types import Goal, Plan, Reporter, Run, StepResult
 
 _STYLE = {"done": "green", "failed": "bold red", "skipped": "yellow", "interrupted": "yellow", "planned": "cyan"}
 _ACTION_STYLE = {"none": "dim", "create": "green", "delete": "red", "replace": "yellow", "repair": "yellow",
@@ -27,7 +26,11 @@ _ACTION_STYLE = {"none": "dim", "create": "green", "delete": "red", "replace": "
 
 
 class LiveReporter(Reporter):
-    """A rich Live table of the steps, redrawn a few times a second from the step threads' events."""
+    """A rich Live table of the steps, redrawn a few times a second from the step threads' events.
+
+    Inside `with`, the table appears with the first step's first event, so an error found before
+    any step (a bad setting, missing credentials, a cluster raydlc does not own) prints alone.
+    """
 
     def __init__(self, console: Console, steps: list[str], title: str) -> None:
         self.console = console
@@ -35,17 +38,28 @@ class LiveReporter(Reporter):
         self._lock = threading.Lock()
         self._rows: dict[str, dict[str, Any]] = {s: {"state": "waiting", "t0": None, "t1": None, "detail": ""} for s in steps}
         self._live: Any = None
+        self._entered = False
+        self._starting = threading.Lock()  # not _lock: starting draws the table, which takes _lock
 
     def __enter__(self) -> LiveReporter:
-        from rich.live import Live
-
-        self._live = Live(self, console=self.console, refresh_per_second=4, transient=False)
-        self._live.__enter__()
+        self._entered = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
+        with self._starting:
+            self._entered = False
+            if self._live is not None:
+                self._live.__exit__(None, None, None)
+                self._live = None
+
+    def _show(self) -> None:
+        """Start the live table on the first event (once: events come from several step threads)."""
+        with self._starting:
+            if self._entered and self._live is None:
+                from rich.live import Live
+
+                self._live = Live(self, console=self.console, refresh_per_second=4, transient=False)
+                self._live.__enter__()
 
     def __rich__(self) -> Table:
         table = Table(title=self.title, show_lines=False, expand=False)
@@ -65,6 +79,7 @@ class LiveReporter(Reporter):
     def _set(self, step: str, **kw: Any) -> None:
         with self._lock:
             self._rows.setdefault(step, {"state": "waiting", "t0": None, "t1": None, "detail": ""}).update(kw)
+        self._show()
 
     def started(self, step: str) -> None:
         self._set(step, state="checking", t0=time.monotonic())
@@ -82,6 +97,7 @@ class LiveReporter(Reporter):
             row.update(state=result.outcome, t1=time.monotonic(), detail=result.reason)
             if row["t0"] is None:
                 row["t0"] = row["t1"]
+        self._show()
 
 
 class LineReporter(Reporter):
@@ -178,11 +194,12 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
                   highlight=False)
 
 
-def execute(command: str, steps: list[str], fn: Callable[[Reporter | None], Run], *, json_: bool, dry_run: bool) -> int:
+def execute(command: Goal, fn: Callable[[Reporter | None], Run], *, json_: bool, dry_run: bool) -> int:
     """Run `up`/`down` with the right display; returns the exit code (0 ok, 1 a step failed, 130 Ctrl-C)."""
     import sys
 
-    from raydlc.lifecycle.steps import Interrupted
+    from raydlc.lifecycle.orders import names
+    from raydlc.lifecycle.types import Interrupted
     from raydlc.output import console, emit_json, err_console
 
     if dry_run:
@@ -194,7 +211,7 @@ def execute(command: str, steps: list[str], fn: Callable[[Reporter | None], Run]
         return 0
     code = 0
     live = not json_ and err_console.is_terminal
-    reporter: Reporter = (LiveReporter(err_console, steps, f"raydlc {command}") if live
+    reporter: Reporter = (LiveReporter(err_console, names(command), f"raydlc {command}") if live
                           else LineReporter(lambda s: (sys.stderr.write(s + "\n"), sys.stderr.flush())))
     try:
         if isinstance(reporter, LiveReporter):

@@ -1,0 +1,70 @@
+"""The GPU Availability Zone of a run as a frozen value, from capacity discovery's ranking (pure).
+
+`raydlc up` asks for it once (`lifecycle/resources/capacity.py`) and hands it to the resources
+that need it: the cluster (the ClusterConfig's AZs) and the GPU node group (its AZ, and where to
+go next when raydlc chose the zone and it has no capacity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raydlc.capacity.ranking import CapacityReport
+    from raydlc.config import Config
+
+
+@dataclass(frozen=True)
+class ZoneChoice:
+    """The GPU Availability Zone of one run and why: decided once, passed on, never changed.
+
+    `zone` is None when no AZ can take the node group (`reason` says why, `hint` what to do).
+    `candidates` are the AZs the node group may go to, best first, `zone` first; `chosen` says
+    raydlc picked it (so a capacity failure may move on to the next candidate; an AZ the user set,
+    or the one an existing node group is in, stays). `cluster_zones` are the ClusterConfig's AZs.
+    """
+
+    zone: str | None
+    candidates: tuple[str, ...]
+    reason: str
+    chosen: bool
+    cluster_zones: tuple[str, ...] = ()
+    hint: str | None = None
+
+    def zones_for(self, az: str) -> list[str]:
+        """The ClusterConfig's AZs with `az` as the GPU node group's (it comes first)."""
+        return [az, *[z for z in self.cluster_zones if z != az]]
+
+
+def existing_choice(cfg: Config, az: str, cluster_zones: set[str]) -> ZoneChoice:
+    """The zone of a node group that is already there: it stays where it is (pure)."""
+    return ZoneChoice(az, (az,), f"{az}: the AZ of the existing node group {cfg.gpu_nodes.nodegroup_name}", False,
+                      (az, *sorted(cluster_zones - {az})))
+
+
+def choose(cfg: Config, report: CapacityReport) -> ZoneChoice:
+    """The GPU zone from capacity discovery's ranking and GPU_AZ (pure)."""
+    hint = report.quota_request.command if report.quota_request is not None else None
+    usable = [z for z in report.zones if z.offered and z.verdict in ("ready", "unknown")]
+    if report.cluster is not None:  # an existing VPC has subnets only where it has them
+        usable = [z for z in usable if z.zone in report.cluster.private_zones] or usable
+    others = [z.zone for z in report.zones if z not in usable]
+    az = cfg.gpu_nodes.az
+    if az:
+        zone = next((z for z in report.zones if z.zone == az), None)
+        if zone is not None and zone.verdict in ("not-offered", "quota-short"):
+            return ZoneChoice(None, (), f"GPU_AZ {az} ({cfg.origin('GPU_AZ')}) is {zone.verdict}: {zone.reason}", False,
+                              hint=hint)
+        reason = f"{az}: set by GPU_AZ ({cfg.origin('GPU_AZ')})" + (f"; {zone.verdict}: {zone.reason}" if zone else "")
+        candidates, chosen = (az,), False
+    elif not usable:
+        why = report.zones[0].reason if report.zones else "no Availability Zone could be read"
+        return ZoneChoice(None, (), f"no AZ of {cfg.cluster.region} can take {cfg.gpu_nodes.count} × "
+                                    f"{cfg.gpu_nodes.instance_type}: {why}", False, hint=hint)
+    else:
+        az, best = usable[0].zone, usable[0]
+        reason = f"{az}: {best.verdict} ({best.reason})"
+        candidates, chosen = tuple(z.zone for z in usable), True
+    rest = [z.zone for z in usable if z.zone != az] + others
+    return ZoneChoice(az, candidates, reason, chosen, (az, *[z for z in rest if z != az]), hint)

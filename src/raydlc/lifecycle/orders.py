@@ -1,0 +1,119 @@
+"""`up`, `down` and `status`: two dependency orders over the same resources, and a question to each.
+
+    up:    capacity ─► cluster ─┬─► gpu-nodegroup ─► device-plugins ─┬─► raycluster
+                                └─► kuberay ─────────────────────────┘
+    down:  the same graph with every arrow reversed: what `up` made last goes first.
+
+`resources()` is the one place that says which resources there are, what each needs, and which
+decision one hands to another (the capacity resource's ZoneChoice goes to the cluster and the
+GPU node group). Adding a resource is one module under `resources/` and one line there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+from raydlc.lifecycle.context import Context, Timings
+from raydlc.lifecycle.resource import Resource
+from raydlc.lifecycle.resources.capacity import Capacity
+from raydlc.lifecycle.resources.cluster import Cluster, refuse_foreign
+from raydlc.lifecycle.resources.device_plugins import DevicePlugins
+from raydlc.lifecycle.resources.gpu_nodegroup import GpuNodeGroup
+from raydlc.lifecycle.resources.kuberay import KubeRay
+from raydlc.lifecycle.resources.raycluster import RayCluster
+from raydlc.lifecycle.steps import Step, order, plan_all, run_all, select
+from raydlc.lifecycle.types import Goal, Reporter, Run
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
+    from raydlc.lifecycle.report import ClusterStatus
+    from raydlc.tools import Runner
+
+Graph = list[tuple[Resource, tuple[str, ...]]]
+
+
+def resources() -> Graph:
+    """A fresh set of one run's resources with what each needs, in up's order (a run's decisions are its own)."""
+    capacity = Capacity()
+    return [
+        (capacity, ()),
+        (Cluster(zones=capacity.choice), ("capacity",)),
+        (GpuNodeGroup(zones=capacity.choice), ("cluster",)),
+        (KubeRay(), ("cluster",)),
+        (DevicePlugins(), ("gpu-nodegroup",)),
+        (RayCluster(), ("device-plugins", "kuberay")),
+    ]
+
+
+def steps(goal: Goal, graph: Graph | None = None) -> list[Step]:
+    """The resources as the scheduler's steps for one command; for `down` every need is reversed."""
+    graph = resources() if graph is None else graph
+    if goal == "up":
+        needs = {r.name: n for r, n in graph}
+    else:
+        needs = {r.name: tuple(o.name for o, n in graph if r.name in n) for r, _ in graph}
+        graph = graph[::-1]
+    return [Step(r.name, needs[r.name], r.summary if goal == "up" else r.removal, partial(r.check, goal=goal),
+                 partial(r.plan, goal=goal), r.ensure if goal == "up" else r.remove, partial(r.verify, goal=goal))
+            for r, _ in graph]
+
+
+def names(goal: Goal) -> list[str]:
+    """The steps of `up` or `down` in the order they are shown."""
+    return [s.name for s in order(steps(goal))]
+
+
+def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | None, timings: Timings | None,
+             runner: Runner | None) -> Context:
+    from raydlc.tools import Runner
+
+    return Context(cfg, runner=runner or Runner(dry_run=dry_run), reporter=reporter, timings=timings, force=force,
+                   dry_run=dry_run)
+
+
+def _require_tools(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
+    """Every tool the selected steps may run, checked before anything changes."""
+    for tool in sorted({t for r, _ in graph if r.name in selected for t in r.tools}):
+        ctx.runner.require(tool)
+
+
+def up(
+    cfg: Config, *, only: str | None = None, from_: str | None = None, until: str | None = None,
+    dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
+    runner: Runner | None = None,
+) -> Run:
+    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
+    graph = resources()
+    plan = steps("up", graph)
+    selected = select(plan, only=only, from_=from_, until=until)
+    if dry_run:
+        return Run("up", True, plan_all(plan, ctx, selected))
+    ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
+    _require_tools(ctx, graph, selected)
+    return Run("up", False, run_all(plan, ctx, selected), ctx.notes)
+
+
+def down(
+    cfg: Config, *, keep_cluster: bool = False, dry_run: bool = False, force: bool = False,
+    reporter: Reporter | None = None, timings: Timings | None = None, runner: Runner | None = None,
+) -> Run:
+    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
+    refuse_foreign(ctx)
+    graph = resources()
+    plan = steps("down", graph)
+    selected = [s.name for s in order(plan) if not (keep_cluster and s.name == Cluster.name)]
+    if dry_run:
+        return Run("down", True, plan_all(plan, ctx, selected))
+    _require_tools(ctx, graph, selected)
+    return Run("down", False, run_all(plan, ctx, selected), ctx.notes)
+
+
+def status(cfg: Config, *, timings: Timings | None = None, runner: Runner | None = None) -> ClusterStatus:
+    from raydlc.lifecycle.report import report
+
+    ctx = _context(cfg, dry_run=True, force=False, reporter=None, timings=timings, runner=runner)
+    graph = resources()
+    by_name = {r.name: r for r, _ in graph}
+    return report(ctx, [by_name[s.name] for s in order(steps("up", graph))])

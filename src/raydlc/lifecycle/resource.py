@@ -1,0 +1,138 @@
+"""What a resource of the lifecycle is: one class that knows how to look at, make, remove and report one thing.
+
+`up` and `down` are two orders over the same resources (`raydlc.lifecycle.orders`); a step is one
+resource in the direction of one command. Each resource answers six questions:
+
+- `check(ctx, goal)`: how the world stands for that goal (for `up`: is the promise kept; for
+  `down`: what of it is left). Reads only, so dry runs and `status` can ask.
+- `plan(ctx, obs, goal)`: what would be done about it, with the exact commands.
+- `ensure(ctx, obs)` (up) and `remove(ctx, obs)` (down): act on the difference.
+- `verify(ctx, goal)`: the promise in terms a person cares about; raises StepFailed when broken.
+- `status(ctx)`: the row `raydlc status` shows (up's check, a failure to look reported as unknown).
+
+`check`, `plan` and `verify` send each goal to its own method (`look`/`plan_up`/`kept` for up,
+`left`/`plan_down`/`cleared` for down), which is what a resource implements.
+
+A resource that needs a decision another one makes (the GPU node group needs the zone the capacity
+resource chose) receives it as a frozen value through its constructor, never through the Context.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from raydlc import kube as k8s
+from raydlc.errors import RaydlcError
+from raydlc.lifecycle import cloud
+from raydlc.lifecycle.types import Goal, Observation, Plan
+from raydlc.render.nodes import ROLE
+
+if TYPE_CHECKING:
+    from raydlc.lifecycle.context import Context
+
+
+class Resource(ABC):
+    name: ClassVar[str]  # the step's name in both orders, `--only`, `--from`, `--until` and `status`
+    summary: ClassVar[str]  # what `up` makes
+    removal: ClassVar[str]  # what `down` removes
+    tools: ClassVar[tuple[str, ...]] = ()  # the programs it runs, checked on PATH before anything changes
+
+    def check(self, ctx: Context, goal: Goal) -> Observation:
+        return self.look(ctx) if goal == "up" else self.left(ctx)
+
+    def plan(self, ctx: Context, obs: Observation, goal: Goal) -> Plan:
+        return self.plan_up(ctx, obs) if goal == "up" else self.plan_down(ctx, obs)
+
+    def verify(self, ctx: Context, goal: Goal) -> str:
+        return self.kept(ctx) if goal == "up" else self.cleared(ctx)
+
+    # ------------------------------------------------------------------ up
+
+    @abstractmethod
+    def look(self, ctx: Context) -> Observation:
+        """How far `up`'s promise is kept."""
+
+    @abstractmethod
+    def plan_up(self, ctx: Context, obs: Observation) -> Plan: ...
+
+    @abstractmethod
+    def ensure(self, ctx: Context, obs: Observation) -> None: ...
+
+    @abstractmethod
+    def kept(self, ctx: Context) -> str:
+        """The promise in a person's terms; StepFailed when it does not hold."""
+
+    # ------------------------------------------------------------------ down
+
+    @abstractmethod
+    def left(self, ctx: Context) -> Observation:
+        """What of the resource is left to remove (absent: nothing)."""
+
+    @abstractmethod
+    def plan_down(self, ctx: Context, obs: Observation) -> Plan: ...
+
+    @abstractmethod
+    def remove(self, ctx: Context, obs: Observation) -> None: ...
+
+    @abstractmethod
+    def cleared(self, ctx: Context) -> str:
+        """Nothing of it is left; StepFailed naming what still is."""
+
+    def status(self, ctx: Context) -> Observation:
+        try:
+            return self.check(ctx, "up")
+        except RaydlcError as e:
+            return Observation("unknown", e.message)
+
+
+# ---------------------------------------------------------------------- what most resources look at first
+
+
+def cluster_active(ctx: Context) -> dict[str, Any] | None:
+    desc = cloud.cluster(ctx.aws("eks"), ctx.cfg.cluster.name)
+    return desc if desc is not None and desc.get("status") == "ACTIVE" else None
+
+
+def no_cluster(ctx: Context) -> Observation:
+    return Observation("absent", f"EKS cluster {ctx.cfg.cluster.name} does not exist yet (the cluster step creates it)")
+
+
+def no_kubeconfig(ctx: Context) -> Observation:
+    return Observation("unknown", f"cannot look inside the cluster: no kubeconfig at {ctx.kubeconfig} yet "
+                                  "(the cluster step writes it)")
+
+
+def look_inside(ctx: Context) -> k8s.Kube | Observation:
+    """The cluster's API to look inside, or why `up` cannot look yet (no cluster, no kubeconfig)."""
+    if cluster_active(ctx) is None:
+        return no_cluster(ctx)
+    kube = ctx.kube_or_none()
+    return no_kubeconfig(ctx) if kube is None else kube
+
+
+def gone(what: str) -> Observation:
+    return Observation("absent", what)
+
+
+def kube_if_cluster(ctx: Context) -> k8s.Kube | None:
+    """The API when the cluster still exists and raydlc's kubeconfig reaches it; else None (down's look)."""
+    desc = cloud.cluster(ctx.aws("eks"), ctx.cfg.cluster.name)
+    if desc is None or desc.get("status") not in ("ACTIVE", "UPDATING"):
+        return None
+    kube = ctx.kube_or_none()
+    if kube is None or not reaches(kube):
+        return None
+    return kube
+
+
+def reaches(kube: k8s.Kube) -> bool:
+    try:
+        kube.version()
+    except Exception:
+        return False
+    return True
+
+
+def ready_nodes(kube: k8s.Kube, role: str) -> list[dict[str, Any]]:
+    return [n for n in kube.nodes({ROLE: role}) if k8s.node_ready(n)]

@@ -1,0 +1,194 @@
+"""The GPU node group: EFA GPU nodes in one Availability Zone, the one the capacity resource chose.
+
+`up` creates it with eksctl in `ZoneChoice.zone`; when raydlc chose that zone and the group fails
+for capacity (InsufficientInstanceCapacity, …), the failed group is removed and the next ranked
+candidate tried, each attempt's error kept for the message. An AZ the user set (GPU_AZ), or the one
+an existing group is in, is never left. Done when every GPU node is Ready with its role label.
+`down` deletes the group and its stack and is done when no instance of it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from raydlc import kube as k8s
+from raydlc.lifecycle import cloud, commands, nodegroups
+from raydlc.lifecycle.resource import Resource, cluster_active, gone, kube_if_cluster, no_cluster, no_kubeconfig, ready_nodes
+from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.render import FILES
+from raydlc.render.nodes import GPU_ROLE, ROLE
+from raydlc.tools import ToolFailed
+
+if TYPE_CHECKING:
+    from raydlc.capacity.choice import ZoneChoice
+    from raydlc.lifecycle.context import Context
+
+
+class GpuNodeGroup(Resource):
+    name = "gpu-nodegroup"
+    summary = "EFA GPU node group in one AZ"
+    removal = "the EFA GPU node group"
+    tools = ("eksctl",)
+
+    def __init__(self, zones: Callable[[Context], ZoneChoice]) -> None:
+        self.zones = zones  # the capacity resource's decision: where to go, and where next
+
+    # ------------------------------------------------------------------ up
+
+    def look(self, ctx: Context) -> Observation:
+        cfg = ctx.cfg
+        ngname = cfg.gpu_nodes.nodegroup_name
+        if cluster_active(ctx) is None:
+            return no_cluster(ctx)
+        ng = nodegroups.describe(ctx, ngname)
+        if ng is None:
+            st = nodegroups.stack(ctx, ngname)
+            if st is not None and st.get("StackStatus") != "CREATE_IN_PROGRESS":
+                return Observation("absent", f"stale stack {st['StackName']} ({st['StackStatus']}) blocks the node group",
+                                   {"stale_stack": st["StackName"]})
+            if st is not None:
+                return Observation("creating", f"stack {st['StackName']} is CREATE_IN_PROGRESS")
+            return Observation("absent", f"node group {ngname} does not exist")
+        status = ng.get("status")
+        if status in nodegroups.FAILED:
+            err = nodegroups.launch_error(ctx, ng)
+            return Observation("degraded", f"node group {ngname} is {status}" + (f": {err}" if err else ""), {"failed": True})
+        if status in nodegroups.BUSY:
+            return Observation("creating", f"node group {ngname} is {status}")
+        if status == "DELETING":
+            return Observation("deleting", f"node group {ngname} is DELETING")
+        kube = ctx.kube_or_none()
+        if kube is None:
+            return no_kubeconfig(ctx)
+        want = cfg.gpu_nodes.count
+        ready = ready_nodes(kube, GPU_ROLE)
+        if len(ready) < want:
+            return Observation("creating", f"{len(ready)}/{want} GPU nodes Ready")
+        return Observation("ready", f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready")
+
+    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+        ngname = ctx.cfg.gpu_nodes.nodegroup_name
+        if obs.state == "ready":
+            return Plan("none", obs.reason)
+        if obs.state in ("creating", "unknown") and not obs.facts:
+            return Plan("wait", obs.reason, (f"eks:DescribeNodegroup {ngname} until ACTIVE; nodes role={GPU_ROLE} Ready",))
+        cmds: list[str] = []
+        if obs.facts.get("failed") or obs.state == "deleting":
+            cmds.append(str(commands.delete_nodegroup(ctx, ngname)))
+        if obs.facts.get("stale_stack"):
+            cmds.append(f"cloudformation:DeleteStack {obs.facts['stale_stack']}")
+        choice = self.zones(ctx)
+        where = f" in {choice.zone}" if choice.zone else ""
+        cmds += [f"write {ctx.path_of(FILES['eksctl'])} (GPU node group{where})", str(commands.create_nodegroup(ctx, ngname))]
+        if choice.chosen and len(choice.candidates) > 1:
+            cmds.append(f"on a capacity failure: delete it and retry in {', '.join(choice.candidates[1:])}")
+        return Plan("replace" if obs.facts else "create", obs.reason, tuple(cmds))
+
+    def ensure(self, ctx: Context, obs: Observation) -> None:
+        ngname = ctx.cfg.gpu_nodes.nodegroup_name
+        choice = self.zones(ctx)
+        ng = nodegroups.describe(ctx, ngname)
+        if ng is not None and ng.get("status") in nodegroups.BUSY:
+            ng = nodegroups.wait_settled(ctx, self.name, ngname)
+        if ng is not None and ng.get("status") == "ACTIVE":
+            return
+        tried: list[str] = []
+        if ng is not None and ng.get("status") in nodegroups.FAILED:
+            err = nodegroups.launch_error(ctx, ng)
+            az = nodegroups.zone_of(ctx, ng)
+            ctx.reporter.line(self.name, f"node group {ngname} is {ng.get('status')} in {az}: {err}; deleting it")
+            nodegroups.remove(ctx, self.name, ngname)
+            if az and cloud.is_capacity_error(err) and choice.chosen:
+                tried.append(az)
+        else:
+            nodegroups.remove(ctx, self.name, ngname)
+        self._create(ctx, choice, tried)
+
+    def _create(self, ctx: Context, choice: ZoneChoice, tried: list[str]) -> None:
+        """Create the group in the first candidate not yet tried; on a capacity failure in a zone raydlc chose, the next."""
+        ngname = ctx.cfg.gpu_nodes.nodegroup_name
+        candidates = [z for z in (choice.candidates or [choice.zone]) if z and z not in tried]
+        errors: list[str] = [f"{z}: a failed node group found there" for z in tried]
+        for i, az in enumerate(candidates):
+            if i > 0 or tried:
+                ctx.reporter.line(self.name, f"trying the next ranked AZ: {az}")
+            docs = ctx.documents("eksctl", choice.zones_for(az))
+            ctx.write({FILES["eksctl"]: docs[FILES["eksctl"]]})
+            tool_error = ""
+            try:
+                ctx.tool(self.name, commands.create_nodegroup(ctx, ngname), timeout=ctx.timings.nodegroup_s)
+            except ToolFailed as e:
+                tool_error = e.message
+            ng = nodegroups.wait_settled(ctx, self.name, ngname)
+            if ng is not None and ng.get("status") == "ACTIVE":
+                if errors:
+                    ctx.note(self.name, f"came up in {az} after: {'; '.join(errors)}")
+                return
+            err = self._failure(ctx, ng, tool_error)
+            errors.append(f"{az}: {err}")
+            nodegroups.remove(ctx, self.name, ngname)
+            if not (choice.chosen and cloud.is_capacity_error(err)):
+                break
+        hint = ("run `raydlc capacity` and set GPU_AZ to a zone that has capacity, or retry later"
+                if any(cloud.is_capacity_error(e) for e in errors) else "see the error above; re-run `raydlc up` once fixed")
+        raise StepFailed(f"GPU node group {ngname} could not be created: {' | '.join(errors)}", hint=hint)
+
+    def _failure(self, ctx: Context, ng: dict[str, Any] | None, tool_error: str) -> str:
+        """Why a create did not end ACTIVE: the launch error, the stack's failed resource, or eksctl's message."""
+        if ng is not None:
+            return nodegroups.launch_error(ctx, ng) or tool_error
+        st = nodegroups.stack(ctx, ctx.cfg.gpu_nodes.nodegroup_name)
+        why = cloud.stack_failure(ctx.aws("cloudformation"), st["StackName"]) if st else ""
+        return why or tool_error or "no node group was created"
+
+    def kept(self, ctx: Context) -> str:
+        cfg = ctx.cfg
+        ng = nodegroups.describe(ctx, cfg.gpu_nodes.nodegroup_name)
+        if ng is None or ng.get("status") != "ACTIVE":
+            raise StepFailed(f"node group {cfg.gpu_nodes.nodegroup_name} is {ng.get('status') if ng else 'absent'}")
+        kube = ctx.kube()
+        want = cfg.gpu_nodes.count
+        ready = ctx.wait(self.name, lambda: ready_nodes(kube, GPU_ROLE), lambda ns: len(ns) >= want,
+                         timeout=ctx.timings.nodes_s, what=f"{want} GPU nodes Ready with {ROLE}={GPU_ROLE}",
+                         explain=lambda ns: f"{len(ns)}/{want} Ready")
+        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}"
+
+    # ------------------------------------------------------------------ down
+
+    def left(self, ctx: Context) -> Observation:
+        ngname = ctx.cfg.gpu_nodes.nodegroup_name
+        ng = nodegroups.describe(ctx, ngname) if cloud.cluster(ctx.aws("eks"), ctx.cfg.cluster.name) else None
+        st = nodegroups.stack(ctx, ngname)
+        if ng is None and st is None:
+            return gone(f"node group {ngname} does not exist")
+        facts = {"nodegroup": ng is not None, "stack": st["StackName"] if st else None}
+        what = f"node group {ngname} is {ng.get('status')}" if ng else f"stack {st['StackName']} is {st['StackStatus']}"  # type: ignore[index]
+        return Observation("ready", what, facts)
+
+    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+        if obs.state == "absent":
+            return Plan("none", obs.reason)
+        if obs.facts.get("nodegroup"):
+            return Plan("delete", obs.reason, (str(commands.delete_nodegroup(ctx, ctx.cfg.gpu_nodes.nodegroup_name)),))
+        return Plan("delete", obs.reason, (f"cloudformation:DeleteStack {obs.facts['stack']}",))
+
+    def remove(self, ctx: Context, obs: Observation) -> None:
+        nodegroups.remove(ctx, self.name, ctx.cfg.gpu_nodes.nodegroup_name, stacks=None)
+
+    def cleared(self, ctx: Context) -> str:
+        cfg = ctx.cfg
+        name, ngname = cfg.cluster.name, cfg.gpu_nodes.nodegroup_name
+        if cloud.cluster(ctx.aws("eks"), name) and nodegroups.describe(ctx, ngname) is not None:
+            raise StepFailed(f"node group {ngname} still exists")
+        if nodegroups.stack(ctx, ngname) is not None:
+            raise StepFailed(f"stack {cloud.nodegroup_stack(name, ngname)} still exists")
+        left = [i["InstanceId"] for i in cloud.instances(ctx.aws("ec2"), name) if cloud.tag(i, "eks:nodegroup-name") == ngname]
+        if left:
+            raise StepFailed(f"instances of node group {ngname} still run: {', '.join(left)}",
+                             hint=f"aws ec2 terminate-instances --instance-ids {' '.join(left)} --region {cfg.cluster.region}")
+        kube = kube_if_cluster(ctx)
+        if kube is not None:
+            ctx.wait(self.name, lambda: kube.nodes({ROLE: GPU_ROLE}), lambda ns: not ns, timeout=ctx.timings.nodes_s,
+                     what="the GPU nodes to leave the cluster", explain=lambda ns: ", ".join(k8s.name_of(n) for n in ns))
+        return f"node group {ngname}, its stack and its instances are gone"

@@ -1,0 +1,257 @@
+"""The RayCluster and what it needs in its namespace: the namespace, the HF token Secret, the NetworkPolicies.
+
+`up` applies them (create or merge-patch) and is done when the head is Ready and every worker
+Running, naming the scheduler's reason for each pod that is not. `down` deletes them (and any
+RayJob), waits until no Ray pod is left, and removes the namespace when raydlc made it.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from raydlc import kube as k8s
+from raydlc.lifecycle.resource import Resource, gone, kube_if_cluster, look_inside
+from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.render import FILES
+from raydlc.render.eksctl import OWNER_TAG
+from raydlc.render.netpol import render_netpol
+from raydlc.render.raycluster import SECRET_KEYS, SECRET_NAME
+
+if TYPE_CHECKING:
+    from raydlc.lifecycle.context import Context
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "raydlc"}
+Pods = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (head pods, worker pods)
+
+
+@dataclass(frozen=True)
+class PodRow:
+    name: str
+    type: str
+    phase: str
+    ready: bool
+    node: str | None
+
+
+@dataclass(frozen=True)
+class RayClusterView:
+    """The RayCluster as `raydlc status` shows it: its state and each pod with its node."""
+
+    name: str
+    namespace: str
+    state: str
+    pods: tuple[PodRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "namespace": self.namespace, "state": self.state, "pods": [asdict(p) for p in self.pods]}
+
+
+def _hf_token() -> str | None:
+    return os.environ.get("HF_TOKEN") or None
+
+
+def desired_objects(ctx: Context) -> list[dict[str, Any]]:
+    """What `up` applies, in order: namespace, secret (when HF_TOKEN is set), policies, cluster."""
+    cfg = ctx.cfg
+    ns = cfg.cluster.namespace
+    labels = {**MANAGED_BY, OWNER_TAG: cfg.cluster.name}
+    out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}]
+    token = _hf_token()
+    if token:
+        out.append({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": SECRET_NAME, "namespace": ns, "labels": labels},
+            "data": {key: base64.b64encode(token.encode()).decode() for key in SECRET_KEYS[:1]},
+        })
+    out.extend(ctx.documents("netpol")[FILES["netpol"]]["items"])
+    out.append(ctx.documents("raycluster")[FILES["raycluster"]])
+    return out
+
+
+def _owned_objects(ctx: Context) -> list[tuple[str, str, str, str | None]]:
+    """What `down` deletes, by (apiVersion, kind, name, namespace); the namespace itself comes last."""
+    cfg = ctx.cfg
+    ns = cfg.cluster.namespace
+    out: list[tuple[str, str, str, str | None]] = [
+        ("ray.io/v1", "RayJob", cfg.ray.job_name, ns),
+        ("ray.io/v1", "RayCluster", cfg.ray.cluster_name, ns),
+    ]
+    out += [(p["apiVersion"], p["kind"], p["metadata"]["name"], ns) for p in render_netpol(cfg)["items"]]
+    out.append(("v1", "Secret", SECRET_NAME, ns))
+    return out
+
+
+def _describe(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']} {doc['metadata']['name']}"
+
+
+def ray_pods(kube: k8s.Kube, ctx: Context) -> Pods:
+    pods = kube.pods(ctx.cfg.cluster.namespace, labels={"ray.io/cluster": ctx.cfg.ray.cluster_name})
+    head = [p for p in pods if k8s.labels_of(p).get("ray.io/node-type") == "head"]
+    workers = [p for p in pods if k8s.labels_of(p).get("ray.io/node-type") == "worker"]
+    return head, workers
+
+
+def view(ctx: Context, kube: k8s.Kube) -> RayClusterView | None:
+    """The RayCluster and its pods for `status`; None when neither exists."""
+    cfg = ctx.cfg
+    rc = kube.get("ray.io/v1", "RayCluster", cfg.ray.cluster_name, cfg.cluster.namespace)
+    pods = kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name})
+    if rc is None and not pods:
+        return None
+    return RayClusterView(
+        cfg.ray.cluster_name, cfg.cluster.namespace,
+        ((rc or {}).get("status") or {}).get("state", "absent" if rc is None else "unknown"),
+        tuple(PodRow(k8s.name_of(p), k8s.labels_of(p).get("ray.io/node-type", ""), k8s.pod_phase(p), k8s.pod_ready(p),
+                     k8s.pod_node(p)) for p in pods),
+    )
+
+
+def _namespace_ours(kube: k8s.Kube, ctx: Context) -> bool:
+    ns = kube.get("v1", "Namespace", ctx.cfg.cluster.namespace)
+    return ns is not None and k8s.labels_of(ns).get(OWNER_TAG) == ctx.cfg.cluster.name
+
+
+class RayCluster(Resource):
+    name = "raycluster"
+    summary = "namespace, NetworkPolicies, RayCluster"
+    removal = "RayCluster, RayJob, NetworkPolicies, Secret, namespace"
+
+    # ------------------------------------------------------------------ up
+
+    def _pods_ok(self, ctx: Context, pods: Pods) -> bool:
+        head, workers = pods
+        running = [w for w in workers if k8s.pod_phase(w) == "Running"]
+        return any(k8s.pod_ready(h) for h in head) and len(running) >= ctx.cfg.gpu_nodes.count
+
+    def look(self, ctx: Context) -> Observation:
+        kube = look_inside(ctx)
+        if isinstance(kube, Observation):
+            return kube
+        differ: list[str] = []
+        missing: list[str] = []
+        for doc in desired_objects(ctx):
+            have = kube.get(doc["apiVersion"], doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace"))
+            if have is None:
+                missing.append(_describe(doc))
+            elif k8s.differences({k: v for k, v in doc.items() if k != "status"}, have):
+                differ.append(_describe(doc))
+        if missing and any(m.startswith("RayCluster ") for m in missing):
+            return Observation("absent", f"not created yet: {', '.join(missing)}", {"apply": True})
+        if missing or differ:
+            return Observation("degraded", "; ".join(filter(None, [
+                f"missing: {', '.join(missing)}" if missing else "",
+                f"differs from the rendered: {', '.join(differ)}" if differ else ""])), {"apply": True})
+        head, workers = ray_pods(kube, ctx)
+        if not self._pods_ok(ctx, (head, workers)):
+            return Observation("creating", f"head {'Ready' if any(k8s.pod_ready(h) for h in head) else 'not Ready'}, "
+                                           f"{sum(k8s.pod_phase(w) == 'Running' for w in workers)}/"
+                                           f"{ctx.cfg.gpu_nodes.count} workers Running")
+        return Observation("ready", f"RayCluster {ctx.cfg.ray.cluster_name}: head Ready, {ctx.cfg.gpu_nodes.count} workers Running")
+
+    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+        if obs.state == "ready":
+            return Plan("none", obs.reason)
+        what = ", ".join(_describe(d) for d in desired_objects(ctx))
+        secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
+        cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
+        if obs.facts.get("apply") or obs.state in ("absent", "unknown"):
+            return Plan("create" if obs.state in ("absent", "unknown") else "repair", obs.reason, (cmd,))
+        return Plan("wait", obs.reason, ("pods ray.io/cluster=" + ctx.cfg.ray.cluster_name + ": head Ready, workers Running",))
+
+    def ensure(self, ctx: Context, obs: Observation) -> None:
+        kube = ctx.kube()
+        for doc in desired_objects(ctx):
+            for applied in kube.apply(doc):
+                if applied.action != "unchanged":
+                    ctx.reporter.line(self.name, f"{applied.action} {applied.kind} {applied.name}")
+
+    def kept(self, ctx: Context) -> str:
+        cfg = ctx.cfg
+        kube = ctx.kube()
+        try:
+            ctx.wait(self.name, lambda: ray_pods(kube, ctx), lambda p: self._pods_ok(ctx, p), timeout=ctx.timings.pods_s,
+                     what=f"RayCluster {cfg.ray.cluster_name}: head Ready and {cfg.gpu_nodes.count} workers Running")
+        except k8s.KubeTimeout as e:
+            raise StepFailed(f"RayCluster {cfg.ray.cluster_name} not up: " + " | ".join(self._diagnosis(ctx, kube) or [e.message]),
+                             hint="Insufficient cpu/memory: the pod asks for more than the node offers (see `raydlc render`); "
+                             "Insufficient nvidia.com/gpu or vpc.amazonaws.com/efa: see the device-plugins step") from e
+        head, workers = ray_pods(kube, ctx)
+        where = sorted({k8s.pod_node(w) or "?" for w in workers})
+        return (f"head {k8s.name_of(head[0]) if head else '?'} Ready on {k8s.pod_node(head[0]) if head else '?'}; "
+                f"{len(workers)} workers Running on {', '.join(where)}")
+
+    def _diagnosis(self, ctx: Context, kube: k8s.Kube) -> list[str]:
+        """Each pod that is not up yet with the scheduler's reason; missing head or workers named."""
+        cfg = ctx.cfg
+        head, workers = ray_pods(kube, ctx)
+        events = kube.events(cfg.cluster.namespace)
+        lines = [f"pod {k8s.name_of(p)} ({k8s.labels_of(p).get('ray.io/node-type')}) is {k8s.pod_phase(p)}: "
+                 f"{k8s.pending_reason(p, events)}"
+                 for p in head + workers if not (k8s.pod_ready(p) if p in head else k8s.pod_phase(p) == "Running")]
+        if not head:
+            lines.append("no head pod exists (is the KubeRay operator running?)")
+        if len(workers) < cfg.gpu_nodes.count:
+            lines.append(f"{len(workers)}/{cfg.gpu_nodes.count} worker pods exist")
+        return lines
+
+    # ------------------------------------------------------------------ down
+
+    def _present(self, ctx: Context, kube: k8s.Kube) -> list[str]:
+        return [f"{kind} {name}" for av, kind, name, ns in _owned_objects(ctx) if kube.get(av, kind, name, ns) is not None]
+
+    def left(self, ctx: Context) -> Observation:
+        kube = kube_if_cluster(ctx)
+        if kube is None:
+            return gone("the cluster or its API is gone, and the Ray objects with it")
+        present = self._present(ctx, kube)
+        if _namespace_ours(kube, ctx):
+            present.append(f"Namespace {ctx.cfg.cluster.namespace}")
+        pods = sum(len(x) for x in ray_pods(kube, ctx))
+        if pods:
+            present.append(f"{pods} Ray pods")
+        if not present:
+            return gone(f"no RayCluster {ctx.cfg.ray.cluster_name} or other raydlc object in {ctx.cfg.cluster.namespace}")
+        return Observation("ready", "present: " + ", ".join(present), {"present": present})
+
+    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+        if obs.state == "absent":
+            return Plan("none", obs.reason)
+        return Plan("delete", obs.reason, (f"kubernetes delete: {', '.join(obs.facts.get('present', []))}; "
+                                           "wait until the Ray pods are gone",))
+
+    def remove(self, ctx: Context, obs: Observation) -> None:
+        kube = kube_if_cluster(ctx)
+        if kube is None:
+            return
+        cfg = ctx.cfg
+        for av, kind, name, ns in _owned_objects(ctx):
+            if kube.delete(av, kind, name, ns):
+                ctx.note(self.name, f"removed {kind} {name}")
+                ctx.reporter.line(self.name, f"deleted {kind} {name}")
+            else:
+                ctx.note(self.name, f"absent {kind} {name}")
+        ctx.wait(self.name, lambda: (kube.get("ray.io/v1", "RayCluster", cfg.ray.cluster_name, cfg.cluster.namespace),
+                                     ray_pods(kube, ctx)),
+                 lambda t: t[0] is None and not (t[1][0] or t[1][1]), timeout=ctx.timings.pods_s,
+                 what="the RayCluster and its pods to be gone",
+                 explain=lambda t: f"{len(t[1][0]) + len(t[1][1])} Ray pods left" + (", RayCluster still there" if t[0] else ""))
+        if _namespace_ours(kube, ctx):
+            ns = cfg.cluster.namespace
+            kube.delete("v1", "Namespace", ns)
+            ctx.wait(self.name, lambda: kube.get("v1", "Namespace", ns), lambda n: n is None, timeout=ctx.timings.pods_s,
+                     what=f"namespace {ns} to be deleted")
+            ctx.note(self.name, f"removed Namespace {ns}")
+
+    def cleared(self, ctx: Context) -> str:
+        kube = kube_if_cluster(ctx)
+        if kube is None:
+            return "no cluster API: nothing of Ray can be left in it"
+        left = self._present(ctx, kube)
+        pods = [k8s.name_of(p) for group in ray_pods(kube, ctx) for p in group]
+        if left or pods:
+            raise StepFailed(f"still present: {', '.join(left + pods)}")
+        return f"no RayCluster, RayJob, NetworkPolicy, Secret or Ray pod of {ctx.cfg.ray.cluster_name} left"
