@@ -102,7 +102,10 @@ def signature(name: str, obj: Any) -> str:
     def raw(a: Any) -> Any:
         return _Raw(a) if isinstance(a, str) else a
 
-    params = [p.replace(annotation=raw(p.annotation)) for p in sig.parameters.values()]
+    def default(d: Any) -> Any:  # a function's repr carries its address, which changes every run
+        return _Raw(d.__name__) if inspect.isfunction(d) else d
+
+    params = [p.replace(annotation=raw(p.annotation), default=default(p.default)) for p in sig.parameters.values()]
     sig = sig.replace(parameters=params, return_annotation=raw(sig.return_annotation))
     one_line = f"{name}{sig}"
     if len(one_line) <= _WIDTH:
