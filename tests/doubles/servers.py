@@ -1,7 +1,9 @@
 """The local stand-ins `raydlc up` talks to: a moto server and kmock with its gaps filled.
 
-Used by tests/lifecycle/conftest.py and benchmarks/up_critical_path.py. kmock 0.8's gaps are
-filled here, never in raydlc: Namespace paths are parsed as the cluster-scoped resource they
+Used by tests/lifecycle/conftest.py and benchmarks/up_critical_path.py. moto 5.2's CloudFormation
+keeps a stack's EnableTerminationProtection but neither honours it nor offers UpdateTerminationProtection;
+both are filled here (`fill_cloudformation_gaps`), as AWS behaves. kmock 0.8's gaps are
+filled here too, never in raydlc: Namespace paths are parsed as the cluster-scoped resource they
 are (kmock reads /api/v1/namespaces/NAME as a namespaced path and fails), list requests
 honour labelSelector and fieldSelector, and every resource raydlc lists is declared, so an
 empty kind lists as [] the way a real API server answers, not 404.
@@ -24,10 +26,50 @@ RESOURCES = [
 ]
 
 
+def fill_cloudformation_gaps() -> None:
+    """Termination protection as CloudFormation has it, in this process's moto (the server runs in a thread).
+
+    DeleteStack of a protected stack is refused with AWS's 400 ValidationError ("Stack [NAME] cannot be
+    deleted while TerminationProtection is enabled") and leaves the stack as it was;
+    UpdateTerminationProtection sets the flag and answers the StackId. Installed once per process.
+    """
+    from moto.cloudformation.exceptions import ValidationError
+    from moto.cloudformation.models import CloudFormationBackend
+    from moto.cloudformation.responses import CloudFormationResponse
+    from moto.core.responses import ActionResult
+
+    if getattr(CloudFormationBackend, "_protection_honoured", False):
+        return
+    original = CloudFormationBackend.delete_stack
+
+    def live(backend: Any, name_or_id: str) -> Any:
+        return backend.stacks.get(name_or_id) or next((s for s in backend.stacks.values() if s.name == name_or_id), None)
+
+    def delete_stack(backend: Any, name_or_stack_id: str) -> None:
+        stack = live(backend, name_or_stack_id)
+        if stack is not None and stack.enable_termination_protection:
+            raise ValidationError(message=f"Stack [{name_or_stack_id}] cannot be deleted while TerminationProtection is enabled")
+        original(backend, name_or_stack_id)
+
+    def update_termination_protection(response: Any) -> Any:
+        name = response._get_param("StackName")
+        flag = response._get_param("EnableTerminationProtection")
+        stack = live(response.cloudformation_backend, name)
+        if stack is None:
+            raise ValidationError(name)
+        stack.enable_termination_protection = flag is True or str(flag).lower() == "true"
+        return ActionResult({"StackId": stack.stack_id})
+
+    CloudFormationBackend.delete_stack = delete_stack  # type: ignore[method-assign]
+    CloudFormationResponse.update_termination_protection = update_termination_protection  # type: ignore[attr-defined]
+    CloudFormationBackend._protection_honoured = True  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    fill_cloudformation_gaps()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -135,6 +135,40 @@ class World:
 
         self.monkeypatch.setattr(EKSBackend, "create_nodegroup", create_nodegroup)
 
+    def roll_back_nodegroups_in(self, zones: set[str], instance_type: str = "g6.12xlarge") -> None:
+        """What AWS does when a managed node group cannot launch for capacity: the stack's
+        AWS::EKS::Nodegroup resource is CREATE_FAILED with EKS's health issue, CloudFormation rolls the
+        stack back (eksctl leaves rollback on) and deletes the node group, and the stack is left
+        ROLLBACK_COMPLETE, still termination-protected. moto has no failing create: flipped in its backend."""
+        from moto.cloudformation.models import Event
+        from moto.eks.models import EKSBackend
+
+        original = EKSBackend.create_nodegroup
+        world = self
+
+        def create_nodegroup(backend: Any, *args: Any, **kw: Any) -> Any:
+            ng = original(backend, *args, **kw)
+            ec2 = world.backend("ec2")
+            azs = {ec2.get_subnet(s).availability_zone for s in ng.subnets}
+            if azs & zones and instance_type in ng.instance_types:
+                az = sorted(azs & zones)[0]
+                backend.clusters[ng.cluster_name].nodegroups.pop(ng.nodegroup_name)
+                stack = f"eksctl-{ng.cluster_name}-nodegroup-{ng.nodegroup_name}"
+                reason = (f"Resource handler returned message: \"[Issue(Code=AsgInstanceLaunchFailures, Message=Could not "
+                          f"launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have sufficient "
+                          f"{instance_type} capacity in the Availability Zone you requested ({az}).)]\"")
+                for s in world.backend("cloudformation").stacks.values():
+                    if s.name == stack:
+                        s.status = "ROLLBACK_COMPLETE"
+                        s.events.append(Event(stack_id=s.stack_id, stack_name=s.name, logical_resource_id="ManagedNodeGroup",
+                                              physical_resource_id="", resource_type="AWS::EKS::Nodegroup",
+                                              resource_status="CREATE_FAILED", resource_status_reason=reason,
+                                              resource_properties=None))
+                world.patches.append(f"{ng.nodegroup_name} rolled back in {az}")
+            return ng
+
+        self.monkeypatch.setattr(EKSBackend, "create_nodegroup", create_nodegroup)
+
     def stack_delete_fails_once(self, name: str) -> None:
         """The first DeleteStack of `name` ends DELETE_FAILED (a VPC with dependencies), as CloudFormation does."""
         from moto.cloudformation.models import CloudFormationBackend
