@@ -182,10 +182,16 @@ def create_cluster(args: argparse.Namespace) -> None:
         ec2 = client("ec2", region)
         vpc = next(o["OutputValue"] for o in cfn.describe_stacks(StackName=stack)["Stacks"][0]["Outputs"] if o["OutputKey"] == "VPC")
         subnets = [s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]]
-        eks.create_cluster(
-            name=name, version=str(meta.get("version", "1.36")), roleArn=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{name}-cluster-ServiceRole",
-            resourcesVpcConfig={"subnetIds": subnets}, tags=dict(meta.get("tags") or {}),
-        )
+        try:
+            eks.create_cluster(
+                name=name, version=str(meta.get("version", "1.36")),
+                roleArn=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{name}-cluster-ServiceRole",
+                resourcesVpcConfig={"subnetIds": subnets}, tags=dict(meta.get("tags") or {}),
+            )
+        except eks.exceptions.ClientError as e:  # EKS refused the control plane: the stack rolled back
+            if e.response["Error"]["Code"] != "UnsupportedAvailabilityZoneException":
+                raise
+            rolled_back(cfn, stack)
         kube = Kube(os.environ[KUBE_URL_ENV])
         kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
     for addon in cfg.get("addons") or []:

@@ -1,8 +1,9 @@
 """The local stand-ins `raydlc up` talks to: a moto server and kmock with its gaps filled.
 
 Used by tests/lifecycle/conftest.py and benchmarks/up_critical_path.py. moto 5.2's CloudFormation
-keeps a stack's EnableTerminationProtection but neither honours it nor offers UpdateTerminationProtection;
-both are filled here (`fill_cloudformation_gaps`), as AWS behaves. kmock 0.8's gaps are
+keeps a stack's EnableTerminationProtection but neither honours it nor offers UpdateTerminationProtection,
+and its EKS accepts control-plane subnets in any zone; both are filled here (`fill_cloudformation_gaps`,
+`fill_eks_gaps`), as AWS behaves. kmock 0.8's gaps are
 filled here too, never in raydlc: Namespace paths are parsed as the cluster-scoped resource they
 are (kmock reads /api/v1/namespaces/NAME as a namespaced path and fails), list requests
 honour labelSelector and fieldSelector, and every resource raydlc lists is declared, so an
@@ -65,11 +66,64 @@ def fill_cloudformation_gaps() -> None:
     CloudFormationBackend._protection_honoured = True  # type: ignore[attr-defined]
 
 
+# The zone IDs EKS refuses control-plane subnets in (eksctl v0.230.0 `pkg/az/az.go` `zoneIDsToAvoid`).
+EKS_REFUSED_ZONE_IDS = {"us-east-1": {"use1-az3"}, "us-west-1": {"usw1-az2"}, "ca-central-1": {"cac1-az3"}}
+
+
+def fill_eks_gaps() -> None:
+    """EKS's refusal of a control plane with a subnet in those zone IDs, which moto 5.2 lacks.
+
+    CreateCluster answers 400 UnsupportedAvailabilityZoneException with EKS's message. Under eksctl the
+    control plane is a resource of the `eksctl-<name>-cluster` stack, so CloudFormation rolls that stack
+    back: it is left ROLLBACK_COMPLETE (still termination-protected) with the AWS::EKS::Cluster resource's
+    CREATE_FAILED event. The eksctl double creates the cluster beside its stack, so that is done here.
+    """
+    from moto.cloudformation.models import Event, cloudformation_backends
+    from moto.ec2.models import ec2_backends
+    from moto.eks.exceptions import EKSError
+    from moto.eks.models import EKSBackend
+
+    if getattr(EKSBackend, "_zones_refused", False):
+        return
+
+    class UnsupportedAvailabilityZoneException(EKSError):
+        TYPE = "UnsupportedAvailabilityZoneException"
+        STATUS = 400
+
+    original = EKSBackend.create_cluster
+
+    def create_cluster(backend: Any, name: str, role_arn: str, resources_vpc_config: dict[str, Any], *args: Any,
+                       **kw: Any) -> Any:
+        ec2 = ec2_backends[backend.account_id][backend.region_name]
+        subnets = [ec2.get_subnet(s) for s in resources_vpc_config.get("subnetIds") or []]
+        bad = sorted({s.availability_zone for s in subnets
+                      if s.availability_zone_id in EKS_REFUSED_ZONE_IDS.get(backend.region_name, set())})
+        if not bad:
+            return original(backend, name, role_arn, resources_vpc_config, *args, **kw)
+        good = sorted(z.name for z in ec2.describe_availability_zones() if z.name not in bad)
+        message = (f"Cannot create cluster '{name}' because {bad[0]}, the targeted availability zone, does not currently "
+                   f"have sufficient capacity to support the cluster. Retry and choose from these availability zones: "
+                   f"{', '.join(good)}")
+        cfn = cloudformation_backends[backend.account_id][backend.region_name]
+        for st in cfn.stacks.values():
+            if st.name == f"eksctl-{name}-cluster":
+                st.status = "ROLLBACK_COMPLETE"
+                st.events.append(Event(stack_id=st.stack_id, stack_name=st.name, logical_resource_id="ControlPlane",
+                                       physical_resource_id="", resource_type="AWS::EKS::Cluster",
+                                       resource_status="CREATE_FAILED", resource_status_reason=message,
+                                       resource_properties=None))
+        raise UnsupportedAvailabilityZoneException(clusterName=name, message=message, validZones=good)
+
+    EKSBackend.create_cluster = create_cluster  # type: ignore[method-assign]
+    EKSBackend._zones_refused = True  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     fill_cloudformation_gaps()
+    fill_eks_gaps()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -86,13 +140,17 @@ def reset_moto(url: str, warm_regions: tuple[str, ...] = ()) -> None:
     loaded machine outlasts raydlc's 8 s read timeout and fails the test's first real call instead.
     """
     urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", data=b"", method="POST"), timeout=30).read()
-    if warm_regions:
-        import boto3
-        from botocore.config import Config
+    for region in warm_regions:
+        warm(url, region)
 
-        for region in warm_regions:
-            boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                         config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
+
+def warm(url: str, region: str) -> None:
+    """Build moto's EC2 backend of `region` now, with a timeout long enough for a loaded machine."""
+    import boto3
+    from botocore.config import Config
+
+    boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
 
 
 def parse_path_with_namespaces(original: Callable[[str], Any]) -> Callable[[str], Any]:

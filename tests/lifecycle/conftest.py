@@ -61,6 +61,13 @@ class World:
     scenario_file: Path
     reservations: list[dict[str, Any]] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
+    region: str = REGION  # what `client` and `backend` read; `in_region` moves the test elsewhere
+
+    def in_region(self, region: str) -> None:
+        """Run the test in another region: moto's EC2 backend there is built now, and REGION is set for raydlc."""
+        servers.warm(self.moto_url, region)
+        self.region = region
+        self.monkeypatch.setenv("RAYDLC_REGION", region)
 
     # -- doubles
 
@@ -89,14 +96,14 @@ class World:
     def client(self, service: str) -> Any:
         from raydlc import aws
 
-        return aws.client(aws.session(REGION), service)
+        return aws.client(aws.session(self.region), service)
 
     # -- moto, shaped in this process where the API has no path
 
     def backend(self, service: str) -> Any:
         from moto.backends import get_backend
 
-        return get_backend(service)[ACCOUNT][REGION]  # type: ignore[index]
+        return get_backend(service)[ACCOUNT][self.region]  # type: ignore[index]
 
     def set_stack_status(self, name: str, status: str) -> None:
         stacks = [s for s in self.backend("cloudformation").stacks.values() if s.name == name]
