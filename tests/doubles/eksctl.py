@@ -120,6 +120,24 @@ def delete_stack(cfn: Any, cluster: str, stack: str) -> None:
     say(f'[ℹ]  will delete stack "{stack}"')
 
 
+def authenticator(cluster: str, region: str) -> dict[str, Any]:
+    """The exec entry eksctl writes: aws-iam-authenticator, else `aws eks get-token`, else aws-iam-authenticator
+    even though it is not installed (`pkg/utils/kubeconfig/kubeconfig.go` `NewForKubectl`, `AppendAuthenticator`)."""
+    import shutil
+
+    cmd = next((c for c in ("aws-iam-authenticator", "aws") if shutil.which(c)), "aws-iam-authenticator")
+    env = [{"name": "AWS_STS_REGIONAL_ENDPOINTS", "value": "regional"}]
+    if cmd == "aws":
+        args = ["eks", "get-token", "--output", "json", "--cluster-name", cluster, "--region", region]
+    else:
+        args = ["token", "-i", cluster]
+        env.append({"name": "AWS_DEFAULT_REGION", "value": region})
+    if os.environ.get("AWS_PROFILE"):
+        env.append({"name": "AWS_PROFILE", "value": os.environ["AWS_PROFILE"]})
+    return {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": cmd, "args": args, "env": env,
+            "provideClusterInfo": False}
+
+
 def write_kubeconfig(path: str, cluster: str, region: str) -> None:
     url = os.environ[KUBE_URL_ENV]
     ctx = f"raydlc@{cluster}.{region}.eksctl.io"
@@ -127,7 +145,7 @@ def write_kubeconfig(path: str, cluster: str, region: str) -> None:
         "apiVersion": "v1", "kind": "Config", "current-context": ctx,
         "clusters": [{"name": f"{cluster}.{region}.eksctl.io", "cluster": {"server": url}}],
         "contexts": [{"name": ctx, "context": {"cluster": f"{cluster}.{region}.eksctl.io", "user": ctx}}],
-        "users": [{"name": ctx, "user": {"token": "double-token"}}],
+        "users": [{"name": ctx, "user": {"exec": authenticator(cluster, region)}}],
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(doc))

@@ -2,8 +2,9 @@
 
 Used by tests/lifecycle/conftest.py and benchmarks/up_critical_path.py. moto 5.2's CloudFormation
 keeps a stack's EnableTerminationProtection but neither honours it nor offers UpdateTerminationProtection,
-and its EKS accepts control-plane subnets in any zone; both are filled here (`fill_cloudformation_gaps`,
-`fill_eks_gaps`), as AWS behaves. kmock 0.8's gaps are
+its EKS accepts control-plane subnets in any zone, and its server sends a presigned STS GET (an EKS
+token replayed) to S3; all three are filled here (`fill_cloudformation_gaps`, `fill_eks_gaps`,
+`fill_presigned_sts_gap`), as AWS behaves. kmock 0.8's gaps are
 filled here too, never in raydlc: Namespace paths are parsed as the cluster-scoped resource they
 are (kmock reads /api/v1/namespaces/NAME as a namespaced path and fails), list requests
 honour labelSelector and fieldSelector, and every resource raydlc lists is declared, so an
@@ -118,12 +119,37 @@ def fill_eks_gaps() -> None:
     EKSBackend._zones_refused = True  # type: ignore[attr-defined]
 
 
+def fill_presigned_sts_gap() -> None:
+    """Route a presigned STS GET (an EKS token replayed, as the EKS authenticator does) to moto's STS.
+
+    moto's server picks the service from the Authorization header; a presigned request carries its
+    credential scope in the `X-Amz-Credential` query parameter instead, so moto sent it to S3.
+    """
+    from urllib.parse import parse_qs
+
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    if getattr(DomainDispatcherApplication, "_presigned_sts", False):
+        return
+    original = DomainDispatcherApplication.infer_service_region_host
+
+    def infer(app: Any, environ: dict[str, Any], path: str) -> str | None:
+        scope = (parse_qs(environ.get("QUERY_STRING", "")).get("X-Amz-Credential") or [""])[0].split("/")
+        if not environ.get("HTTP_AUTHORIZATION") and len(scope) == 5 and scope[3] == "sts":
+            return f"sts.{scope[2]}.amazonaws.com"
+        return original(app, environ, path)
+
+    DomainDispatcherApplication.infer_service_region_host = infer  # type: ignore[method-assign]
+    DomainDispatcherApplication._presigned_sts = True  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     fill_cloudformation_gaps()
     fill_eks_gaps()
+    fill_presigned_sts_gap()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -246,3 +272,30 @@ def install_doubles(bin_dir: Any, python: str) -> None:
         shim = Path(bin_dir) / tool
         shim.write_text(f'#!/bin/sh\nexec "{python}" "{here / (tool + ".py")}" "$@"\n')
         shim.chmod(0o755)
+
+
+@contextlib.contextmanager
+def refusing_sts() -> Iterator[str]:
+    """An STS that refuses every signature, as AWS does for expired or bad credentials (HTTP 403, its error XML)."""
+    import http.server
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (b"<ErrorResponse><Error><Type>Sender</Type><Code>InvalidClientTokenId</Code>"
+                    b"<Message>The security token included in the request is invalid.</Message></Error></ErrorResponse>")
+            self.send_response(403)
+            self.send_header("Content-Type", "text/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

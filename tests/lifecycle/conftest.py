@@ -8,7 +8,8 @@
 - Kubernetes: kmock on 127.0.0.1 in a thread, its gaps filled in tests/doubles/servers.py,
   never in raydlc.
 - Tools: `eksctl` and `helm` on PATH are the recorded doubles in tests/doubles/, first on PATH
-  ahead of any real tool; KUBECONFIG points nowhere and HOME is the test's own, so nothing
+  ahead of any real tool; `aws` and `aws-iam-authenticator` are kept off PATH (a new user with
+  boto3 credentials only), so the kubeconfig works only through `raydlc eks-token`; KUBECONFIG points nowhere and HOME is the test's own, so nothing
   can reach a real cluster or a real account.
 - The KubeRay operator and the scheduler: tests/doubles/kuberay.py in a thread.
 """
@@ -268,6 +269,12 @@ def _reservation_handlers(world: World) -> dict[str, Callable[..., Any]]:
     }
 
 
+def _without_aws_clis() -> list[str]:
+    """PATH without `aws` and `aws-iam-authenticator`: a new user with only boto3 credentials has neither."""
+    dirs = os.environ["PATH"].split(os.pathsep)
+    return [d for d in dirs if not any(os.path.exists(os.path.join(d, t)) for t in ("aws", "aws-iam-authenticator"))]
+
+
 @pytest.fixture
 def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[World]:
     import raydlc.aws
@@ -287,7 +294,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
         "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "HOME": str(home),
-        "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "PATH": os.pathsep.join([str(bin_dir), *_without_aws_clis()]),
         "DOUBLES_LOG": str(w.log), "DOUBLES_SCENARIO": str(w.scenario_file), "DOUBLES_KUBE_URL": kube_server.url,
     }
     for k, v in env.items():

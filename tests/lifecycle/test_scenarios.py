@@ -320,6 +320,47 @@ def test_head_pending_for_insufficient_cpu_is_named_with_the_schedulers_reason(w
     assert "Insufficient cpu" in rc.reason and "Insufficient cpu" in (rc.error.hint or "")
 
 
+def test_with_no_aws_cli_up_and_status_reach_the_cluster_through_raydlcs_token_plugin(world, capsys) -> None:
+    """eksctl writes an exec plugin of aws-iam-authenticator even when it is not installed; raydlc's replaces it."""
+    import shutil
+
+    import yaml
+
+    from raydlc.cli import main
+
+    assert shutil.which("aws") is None and shutil.which("aws-iam-authenticator") is None
+    rec = Recorder()
+    run = lifecycle.up(world.config(), until="cluster", timings=FAST, reporter=rec)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    path = Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig"
+    doc = yaml.safe_load(path.read_text())
+    (user,) = doc["users"]
+    ex = user["user"]["exec"]
+    assert Path(ex["command"]).is_absolute() and Path(ex["command"]).exists()
+    assert ex["args"][-5:] == ["eks-token", "--cluster", CLUSTER, "--region", "us-east-2"]
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert any("STS accepts an EKS token signed as arn:aws:sts::123456789012:" in t for _, _, t in rec.events)
+    assert main(["status", "--json"]) == 0
+    steps = {s["step"]: s["state"] for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
+    assert steps["cluster"] == "ready"
+    shown = json.dumps(rec.events) + world.log.read_text() + json.dumps(run.to_dict())
+    assert "k8s-aws-v1." not in shown and "X-Amz-Signature" not in shown
+
+
+def test_up_whose_token_sts_refuses_stops_before_anything_is_created(world, capsys) -> None:
+    from servers import refusing_sts
+
+    from raydlc.cli import main
+
+    before = world.aws_snapshot()
+    with refusing_sts() as url:
+        world.monkeypatch.setenv("AWS_ENDPOINT_URL_STS", url)
+        assert main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert "error: STS at" in err and "refused the EKS token" in err and "InvalidClientTokenId" in err
+    assert world.mutating_calls() == [] and world.aws_snapshot() == before
+
+
 def test_hf_token_becomes_a_secret_and_appears_nowhere_else(world, capsys: pytest.CaptureFixture[str]) -> None:
     token = "hf_" + "Zq7" * 10
     world.monkeypatch.setenv("HF_TOKEN", token)

@@ -90,6 +90,14 @@ def _refuse_zone(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
         raise InputError(choice.reason, hint=choice.hint)
 
 
+def _check_token(ctx: Context) -> None:
+    """The cluster will authenticate raydlc by an STS-signed token: one STS refuses stops `up` before it bills."""
+    from raydlc import ekstoken
+
+    who = ekstoken.check(ctx.aws_session(), ctx.cfg.cluster.name)
+    ctx.reporter.line("capacity", f"STS accepts an EKS token signed as {who}")
+
+
 def up(
     cfg: Config, *, only: str | None = None, from_: str | None = None, until: str | None = None,
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
@@ -104,6 +112,7 @@ def up(
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
     _require_tools(ctx, graph, selected)
     _refuse_zone(ctx, graph, selected)
+    _check_token(ctx)
     return Run("up", False, run_all(plan, ctx, selected), ctx.notes)
 
 
