@@ -416,6 +416,19 @@ def status(
         view.print_status(doc, console)
 
 
+@app.command("eks-token", hidden=True)
+def eks_token(
+    cluster: str = typer.Option(..., "--cluster", help="The EKS cluster the token is for."),
+    region: str = typer.Option(..., "--region", help="Its region."),
+) -> None:
+    """The exec credential plugin raydlc's kubeconfig runs: an ExecCredential on stdout, for the client only."""
+    import json
+
+    from raydlc import ekstoken
+
+    sys.stdout.write(json.dumps(ekstoken.exec_credential(cluster, region)) + "\n")
+
+
 # ---- jobs on the Ray cluster: submit, job …, verify, bench-transport ------------------------------
 # Each command parses, calls its use case in raydlc.api (which reaches the head and does the work)
 # and prints; Ctrl-C while a job streams detaches here: the job goes on.

@@ -30,7 +30,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 FIELD_MANAGER = "raydlc"
 MERGE_PATCH = "application/merge-patch+json"
-REQUEST_TIMEOUT_S = 30
+# Each request: a connect and a read timeout, as the AWS calls have (raydlc.aws), and one retry of a
+# connection that failed to open; a read that timed out is not retried. A server that accepts and never
+# answers costs one read timeout per request, and once it has not answered for UNANSWERED_BUDGET_S in a
+# row, every later request of the same client fails at once: a command ends within about 20 s, naming
+# the endpoint. Waits and watches keep their own step timeouts (`wait_until`); an answer resets the count.
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 10.0
+UNANSWERED_BUDGET_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -106,16 +113,21 @@ class KubeUnreachable(KubeError):
 
 
 def load_client(kubeconfig: str | Path, context: str | None = None) -> ApiClient:
-    """An ApiClient from a kubeconfig file (exec plugins such as `aws eks get-token` included)."""
-    from kubernetes import config
+    """An ApiClient from a kubeconfig file (exec plugins such as `raydlc eks-token` included), retrying
+    only a connection that could not be opened (a read that timed out is not sent again)."""
+    from kubernetes import client, config
+    from urllib3.util.retry import Retry
 
     path = Path(kubeconfig).expanduser()
     if not path.is_file():
         raise InputError(f"kubeconfig {path} does not exist", hint="run `raydlc up` (it writes one) or pass --kubeconfig")
+    conf = client.Configuration()
     try:
-        return config.new_client_from_config(config_file=str(path), context=context, persist_config=False)
+        config.load_kube_config(config_file=str(path), context=context, client_configuration=conf, persist_config=False)
     except Exception as e:  # the loader raises ConfigException, ValueError, yaml errors, exec failures
         raise KubeError(f"kubeconfig {path} cannot be used: {e}", hint="rewrite it with `raydlc up --only cluster`") from e
+    conf.retries = Retry(total=1, connect=1, read=0, status=0, redirect=0, other=0, raise_on_status=False)
+    return client.ApiClient(configuration=conf)
 
 
 def _labels(selector: Mapping[str, str] | str | None) -> str | None:
@@ -127,9 +139,13 @@ def _labels(selector: Mapping[str, str] | str | None) -> str | None:
 class Kube:
     """The Kubernetes API for one cluster, through one ApiClient."""
 
-    def __init__(self, api: ApiClient, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, api: ApiClient, *, connect_s: float = CONNECT_TIMEOUT_S, read_s: float = READ_TIMEOUT_S,
+                 budget_s: float = UNANSWERED_BUDGET_S) -> None:
         self.api = api
-        self.timeout_s = timeout_s
+        self.timeout = (connect_s, read_s)
+        self.budget_s = budget_s
+        self._unanswered_s = 0.0  # time spent in a row on requests the server did not answer
+        self._silent: KubeUnreachable | None = None
 
     @property
     def host(self) -> str:
@@ -150,28 +166,38 @@ class Kube:
         """(status, decoded body); transport failures raise KubeUnreachable, HTTP errors do not."""
         from urllib3.exceptions import HTTPError
 
+        if self._silent is not None:  # this command's budget for an API that does not answer is spent
+            raise self._silent
         headers = {"Accept": "application/json" if not raw else "*/*", "User-Agent": "raydlc"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        started = time.monotonic()
         try:
             serialized = self.api.param_serialize(
                 method=method, resource_path=path, query_params=params, header_params=headers, body=body,
                 auth_settings=["BearerToken"],
             )
-            resp = self.api.call_api(*serialized, _request_timeout=self.timeout_s)
+            resp = self.api.call_api(*serialized, _request_timeout=self.timeout)
             resp.read()
         except HTTPError as e:
-            raise KubeUnreachable(
-                f"the Kubernetes API at {self.host} did not answer ({type(e).__name__}: {e})",
+            self._unanswered_s += time.monotonic() - started
+            err = KubeUnreachable(
+                f"the Kubernetes API at {self.host} did not answer {method} {path} ({_why(e)})",
                 hint="check the cluster exists (`raydlc status`) and the kubeconfig points at it",
-            ) from e
+            )
+            if self._unanswered_s >= self.budget_s:
+                self._silent = KubeUnreachable(
+                    f"the Kubernetes API at {self.host} has not answered for {self._unanswered_s:.0f} s ({_why(e)})",
+                    hint=err.hint)
+            raise err from e
         except Exception as e:
             from kubernetes.client.exceptions import ApiException
 
             if isinstance(e, ApiException):
                 return int(e.status or 0), _decode(e.body)
             raise
+        self._unanswered_s = 0.0
         data = resp.data or b""
         if raw:
             return int(resp.status), data.decode("utf-8", "replace")
@@ -318,6 +344,16 @@ def wait_until(
         else:
             time.sleep(pause)
         pause = min(pause * 2, interval)
+
+
+def _why(e: Exception) -> str:
+    """A transport failure in a few words: urllib3 wraps the cause in MaxRetryError's `reason`."""
+    cause = getattr(e, "reason", None) or e
+    text = str(cause)
+    if "timed out" in text.lower():
+        return f"no answer within the {READ_TIMEOUT_S:g} s read timeout" if "read" in text.lower() else \
+            f"no connection within {CONNECT_TIMEOUT_S:g} s"
+    return f"{type(cause).__name__}: {text[:200]}"
 
 
 def _decode(data: bytes | str | None) -> Any:

@@ -10,6 +10,7 @@ each test says which calls are answered that way.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,12 @@ import raydlc.aws
 
 @pytest.fixture(scope="session")
 def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
+    """The moto server of tests/doubles/servers.py, with its gaps filled as AWS behaves."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "doubles"))
+    import servers
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with servers.moto_server() as url:
+        yield url
 
 
 @pytest.fixture

@@ -250,6 +250,10 @@ LIFECYCLE = [
     r("down-unknown-flag", "down --local-cluster", 2, "--local-cluster"),
     r("status-no-credentials", "status --json", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
     r("status-region-unknown", "--set REGION=xx-north-9 status", 2, "unknown AWS region"),
+    r("eks-token-no-cluster", "eks-token --region us-east-2", 2, "Missing option '--cluster'", sub=True),
+    r("eks-token-no-credentials", "eks-token --cluster c1 --region us-east-2", 2, "no AWS credentials",
+      env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
+    r("eks-token-region-unknown", "eks-token --cluster c1 --region xx-north-9", 2, "unknown AWS region"),
 ]
 
 OVER_UPLOAD = {"proj/train.py": "print(1)\n", "proj/weights.bin": Sparse(101 * 2**20)}

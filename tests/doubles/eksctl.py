@@ -7,6 +7,10 @@ with private subnets and a NAT gateway (through CloudFormation), the EKS cluster
 node groups, EC2 instances tagged `eks:cluster-name`, Kubernetes nodes with labels, taints and
 allocatable CPU/memory, and (for `efaEnabled` groups) its EFA device-plugin DaemonSet.
 
+Every stack is created with termination protection on, and eksctl's own deletes check the stack
+bears its cluster-name tag and turn the protection off first (`pkg/cfn/manager/api.go`,
+`DoCreateStackRequest`, `DeleteStackBySpec`): a raw DeleteStack of one fails, as on AWS.
+
 moto leaves a stack's NAT gateway and Elastic IP in place when the stack is deleted; real
 CloudFormation deletes them, so the double does (unless the scenario's `delete_leaves_nat`
 asks for the "VPC has dependencies" failure).
@@ -96,6 +100,44 @@ def stack_exists(cfn: Any, name: str) -> dict[str, Any] | None:
     return live[0] if live else None
 
 
+def create_stack(cfn: Any, stack: str, template: dict[str, Any], tags: list[dict[str, str]]) -> None:
+    """CreateStack as eksctl's DoCreateStackRequest sends it: EnableTerminationProtection always true."""
+    cfn.create_stack(StackName=stack, TemplateBody=json.dumps(template), Tags=tags, EnableTerminationProtection=True)
+
+
+def delete_stack(cfn: Any, cluster: str, stack: str) -> None:
+    """eksctl's DeleteStackBySpec: refuse a stack without our cluster-name tag, unprotect, then delete by ID."""
+    found = stack_exists(cfn, stack)
+    if found is None:
+        return
+    tags = {t["Key"]: t["Value"] for t in found.get("Tags") or []}
+    if cluster not in (tags.get("alpha.eksctl.io/cluster-name"), tags.get("eksctl.cluster.k8s.io/v1alpha1/cluster-name")):
+        fail(f'Error: cannot delete stack "{stack}" as it doesn\'t bear our "eksctl.cluster.k8s.io/v1alpha1/cluster-name:'
+             f'{cluster}", "alpha.eksctl.io/cluster-name:{cluster}" tags')
+    if found.get("EnableTerminationProtection"):
+        cfn.update_termination_protection(StackName=found["StackId"], EnableTerminationProtection=False)
+    cfn.delete_stack(StackName=found["StackId"])
+    say(f'[ℹ]  will delete stack "{stack}"')
+
+
+def authenticator(cluster: str, region: str) -> dict[str, Any]:
+    """The exec entry eksctl writes: aws-iam-authenticator, else `aws eks get-token`, else aws-iam-authenticator
+    even though it is not installed (`pkg/utils/kubeconfig/kubeconfig.go` `NewForKubectl`, `AppendAuthenticator`)."""
+    import shutil
+
+    cmd = next((c for c in ("aws-iam-authenticator", "aws") if shutil.which(c)), "aws-iam-authenticator")
+    env = [{"name": "AWS_STS_REGIONAL_ENDPOINTS", "value": "regional"}]
+    if cmd == "aws":
+        args = ["eks", "get-token", "--output", "json", "--cluster-name", cluster, "--region", region]
+    else:
+        args = ["token", "-i", cluster]
+        env.append({"name": "AWS_DEFAULT_REGION", "value": region})
+    if os.environ.get("AWS_PROFILE"):
+        env.append({"name": "AWS_PROFILE", "value": os.environ["AWS_PROFILE"]})
+    return {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": cmd, "args": args, "env": env,
+            "provideClusterInfo": False}
+
+
 def write_kubeconfig(path: str, cluster: str, region: str) -> None:
     url = os.environ[KUBE_URL_ENV]
     ctx = f"raydlc@{cluster}.{region}.eksctl.io"
@@ -103,7 +145,7 @@ def write_kubeconfig(path: str, cluster: str, region: str) -> None:
         "apiVersion": "v1", "kind": "Config", "current-context": ctx,
         "clusters": [{"name": f"{cluster}.{region}.eksctl.io", "cluster": {"server": url}}],
         "contexts": [{"name": ctx, "context": {"cluster": f"{cluster}.{region}.eksctl.io", "user": ctx}}],
-        "users": [{"name": ctx, "user": {"token": "double-token"}}],
+        "users": [{"name": ctx, "user": {"exec": authenticator(cluster, region)}}],
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(doc))
@@ -152,16 +194,22 @@ def create_cluster(args: argparse.Namespace) -> None:
         pass
     say(f'[ℹ]  building cluster stack "{stack}"')
     with cloud_side():
-        cfn.create_stack(StackName=stack, TemplateBody=json.dumps(vpc_template(cfg)), Tags=tags_of(cfg))
+        create_stack(cfn, stack, vpc_template(cfg), tags_of(cfg))
         say(f'[ℹ]  waiting for CloudFormation stack "{stack}"')
         delay("create cluster")
         ec2 = client("ec2", region)
         vpc = next(o["OutputValue"] for o in cfn.describe_stacks(StackName=stack)["Stacks"][0]["Outputs"] if o["OutputKey"] == "VPC")
         subnets = [s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]]
-        eks.create_cluster(
-            name=name, version=str(meta.get("version", "1.36")), roleArn=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{name}-cluster-ServiceRole",
-            resourcesVpcConfig={"subnetIds": subnets}, tags=dict(meta.get("tags") or {}),
-        )
+        try:
+            eks.create_cluster(
+                name=name, version=str(meta.get("version", "1.36")),
+                roleArn=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{name}-cluster-ServiceRole",
+                resourcesVpcConfig={"subnetIds": subnets}, tags=dict(meta.get("tags") or {}),
+            )
+        except eks.exceptions.ClientError as e:  # EKS refused the control plane: the stack rolled back
+            if e.response["Error"]["Code"] != "UnsupportedAvailabilityZoneException":
+                raise
+            rolled_back(cfn, stack)
         kube = Kube(os.environ[KUBE_URL_ENV])
         kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
     for addon in cfg.get("addons") or []:
@@ -201,7 +249,7 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
         fail(f'Error: creating CloudFormation stack "{stack}": AlreadyExistsException: Stack [{stack}] already exists')
     template = {"Resources": {"LaunchTemplate": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {
         "LaunchTemplateName": f"{stack}-lt", "LaunchTemplateData": {"InstanceType": ng["instanceType"]}}}}}
-    cfn.create_stack(StackName=stack, TemplateBody=json.dumps(template), Tags=tags_of(cfg, ng.get("tags") or {}))
+    create_stack(cfn, stack, template, tags_of(cfg, ng.get("tags") or {}))
     subnets = private_subnets(cfg, ng.get("availabilityZones"))
     count = int(ng.get("desiredCapacity", 1))
     taints = [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"].upper().replace("NOSCHEDULE", "NO_SCHEDULE")}
@@ -214,7 +262,10 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
     )
     say(f'[ℹ]  waiting for CloudFormation stack "{stack}"')
     delay(f"create nodegroup {ngname}")
-    got = eks.describe_nodegroup(clusterName=name, nodegroupName=ngname)["nodegroup"]
+    try:
+        got = eks.describe_nodegroup(clusterName=name, nodegroupName=ngname)["nodegroup"]
+    except eks.exceptions.ResourceNotFoundException:
+        rolled_back(cfn, stack)
     if got["status"] != "ACTIVE":
         issues = "; ".join(f"{i['code']}: {i['message']}" for i in (got.get("health") or {}).get("issues") or [])
         say(f'[!]  nodegroup "{ngname}" is {got["status"]}: {issues}')
@@ -260,6 +311,17 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
         })
     reconcile_daemonsets(kube)
     say(f'[✔]  created 1 managed nodegroup(s) in cluster "{name}"')
+
+
+def rolled_back(cfn: Any, stack: str) -> None:
+    """The stack failed and CloudFormation rolled it back (the node group with it): eksctl's troubleshooting, then its error."""
+    st = stack_exists(cfn, stack) or {"StackStatus": "DELETE_COMPLETE"}
+    say(f'[✖]  unexpected status "{st["StackStatus"]}" while waiting for CloudFormation stack "{stack}"')
+    say("[ℹ]  fetching stack events in attempt to troubleshoot the root cause of the failure")
+    for e in cfn.describe_stack_events(StackName=stack)["StackEvents"] if st["StackStatus"] != "DELETE_COMPLETE" else []:
+        if e["ResourceStatus"] == "CREATE_FAILED":
+            say(f'[✖]  {e["ResourceType"]}/{e["LogicalResourceId"]}: CREATE_FAILED – "{e.get("ResourceStatusReason", "")}"')
+    fail(f'Error: failed to create nodegroups for cluster: waiter state transitioned to Failure: stack "{stack}" {st["StackStatus"]}')
 
 
 def create_nodegroup(args: argparse.Namespace) -> None:
@@ -311,8 +373,7 @@ def _delete_nodegroup(name: str, region: str, ngname: str) -> bool:
     stack = f"eksctl-{name}-nodegroup-{ngname}"
     if stack_exists(cfn, stack):
         found = True
-        cfn.delete_stack(StackName=stack)
-        say(f'[ℹ]  deleted stack "{stack}"')
+        delete_stack(cfn, name, stack)
     return found
 
 
@@ -343,14 +404,14 @@ def delete_cluster(args: argparse.Namespace) -> None:
         vpc = ec2.describe_subnets(SubnetIds=subnets[:1])["Subnets"][0]["VpcId"]
     if scenario().get("delete_leaves_nat"):
         say(f'[✖]  AWS::EC2::VPC/VPC: DELETE_FAILED – "The vpc \'{vpc}\' has dependencies and cannot be deleted."')
-        cfn.delete_stack(StackName=stack)
+        delete_stack(cfn, name, stack)
         fail(f'Error: failed to delete cluster with nodegroup(s): waiter state transitioned to Failure: stack "{stack}" DELETE_FAILED')
     for nat in ec2.describe_nat_gateways(Filter=[{"Name": "vpc-id", "Values": [vpc]}])["NatGateways"]:
         if nat["State"] in ("pending", "available"):
             ec2.delete_nat_gateway(NatGatewayId=nat["NatGatewayId"])
             for a in nat.get("NatGatewayAddresses") or []:
                 ec2.release_address(AllocationId=a["AllocationId"])
-    cfn.delete_stack(StackName=stack)
+    delete_stack(cfn, name, stack)
     say('[✔]  all cluster resources were deleted')
 
 

@@ -1,7 +1,11 @@
 """The local stand-ins `raydlc up` talks to: a moto server and kmock with its gaps filled.
 
-Used by tests/lifecycle/conftest.py and benchmarks/up_critical_path.py. kmock 0.8's gaps are
-filled here, never in raydlc: Namespace paths are parsed as the cluster-scoped resource they
+Used by tests/lifecycle/conftest.py and benchmarks/up_critical_path.py. moto 5.2's CloudFormation
+keeps a stack's EnableTerminationProtection but neither honours it nor offers UpdateTerminationProtection,
+its EKS accepts control-plane subnets in any zone, and its server sends a presigned STS GET (an EKS
+token replayed) to S3; all three are filled here (`fill_cloudformation_gaps`, `fill_eks_gaps`,
+`fill_presigned_sts_gap`), as AWS behaves. kmock 0.8's gaps are
+filled here too, never in raydlc: Namespace paths are parsed as the cluster-scoped resource they
 are (kmock reads /api/v1/namespaces/NAME as a namespaced path and fails), list requests
 honour labelSelector and fieldSelector, and every resource raydlc lists is declared, so an
 empty kind lists as [] the way a real API server answers, not 404.
@@ -24,10 +28,128 @@ RESOURCES = [
 ]
 
 
+def fill_cloudformation_gaps() -> None:
+    """Termination protection as CloudFormation has it, in this process's moto (the server runs in a thread).
+
+    DeleteStack of a protected stack is refused with AWS's 400 ValidationError ("Stack [NAME] cannot be
+    deleted while TerminationProtection is enabled") and leaves the stack as it was;
+    UpdateTerminationProtection sets the flag and answers the StackId. Installed once per process.
+    """
+    from moto.cloudformation.exceptions import ValidationError
+    from moto.cloudformation.models import CloudFormationBackend
+    from moto.cloudformation.responses import CloudFormationResponse
+    from moto.core.responses import ActionResult
+
+    if getattr(CloudFormationBackend, "_protection_honoured", False):
+        return
+    original = CloudFormationBackend.delete_stack
+
+    def live(backend: Any, name_or_id: str) -> Any:
+        return backend.stacks.get(name_or_id) or next((s for s in backend.stacks.values() if s.name == name_or_id), None)
+
+    def delete_stack(backend: Any, name_or_stack_id: str) -> None:
+        stack = live(backend, name_or_stack_id)
+        if stack is not None and stack.enable_termination_protection:
+            raise ValidationError(message=f"Stack [{name_or_stack_id}] cannot be deleted while TerminationProtection is enabled")
+        original(backend, name_or_stack_id)
+
+    def update_termination_protection(response: Any) -> Any:
+        name = response._get_param("StackName")
+        flag = response._get_param("EnableTerminationProtection")
+        stack = live(response.cloudformation_backend, name)
+        if stack is None:
+            raise ValidationError(name)
+        stack.enable_termination_protection = flag is True or str(flag).lower() == "true"
+        return ActionResult({"StackId": stack.stack_id})
+
+    CloudFormationBackend.delete_stack = delete_stack  # type: ignore[method-assign]
+    CloudFormationResponse.update_termination_protection = update_termination_protection  # type: ignore[attr-defined]
+    CloudFormationBackend._protection_honoured = True  # type: ignore[attr-defined]
+
+
+# The zone IDs EKS refuses control-plane subnets in (eksctl v0.230.0 `pkg/az/az.go` `zoneIDsToAvoid`).
+EKS_REFUSED_ZONE_IDS = {"us-east-1": {"use1-az3"}, "us-west-1": {"usw1-az2"}, "ca-central-1": {"cac1-az3"}}
+
+
+def fill_eks_gaps() -> None:
+    """EKS's refusal of a control plane with a subnet in those zone IDs, which moto 5.2 lacks.
+
+    CreateCluster answers 400 UnsupportedAvailabilityZoneException with EKS's message. Under eksctl the
+    control plane is a resource of the `eksctl-<name>-cluster` stack, so CloudFormation rolls that stack
+    back: it is left ROLLBACK_COMPLETE (still termination-protected) with the AWS::EKS::Cluster resource's
+    CREATE_FAILED event. The eksctl double creates the cluster beside its stack, so that is done here.
+    """
+    from moto.cloudformation.models import Event, cloudformation_backends
+    from moto.ec2.models import ec2_backends
+    from moto.eks.exceptions import EKSError
+    from moto.eks.models import EKSBackend
+
+    if getattr(EKSBackend, "_zones_refused", False):
+        return
+
+    class UnsupportedAvailabilityZoneException(EKSError):
+        TYPE = "UnsupportedAvailabilityZoneException"
+        STATUS = 400
+
+    original = EKSBackend.create_cluster
+
+    def create_cluster(backend: Any, name: str, role_arn: str, resources_vpc_config: dict[str, Any], *args: Any,
+                       **kw: Any) -> Any:
+        ec2 = ec2_backends[backend.account_id][backend.region_name]
+        subnets = [ec2.get_subnet(s) for s in resources_vpc_config.get("subnetIds") or []]
+        bad = sorted({s.availability_zone for s in subnets
+                      if s.availability_zone_id in EKS_REFUSED_ZONE_IDS.get(backend.region_name, set())})
+        if not bad:
+            return original(backend, name, role_arn, resources_vpc_config, *args, **kw)
+        good = sorted(z.name for z in ec2.describe_availability_zones() if z.name not in bad)
+        message = (f"Cannot create cluster '{name}' because {bad[0]}, the targeted availability zone, does not currently "
+                   f"have sufficient capacity to support the cluster. Retry and choose from these availability zones: "
+                   f"{', '.join(good)}")
+        cfn = cloudformation_backends[backend.account_id][backend.region_name]
+        for st in cfn.stacks.values():
+            if st.name == f"eksctl-{name}-cluster":
+                st.status = "ROLLBACK_COMPLETE"
+                st.events.append(Event(stack_id=st.stack_id, stack_name=st.name, logical_resource_id="ControlPlane",
+                                       physical_resource_id="", resource_type="AWS::EKS::Cluster",
+                                       resource_status="CREATE_FAILED", resource_status_reason=message,
+                                       resource_properties=None))
+        raise UnsupportedAvailabilityZoneException(clusterName=name, message=message, validZones=good)
+
+    EKSBackend.create_cluster = create_cluster  # type: ignore[method-assign]
+    EKSBackend._zones_refused = True  # type: ignore[attr-defined]
+
+
+def fill_presigned_sts_gap() -> None:
+    """Route a presigned STS GET (an EKS token replayed, as the EKS authenticator does) to moto's STS.
+
+    moto's server picks the service from the Authorization header; a presigned request carries its
+    credential scope in the `X-Amz-Credential` query parameter instead, so moto sent it to S3.
+    """
+    from urllib.parse import parse_qs
+
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    if getattr(DomainDispatcherApplication, "_presigned_sts", False):
+        return
+    original = DomainDispatcherApplication.infer_service_region_host
+
+    def infer(app: Any, environ: dict[str, Any], path: str) -> str | None:
+        scope = (parse_qs(environ.get("QUERY_STRING", "")).get("X-Amz-Credential") or [""])[0].split("/")
+        if not environ.get("HTTP_AUTHORIZATION") and len(scope) == 5 and scope[3] == "sts":
+            return f"sts.{scope[2]}.amazonaws.com"
+        return original(app, environ, path)
+
+    DomainDispatcherApplication.infer_service_region_host = infer  # type: ignore[method-assign]
+    DomainDispatcherApplication._presigned_sts = True  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    fill_cloudformation_gaps()
+    fill_eks_gaps()
+    fill_presigned_sts_gap()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -44,13 +166,17 @@ def reset_moto(url: str, warm_regions: tuple[str, ...] = ()) -> None:
     loaded machine outlasts raydlc's 8 s read timeout and fails the test's first real call instead.
     """
     urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", data=b"", method="POST"), timeout=30).read()
-    if warm_regions:
-        import boto3
-        from botocore.config import Config
+    for region in warm_regions:
+        warm(url, region)
 
-        for region in warm_regions:
-            boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                         config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
+
+def warm(url: str, region: str) -> None:
+    """Build moto's EC2 backend of `region` now, with a timeout long enough for a loaded machine."""
+    import boto3
+    from botocore.config import Config
+
+    boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
 
 
 def parse_path_with_namespaces(original: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -146,3 +272,30 @@ def install_doubles(bin_dir: Any, python: str) -> None:
         shim = Path(bin_dir) / tool
         shim.write_text(f'#!/bin/sh\nexec "{python}" "{here / (tool + ".py")}" "$@"\n')
         shim.chmod(0o755)
+
+
+@contextlib.contextmanager
+def refusing_sts() -> Iterator[str]:
+    """An STS that refuses every signature, as AWS does for expired or bad credentials (HTTP 403, its error XML)."""
+    import http.server
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (b"<ErrorResponse><Error><Type>Sender</Type><Code>InvalidClientTokenId</Code>"
+                    b"<Message>The security token included in the request is invalid.</Message></Error></ErrorResponse>")
+            self.send_response(403)
+            self.send_header("Content-Type", "text/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,7 +8,8 @@
 - Kubernetes: kmock on 127.0.0.1 in a thread, its gaps filled in tests/doubles/servers.py,
   never in raydlc.
 - Tools: `eksctl` and `helm` on PATH are the recorded doubles in tests/doubles/, first on PATH
-  ahead of any real tool; KUBECONFIG points nowhere and HOME is the test's own, so nothing
+  ahead of any real tool; `aws` and `aws-iam-authenticator` are kept off PATH (a new user with
+  boto3 credentials only), so the kubeconfig works only through `raydlc eks-token`; KUBECONFIG points nowhere and HOME is the test's own, so nothing
   can reach a real cluster or a real account.
 - The KubeRay operator and the scheduler: tests/doubles/kuberay.py in a thread.
 """
@@ -61,6 +62,13 @@ class World:
     scenario_file: Path
     reservations: list[dict[str, Any]] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
+    region: str = REGION  # what `client` and `backend` read; `in_region` moves the test elsewhere
+
+    def in_region(self, region: str) -> None:
+        """Run the test in another region: moto's EC2 backend there is built now, and REGION is set for raydlc."""
+        servers.warm(self.moto_url, region)
+        self.region = region
+        self.monkeypatch.setenv("RAYDLC_REGION", region)
 
     # -- doubles
 
@@ -89,14 +97,14 @@ class World:
     def client(self, service: str) -> Any:
         from raydlc import aws
 
-        return aws.client(aws.session(REGION), service)
+        return aws.client(aws.session(self.region), service)
 
     # -- moto, shaped in this process where the API has no path
 
     def backend(self, service: str) -> Any:
         from moto.backends import get_backend
 
-        return get_backend(service)[ACCOUNT][REGION]  # type: ignore[index]
+        return get_backend(service)[ACCOUNT][self.region]  # type: ignore[index]
 
     def set_stack_status(self, name: str, status: str) -> None:
         stacks = [s for s in self.backend("cloudformation").stacks.values() if s.name == name]
@@ -131,6 +139,40 @@ class World:
                     if s.name == stack:
                         s.status = "CREATE_FAILED"
                 world.patches.append(f"{ng.nodegroup_name} CREATE_FAILED in {az}")
+            return ng
+
+        self.monkeypatch.setattr(EKSBackend, "create_nodegroup", create_nodegroup)
+
+    def roll_back_nodegroups_in(self, zones: set[str], instance_type: str = "g6.12xlarge") -> None:
+        """What AWS does when a managed node group cannot launch for capacity: the stack's
+        AWS::EKS::Nodegroup resource is CREATE_FAILED with EKS's health issue, CloudFormation rolls the
+        stack back (eksctl leaves rollback on) and deletes the node group, and the stack is left
+        ROLLBACK_COMPLETE, still termination-protected. moto has no failing create: flipped in its backend."""
+        from moto.cloudformation.models import Event
+        from moto.eks.models import EKSBackend
+
+        original = EKSBackend.create_nodegroup
+        world = self
+
+        def create_nodegroup(backend: Any, *args: Any, **kw: Any) -> Any:
+            ng = original(backend, *args, **kw)
+            ec2 = world.backend("ec2")
+            azs = {ec2.get_subnet(s).availability_zone for s in ng.subnets}
+            if azs & zones and instance_type in ng.instance_types:
+                az = sorted(azs & zones)[0]
+                backend.clusters[ng.cluster_name].nodegroups.pop(ng.nodegroup_name)
+                stack = f"eksctl-{ng.cluster_name}-nodegroup-{ng.nodegroup_name}"
+                reason = (f"Resource handler returned message: \"[Issue(Code=AsgInstanceLaunchFailures, Message=Could not "
+                          f"launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have sufficient "
+                          f"{instance_type} capacity in the Availability Zone you requested ({az}).)]\"")
+                for s in world.backend("cloudformation").stacks.values():
+                    if s.name == stack:
+                        s.status = "ROLLBACK_COMPLETE"
+                        s.events.append(Event(stack_id=s.stack_id, stack_name=s.name, logical_resource_id="ManagedNodeGroup",
+                                              physical_resource_id="", resource_type="AWS::EKS::Nodegroup",
+                                              resource_status="CREATE_FAILED", resource_status_reason=reason,
+                                              resource_properties=None))
+                world.patches.append(f"{ng.nodegroup_name} rolled back in {az}")
             return ng
 
         self.monkeypatch.setattr(EKSBackend, "create_nodegroup", create_nodegroup)
@@ -227,6 +269,12 @@ def _reservation_handlers(world: World) -> dict[str, Callable[..., Any]]:
     }
 
 
+def _without_aws_clis() -> list[str]:
+    """PATH without `aws` and `aws-iam-authenticator`: a new user with only boto3 credentials has neither."""
+    dirs = os.environ["PATH"].split(os.pathsep)
+    return [d for d in dirs if not any(os.path.exists(os.path.join(d, t)) for t in ("aws", "aws-iam-authenticator"))]
+
+
 @pytest.fixture
 def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[World]:
     import raydlc.aws
@@ -246,7 +294,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
         "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "HOME": str(home),
-        "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "PATH": os.pathsep.join([str(bin_dir), *_without_aws_clis()]),
         "DOUBLES_LOG": str(w.log), "DOUBLES_SCENARIO": str(w.scenario_file), "DOUBLES_KUBE_URL": kube_server.url,
     }
     for k, v in env.items():

@@ -78,7 +78,65 @@ def test_errors_are_mapped_once_with_what_to_do(kube: k8s.Kube, tmp_path: Path) 
     c.host = "http://127.0.0.1:9"
     c.retries = 0
     with pytest.raises(k8s.KubeUnreachable, match="did not answer"):
-        k8s.Kube(ApiClient(c), timeout_s=2).version()
+        k8s.Kube(ApiClient(c), connect_s=2, read_s=2).version()
+
+
+@pytest.fixture
+def silent_kubeconfig(tmp_path: Path):
+    """A kubeconfig whose server accepts connections (the kernel's backlog) and never answers a byte."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        url = "http://127.0.0.1:%d" % s.getsockname()[1]
+        cfg = tmp_path / "silent-kubeconfig"
+        cfg.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "t",
+            "clusters": [{"name": "c", "cluster": {"server": url}}],
+            "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "abc"}}],
+        }))
+        yield cfg, url
+
+
+def test_a_server_that_accepts_and_never_answers_fails_within_the_budget_naming_it(silent_kubeconfig) -> None:
+    import time
+
+    cfg, url = silent_kubeconfig
+    kube = k8s.Kube(k8s.load_client(cfg))
+    t0 = time.monotonic()
+    with pytest.raises(k8s.KubeUnreachable) as e:
+        kube.version()
+    first = time.monotonic() - t0
+    assert url in e.value.message and "no answer within the 10 s read timeout" in e.value.message
+    assert k8s.READ_TIMEOUT_S <= first < k8s.READ_TIMEOUT_S + 5, "one read timeout, not retried"
+    with pytest.raises(k8s.KubeUnreachable):
+        kube.nodes()
+    t1 = time.monotonic()
+    with pytest.raises(k8s.KubeUnreachable, match=f"the Kubernetes API at {url} has not answered for 2[0-9] s"):
+        kube.list("v1", "Pod", "ns")
+    assert time.monotonic() - t1 < 1, "the budget is spent: the next request fails at once"
+
+
+def test_submit_to_a_cluster_whose_api_never_answers_fails_in_about_20_s_naming_it(silent_kubeconfig, tmp_path) -> None:
+    """As a new user would try it: one `error:` line naming the endpoint, exit 1, instead of a hang."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    cfg, url = silent_kubeconfig
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "AWS_"))}
+    env.update(RAYDLC_KUBECONFIG=str(cfg), HOME=str(tmp_path))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "raydlc", "submit", "--builtin"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("error: the Kubernetes API at " + url) and "Traceback" not in r.stderr
+    assert took < 30, took
 
 
 def test_wait_times_out_with_what_it_last_saw_and_stops_on_cancel() -> None:

@@ -171,12 +171,23 @@ def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(wor
     assert steps["kuberay"].outcome == "done"  # independent of the failed branch
 
 
+TEMPLATE = json.dumps({"Resources": {"T": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {}}}}})
+
+
+def eksctl_stack(world: Any, name: str, status: str, *, tags: dict[str, str] | None = None) -> str:
+    """A stack as eksctl leaves it after a failed create: its tags, termination protection on; the status flipped in moto."""
+    tags = {"alpha.eksctl.io/cluster-name": CLUSTER, "raydlc.io/cluster": CLUSTER} if tags is None else tags
+    sid = world.client("cloudformation").create_stack(
+        StackName=name, TemplateBody=TEMPLATE, EnableTerminationProtection=True,
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()])["StackId"]
+    world.set_stack_status(name, status)  # moto has no failing create
+    return str(sid)
+
+
 def test_stale_rollback_complete_stack_is_removed_and_the_create_retried(world) -> None:
     cfn = world.client("cloudformation")
     stack = f"eksctl-{CLUSTER}-cluster"
-    old = cfn.create_stack(StackName=stack, TemplateBody=json.dumps(
-        {"Resources": {"T": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {}}}}}))["StackId"]
-    world.set_stack_status(stack, "ROLLBACK_COMPLETE")  # moto has no failing create; flipped in its backend
+    old = eksctl_stack(world, stack, "ROLLBACK_COMPLETE")
     plan = lifecycle.up(world.config(), dry_run=True)
     assert by_step(plan)["cluster"].action == "replace"
     assert f"cloudformation:DeleteStack {stack}" in by_step(plan)["cluster"].commands[0]
@@ -185,7 +196,32 @@ def test_stale_rollback_complete_stack_is_removed_and_the_create_retried(world) 
     assert "stale stack" in by_step(run)["cluster"].reason
     now = cfn.describe_stacks(StackName=stack)["Stacks"][0]
     assert now["StackId"] != old and now["StackStatus"] == "CREATE_COMPLETE"
+    assert now["EnableTerminationProtection"] is True, "the double creates stacks as eksctl does: protected"
     assert [a[:2] for a in world.calls("eksctl")].count(["create", "cluster"]) == 1
+
+
+def test_a_raw_delete_of_a_stack_eksctl_made_is_refused_as_on_aws(world) -> None:
+    """The double and moto are not lenient: eksctl's stacks are termination-protected, DeleteStack alone fails."""
+    from botocore.exceptions import ClientError
+
+    assert lifecycle.up(world.config(), until="cluster", timings=FAST).ok
+    cfn = world.client("cloudformation")
+    stack = f"eksctl-{CLUSTER}-cluster"
+    with pytest.raises(ClientError, match="cannot be deleted while TerminationProtection is enabled"):
+        cfn.delete_stack(StackName=stack)
+    assert cfn.describe_stacks(StackName=stack)["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
+
+
+def test_a_stack_without_eksctls_tag_for_this_cluster_is_never_deleted(world) -> None:
+    stack = f"eksctl-{CLUSTER}-cluster"
+    eksctl_stack(world, stack, "ROLLBACK_COMPLETE", tags={"alpha.eksctl.io/cluster-name": "someone-else"})
+    run = lifecycle.up(world.config(), timings=FAST)
+    cluster = by_step(run)["cluster"]
+    assert cluster.outcome == "failed" and "does not bear eksctl's alpha.eksctl.io/cluster-name=eks-cluster tag" in cluster.reason
+    cfn = world.client("cloudformation")
+    now = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+    assert (now["StackStatus"], now["EnableTerminationProtection"]) == ("ROLLBACK_COMPLETE", True)
+    assert world.calls("eksctl") == [] or all(a[:1] == ["version"] for a in world.calls("eksctl"))
 
 
 def test_the_eksctl_double_refuses_a_create_over_a_stale_stack(world) -> None:
@@ -237,6 +273,27 @@ def test_node_group_short_of_capacity_in_the_first_az_comes_up_in_the_second(wor
     assert inventory(world) == FULL
 
 
+def test_node_group_rolled_back_for_capacity_leaves_a_protected_stack_that_up_clears_before_the_next_az(world) -> None:
+    """As on AWS: the failed group's stack rolls back to ROLLBACK_COMPLETE, still protected, and blocks the name."""
+    world.roll_back_nodegroups_in({"us-east-2a"})
+    rec = Recorder()
+    run = lifecycle.up(world.config(), timings=FAST, reporter=rec)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert world.patches == ["gpu-workers rolled back in us-east-2a"]
+    assert "Ready in us-east-2b" in by_step(run)["gpu-nodegroup"].reason
+    assert any("InsufficientInstanceCapacity" in n and "us-east-2b" in n for n in run.notes["gpu-nodegroup"])
+    lines = [t for kind, step, t in rec.events if kind == "line" and step == "gpu-nodegroup"]
+    stack = f"eksctl-{CLUSTER}-nodegroup-gpu-workers"
+    assert f"turning off the termination protection eksctl put on stack {stack}" in lines
+    assert lines.index(f"turning off the termination protection eksctl put on stack {stack}") < lines.index(
+        "trying the next ranked AZ: us-east-2b")
+    eksctl = [a[:2] for a in world.calls("eksctl") if a[:2] in (["create", "nodegroup"], ["delete", "nodegroup"])]
+    assert eksctl == [["create", "nodegroup"]] * 3, "no group was left to delete: the rollback took it"
+    now = world.client("cloudformation").describe_stacks(StackName=stack)["Stacks"][0]
+    assert (now["StackStatus"], now["EnableTerminationProtection"]) == ("CREATE_COMPLETE", True)
+    assert inventory(world) == FULL
+
+
 def test_capacity_failure_in_an_az_the_user_chose_is_reported_not_moved(world) -> None:
     world.fail_nodegroups_in({"us-east-2a"})
     run = lifecycle.up(world.config(RAYDLC_GPU_AZ="us-east-2a"), timings=FAST)
@@ -261,6 +318,47 @@ def test_head_pending_for_insufficient_cpu_is_named_with_the_schedulers_reason(w
     assert rc.outcome == "failed"
     assert "pod ray-train-cluster-head (head) is Pending: FailedScheduling: 0/3 nodes are available" in rc.reason
     assert "Insufficient cpu" in rc.reason and "Insufficient cpu" in (rc.error.hint or "")
+
+
+def test_with_no_aws_cli_up_and_status_reach_the_cluster_through_raydlcs_token_plugin(world, capsys) -> None:
+    """eksctl writes an exec plugin of aws-iam-authenticator even when it is not installed; raydlc's replaces it."""
+    import shutil
+
+    import yaml
+
+    from raydlc.cli import main
+
+    assert shutil.which("aws") is None and shutil.which("aws-iam-authenticator") is None
+    rec = Recorder()
+    run = lifecycle.up(world.config(), until="cluster", timings=FAST, reporter=rec)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    path = Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig"
+    doc = yaml.safe_load(path.read_text())
+    (user,) = doc["users"]
+    ex = user["user"]["exec"]
+    assert Path(ex["command"]).is_absolute() and Path(ex["command"]).exists()
+    assert ex["args"][-5:] == ["eks-token", "--cluster", CLUSTER, "--region", "us-east-2"]
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert any("STS accepts an EKS token signed as arn:aws:sts::123456789012:" in t for _, _, t in rec.events)
+    assert main(["status", "--json"]) == 0
+    steps = {s["step"]: s["state"] for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
+    assert steps["cluster"] == "ready"
+    shown = json.dumps(rec.events) + world.log.read_text() + json.dumps(run.to_dict())
+    assert "k8s-aws-v1." not in shown and "X-Amz-Signature" not in shown
+
+
+def test_up_whose_token_sts_refuses_stops_before_anything_is_created(world, capsys) -> None:
+    from servers import refusing_sts
+
+    from raydlc.cli import main
+
+    before = world.aws_snapshot()
+    with refusing_sts() as url:
+        world.monkeypatch.setenv("AWS_ENDPOINT_URL_STS", url)
+        assert main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert "error: STS at" in err and "refused the EKS token" in err and "InvalidClientTokenId" in err
+    assert world.mutating_calls() == [] and world.aws_snapshot() == before
 
 
 def test_hf_token_becomes_a_secret_and_appears_nowhere_else(world, capsys: pytest.CaptureFixture[str]) -> None:
@@ -332,6 +430,20 @@ def test_down_removes_what_a_failed_cluster_delete_left_billing(world) -> None:
     removed = " ".join(run.to_dict()["removed"])
     assert "NAT gateway nat-" in removed and "Elastic IP eipalloc-" in removed and f"stack eksctl-{CLUSTER}-cluster" in removed
     assert world.tagged(CLUSTER) == {}
+
+
+def test_down_sweeps_the_protected_stacks_a_failed_up_left(world) -> None:
+    """A create that failed before any cluster existed leaves eksctl's stacks ROLLBACK_COMPLETE and protected."""
+    eksctl_stack(world, f"eksctl-{CLUSTER}-cluster", "ROLLBACK_COMPLETE")
+    eksctl_stack(world, f"eksctl-{CLUSTER}-addon-vpc-cni", "CREATE_COMPLETE")
+    plan = lifecycle.down(world.config(), dry_run=True)
+    assert by_step(plan)["cluster"].action == "delete"
+    run = lifecycle.down(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    removed = " ".join(run.to_dict()["removed"])
+    assert f"stack eksctl-{CLUSTER}-cluster" in removed and f"stack eksctl-{CLUSTER}-addon-vpc-cni" in removed
+    assert world.tagged(CLUSTER) == {}
+    assert world.calls("eksctl") == [] or all(a[:1] == ["version"] for a in world.calls("eksctl"))
 
 
 def test_down_keep_cluster_stops_after_the_node_groups_and_up_brings_back_the_rest(world) -> None:

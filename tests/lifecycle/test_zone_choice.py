@@ -12,8 +12,9 @@ from raydlc.capacity.signals import SubnetFacts
 from raydlc.config import load_config
 
 
-def zone(name: str, verdict: str = "ready", offered: bool | None = True, reason: str = "fits") -> ZoneReport:
-    return ZoneReport(name, None, offered, None, None, verdict, reason)  # type: ignore[arg-type]
+def zone(name: str, verdict: str = "ready", offered: bool | None = True, reason: str = "fits",
+         zone_id: str | None = None) -> ZoneReport:
+    return ZoneReport(name, zone_id, offered, None, None, verdict, reason)  # type: ignore[arg-type]
 
 
 def report(*zones: ZoneReport, cluster: SubnetFacts | None = None, quota: QuotaRequest | None = None) -> CapacityReport:
@@ -26,8 +27,8 @@ def test_raydlc_picks_the_best_usable_zone_and_ranks_the_rest_as_candidates() ->
     cfg = load_config(env={})
     got = choose(cfg, report(zone("us-east-2b"), zone("us-east-2a", "unknown"), zone("us-east-2c", "not-offered", False)))
     assert got == ZoneChoice("us-east-2b", ("us-east-2b", "us-east-2a"), "us-east-2b: ready (fits)", True,
-                             ("us-east-2b", "us-east-2a", "us-east-2c"), None)
-    assert got.zones_for("us-east-2a") == ["us-east-2a", "us-east-2b", "us-east-2c"]
+                             ("us-east-2b", "us-east-2a"), None)
+    assert got.zones_for("us-east-2a") == ["us-east-2a", "us-east-2b"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.zone = "us-east-2c"  # type: ignore[misc]
 
@@ -60,6 +61,34 @@ def test_no_usable_zone_says_why_with_the_best_zones_reason() -> None:
     got = choose(cfg, report(zone("us-east-2a", "not-offered", False, "g6.12xlarge is not offered in us-east-2a")))
     assert got.zone is None
     assert got.reason == "no AZ of us-east-2 can take 2 × g6.12xlarge: g6.12xlarge is not offered in us-east-2a"
+
+
+def test_the_cluster_gets_the_gpu_az_its_retry_zones_and_no_more_than_eks_needs() -> None:
+    cfg = load_config(env={"RAYDLC_REGION": "us-east-1"})
+    zones = [zone("us-east-1a", zone_id="use1-az6"), zone("us-east-1c", "not-offered", False, zone_id="use1-az2"),
+             zone("us-east-1d", "not-offered", False, zone_id="use1-az4"), zone("us-east-1f", zone_id="use1-az5")]
+    got = choose(cfg, dataclasses.replace(report(*zones), region="us-east-1"))
+    assert (got.zone, got.candidates, got.cluster_zones) == ("us-east-1a", ("us-east-1a", "us-east-1f"), ("us-east-1a", "us-east-1f"))
+    many = [zone(f"us-east-1{c}", zone_id=f"use1-az{i}") for i, c in zip((1, 2, 4, 5, 6), "abcdf")]
+    most = choose(cfg, dataclasses.replace(report(*many), region="us-east-1"))
+    assert most.candidates == most.cluster_zones == ("us-east-1a", "us-east-1b", "us-east-1c"), "eksctl's recommended 3"
+    one = choose(cfg, dataclasses.replace(report(*zones[:3]), region="us-east-1"))
+    assert one.candidates == ("us-east-1a",) and one.cluster_zones == ("us-east-1a", "us-east-1c"), "EKS needs two AZs"
+
+
+@pytest.mark.parametrize(("region", "name", "zone_id"), [
+    ("us-east-1", "us-east-1e", "use1-az3"), ("us-west-1", "us-west-1c", "usw1-az2"), ("ca-central-1", "ca-central-1c", "cac1-az3")])
+def test_a_zone_id_eks_refuses_for_control_planes_is_never_a_cluster_zone(region: str, name: str, zone_id: str) -> None:
+    """eksctl's pkg/az/az.go avoids these only when it picks the zones; raydlc always names them."""
+    cfg = load_config(env={"RAYDLC_REGION": region})
+    zones = [zone(name, zone_id=zone_id), zone(f"{region}a", "unknown", zone_id="x-az1"),
+             zone(f"{region}b", "not-offered", False, zone_id="x-az9")]
+    got = choose(cfg, report(*zones))
+    assert got.zone == f"{region}a" and name not in got.candidates and name not in got.cluster_zones
+    assert got.cluster_zones == (f"{region}a", f"{region}b")
+    user = choose(load_config(env={"RAYDLC_REGION": region, "RAYDLC_GPU_AZ": name}), report(*zones))
+    assert user.zone is None and user.refused and user.hint == "raydlc capacity"
+    assert f"GPU_AZ {name}" in user.reason and f"zone ID {zone_id}" in user.reason and "EKS refuses" in user.reason
 
 
 def test_an_existing_node_group_stays_where_it_is() -> None:

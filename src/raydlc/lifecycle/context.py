@@ -84,14 +84,21 @@ class Context:
     def interrupt(self) -> None:
         self.runner.interrupt()
 
-    def aws(self, service: str) -> Any:
+    def aws_session(self) -> Any:
+        """The one boto3 session of this run (credentials checked when it is made)."""
         from raydlc import aws
 
         with self._lock:
             if self._session is None:
                 self._session = aws.session(self.cfg.cluster.region)
+            return self._session
+
+    def aws(self, service: str) -> Any:
+        from raydlc import aws
+
+        with self._lock:
             if service not in self._clients:
-                self._clients[service] = aws.client(self._session, service)
+                self._clients[service] = aws.client(self.aws_session(), service)
             return self._clients[service]
 
     def kube(self) -> Kube:

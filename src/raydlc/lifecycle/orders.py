@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from raydlc.errors import InputError
 from raydlc.lifecycle.context import Context, Timings
 from raydlc.lifecycle.resource import Resource
 from raydlc.lifecycle.resources.capacity import Capacity
@@ -79,6 +80,24 @@ def _require_tools(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
         ctx.runner.require(tool)
 
 
+def _refuse_zone(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
+    """A GPU_AZ that EKS can never put the cluster in is the user's to change: refused before any step runs."""
+    if not ctx.cfg.gpu_nodes.az or not {Capacity.name, Cluster.name, GpuNodeGroup.name} & set(selected):
+        return
+    capacity = next(r for r, _ in graph if isinstance(r, Capacity))
+    choice = capacity.choice(ctx)
+    if choice.refused:
+        raise InputError(choice.reason, hint=choice.hint)
+
+
+def _check_token(ctx: Context) -> None:
+    """The cluster will authenticate raydlc by an STS-signed token: one STS refuses stops `up` before it bills."""
+    from raydlc import ekstoken
+
+    who = ekstoken.check(ctx.aws_session(), ctx.cfg.cluster.name)
+    ctx.reporter.line("capacity", f"STS accepts an EKS token signed as {who}")
+
+
 def up(
     cfg: Config, *, only: str | None = None, from_: str | None = None, until: str | None = None,
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
@@ -92,6 +111,8 @@ def up(
         return Run("up", True, plan_all(plan, ctx, selected))
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
     _require_tools(ctx, graph, selected)
+    _refuse_zone(ctx, graph, selected)
+    _check_token(ctx)
     return Run("up", False, run_all(plan, ctx, selected), ctx.notes)
 
 

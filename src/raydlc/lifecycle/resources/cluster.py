@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc import aws
 from raydlc.errors import InputError
-from raydlc.lifecycle import cloud, commands, nodegroups
+from raydlc.lifecycle import cloud, commands, kubeconfig, nodegroups
 from raydlc.lifecycle.resource import Resource, gone, reaches, ready_nodes
 from raydlc.lifecycle.stacks import delete_stack
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
@@ -106,16 +106,16 @@ class Cluster(Resource):
         elif sysng.get("status") in nodegroups.FAILED:
             missing.append(f"system node group {sysname} is {sysng['status']}")
             facts["system"] = "failed"
-        kube = ctx.kube_or_none()
-        if kube is None:
-            missing.append(f"no kubeconfig at {ctx.kubeconfig}")
-            facts["kubeconfig"] = "missing"
-        else:
-            try:
+        try:  # eksctl's exec plugin may be missing: loading the kubeconfig fails, the file stays to repair
+            kube = ctx.kube_or_none()
+            if kube is None:
+                missing.append(f"no kubeconfig at {ctx.kubeconfig}")
+                facts["kubeconfig"] = "missing"
+            else:
                 kube.version()
-            except Exception as e:
-                missing.append(f"the kubeconfig at {ctx.kubeconfig} does not reach the cluster ({e})")
-                facts["kubeconfig"] = "broken"
+        except Exception as e:
+            missing.append(f"the kubeconfig at {ctx.kubeconfig} does not reach the cluster ({e})")
+            facts["kubeconfig"] = "broken"
         return facts, missing
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
@@ -196,11 +196,20 @@ class Cluster(Resource):
         nodegroups.wait_active(ctx, self.name, sysname)
 
     def _kubeconfig(self, ctx: Context) -> None:
-        """raydlc's own kubeconfig for the cluster, (re)written unless the one there reaches the API."""
+        """raydlc's own kubeconfig for the cluster, with raydlc's token plugin; rewritten unless it reaches the API."""
+        self._own_credentials(ctx)
         kube = ctx.kube_or_none()
         if kube is None or not reaches(kube):
             ctx.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
             ctx.tool(self.name, commands.write_kubeconfig(ctx))
+            self._own_credentials(ctx)
+            ctx.forget_kube()
+
+    def _own_credentials(self, ctx: Context) -> None:
+        """eksctl's exec plugin (aws-iam-authenticator or `aws`, installed or not) becomes `raydlc eks-token`."""
+        c = ctx.cfg.cluster
+        if ctx.kubeconfig.is_file() and kubeconfig.use_raydlc_credentials(ctx.kubeconfig, c.name, c.region):
+            ctx.reporter.line(self.name, f"{ctx.kubeconfig}: tokens now come from `raydlc eks-token`")
             ctx.forget_kube()
 
     def _wait(self, ctx: Context, gone: bool = False) -> dict[str, Any] | None:
