@@ -396,7 +396,7 @@ def _down_local(json_: bool, dry_run: bool) -> None:
     if json_:
         emit_json(result.to_dict())
     else:
-        console.print(result.message, highlight=False)
+        console.print(result.message, highlight=False, soft_wrap=True)
 
 
 @app.command("status")

@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from raydlc.errors import InputError, RaydlcError, RayError, TrainError
+from raydlc.files import make_owned_dir, remove_owned_dir
 
 # Ray Train's controller polls its workers at this interval and a report waits for the poll:
 # at the default 2 s a report costs ~1.3 s. 1 s keeps reports every N steps from waiting
@@ -266,7 +266,7 @@ class LocalHead:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=min(timeout, HEAD_GRACE_S))
         _end_group(pgid, timeout, self.process.poll)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        remove_owned_dir(self.temp_dir)
 
     def __enter__(self) -> LocalHead:
         return self
@@ -291,7 +291,7 @@ def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> N
         time.sleep(0.2)
     _end_group(pid, timeout, reap)
     if temp_dir is not None:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        remove_owned_dir(temp_dir)
 
 
 def _end_group(pgid: int, timeout: float, reap: Any) -> None:
@@ -327,6 +327,16 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def is_head_command(pid: int, temp_dir: str | Path) -> bool:
+    """Whether `pid` runs `ray start --head --block` with this temp dir: the command `start_head` gave it."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return ({"start", "--head", "--block", f"--temp-dir={Path(temp_dir)}"} <= set(argv)
+            and any(Path(a).name == "ray" for a in argv[:2]))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -370,7 +380,7 @@ def start_head(
     names = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
              "runtime-env-agent-port", "metrics-export-port", "node-manager-port", "object-manager-port")
     ports = {name: free_port() for name in names}
-    temp_dir = Path(tempfile.mkdtemp(prefix="raydlc-head-", dir="/tmp"))  # short: Ray's socket paths live under it
+    temp_dir = make_owned_dir("raydlc-head-", "/tmp")  # short: Ray's socket paths live under it
     cmd = [exe, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}",
            "--include-dashboard=true", "--disable-usage-stats", f"--num-cpus={num_cpus}", "--num-gpus=0",
            *(f"--{name}={port}" for name, port in ports.items())]

@@ -134,7 +134,8 @@ def submit(
         notice(f"warning: {w}")
     if spec.upload is not None:
         notice(f"working dir {spec.upload.root}: {len(spec.upload.files)} files, {jobenv.mib(spec.upload.size)} to upload")
-    with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING)) as reached:
+    with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING),
+                     on_doubt=lambda text: notice(f"warning: {text}")) as reached:
         dash = reached.dashboard
         job, attached = jobs.submit(dash, spec)
         notice(f"{'attached to the running job' if attached else 'submitted job'} {job.submission_id} on {target.where}")
@@ -376,9 +377,12 @@ class DownLocalResult:
     dashboard: str | None
     ended: bool
     dry_run: bool
+    doubted: str | None = None  # a head record that was not believed (and, unless dry_run, removed): why
 
     @property
     def message(self) -> str:
+        if self.doubted is not None:
+            return f"{'would remove' if self.dry_run else 'removed'} the {self.doubted}"
         if self.pid is None:
             return "no local Ray head of raydlc runs"
         if self.dry_run:
@@ -386,11 +390,15 @@ class DownLocalResult:
         return f"ended the local Ray head (PID {self.pid}) and everything it started"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"local": {"pid": self.pid, "dashboard": self.dashboard, "ended": self.ended}}
+        return {"local": {"pid": self.pid, "dashboard": self.dashboard, "ended": self.ended, "doubted_record": self.doubted}}
 
 
 def down_local(*, dry_run: bool = False) -> DownLocalResult:
     """End raydlc's local Ray head by its recorded PID and process group (never `ray stop`); with `dry_run`, only say which.
+
+    The record is checked first (the PID runs, started when the record says, and is raydlc's
+    head): a record that fails is removed and reported, and neither the process nor the
+    directory it names is touched.
 
     Example:
         import raydlc.api as api
@@ -400,7 +408,12 @@ def down_local(*, dry_run: bool = False) -> DownLocalResult:
     """
     from raydlc import heads
 
-    rec = heads.running_head()
+    claim = heads.check_record()
+    if claim is not None and claim.doubt is not None:
+        if not dry_run:
+            heads.forget(claim)
+        return DownLocalResult(None, None, ended=False, dry_run=dry_run, doubted=claim.report)
+    rec = claim.record if claim is not None else None
     if dry_run or rec is None:
         return DownLocalResult(rec.pid if rec else None, rec.dashboard_url if rec else None, ended=False, dry_run=dry_run)
     ended = heads.stop_local_head()
