@@ -7,6 +7,7 @@ Commands import the module that does their work inside the function body, so tha
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import typer
 
 from raydlc.api import _plan as plan_use_case
 from raydlc.api import _train as train_use_case
-from raydlc.errors import InputError, RaydlcError
+from raydlc.errors import InputError, RaydlcError, Stopped
 from raydlc.flags import finite as _finite
 from raydlc.flags import with_options
 from raydlc.output import console, debug_requested, emit_json, err_console
@@ -323,11 +324,15 @@ def train(
     from raydlc.train.progress import TrainView, print_summary
 
     st = _state(ctx)
-    with TrainView(quiet=json_, debug=debug_requested(st.debug)) as view:
-        result = train_use_case.train(
-            config=st.config_path, settings=parse_assignments(st.assignments), address=address, on_progress=view,
-            log_to_driver=view.debug, **named,
-        )
+    try:
+        with TrainView(quiet=json_, debug=debug_requested(st.debug)) as view:
+            result = train_use_case.train(
+                config=st.config_path, settings=parse_assignments(st.assignments), address=address, on_progress=view,
+                log_to_driver=view.debug, **named,
+            )
+    except Stopped as e:  # the hint: this very command again, with --resume
+        resume = _INVOKED if "--resume" in _INVOKED else [*_INVOKED, "--resume"]
+        raise Stopped(e.message, hint=shlex.join(["raydlc", *resume]) if e.hint else None) from None
     if json_:
         emit_json(result.to_dict())
     else:
@@ -473,11 +478,10 @@ def _detaching(local: bool, address: str | None) -> Iterator[None]:
 
 def _ended(job: Any, target: Any) -> None:
     """The exit code follows the job: a job that did not succeed is an error line and exit 1."""
-    from raydlc.errors import TrainError
+    from raydlc.jobs import failure
 
     if job.status != "SUCCEEDED":
-        raise TrainError(f"job {job.submission_id} {job.status}" + (f": {job.message}" if job.message else ""),
-                         hint=f"raydlc job logs {job.submission_id}{target.flag}")
+        raise failure(job, hint=f"raydlc job logs {job.submission_id}{target.flag}")
 
 
 @app.command("submit")
@@ -663,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     `--debug` (or RAYDLC_DEBUG=1) re-raises instead.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    _INVOKED[:] = args
     debug = debug_requested("--debug" in args)
     command = typer.main.get_command(app)
     try:
@@ -670,9 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return e.exit_code
-    except typer.Abort:
-        err_console.print("aborted")
-        return 130
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        return _fail(Stopped(_stopped_line(args)), debug)
     except typer.TyperException as e:  # usage errors from the command-line parser
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as typer shows it
             e.show()  # type: ignore[attr-defined]
@@ -691,6 +695,28 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(InputError(f"input is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"), debug, cause=e)
 
 
+# What Ctrl-C leaves, by command, when the command itself did not say (before its work began, or in between).
+_KEPT = {
+    "train": "nothing more is written; checkpoints already written are kept (--resume continues from the last)",
+    "submit": "a job already submitted keeps running (raydlc job list shows it)",
+    "up": "what exists is kept; running raydlc up again continues",
+    "down": "what is left is kept; running raydlc down again continues",
+    "verify": "verify changes nothing",
+    "bench-transport": "a run already submitted keeps running (raydlc job list shows it)",
+}
+_INVOKED: list[str] = []  # the arguments of this run of `main`: what a hint repeats
+
+
+def _stopped_line(args: list[str]) -> str:
+    """One line for Ctrl-C: which command stopped, and what it leaves."""
+    rest = list(args)
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] in ("--config", "-c", "--set") else rest[1:]
+    cmd = " ".join(rest[:2]) if rest and rest[0] in ("config", "job") else (rest[0] if rest else "")
+    kept = _KEPT.get(cmd, "nothing more was done")
+    return f"raydlc {cmd} stopped by Ctrl-C; {kept}" if cmd else f"stopped by Ctrl-C; {kept}"
+
+
 def _fail(e: RaydlcError, debug: bool, cause: BaseException | None = None) -> int:
     if debug:
         if cause is not None:
@@ -698,7 +724,8 @@ def _fail(e: RaydlcError, debug: bool, cause: BaseException | None = None) -> in
         raise e
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
+    label = "[bold yellow]interrupted:[/]" if isinstance(e, Stopped) else "[bold red]error:[/]"
+    err_console.print(f"{label} {escape(e.message)}", highlight=False)
     if e.hint:
         err_console.print(f"  hint: {escape(e.hint)}", highlight=False)
     return e.exit_code

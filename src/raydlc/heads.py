@@ -191,7 +191,7 @@ def ensure_local_head(*, start: bool, on_start: Callable[[], None] | None = None
     """
     from raydlc import rayedge
 
-    with _locked():
+    with _locked() if start else contextlib.nullcontext():  # a command that only reads writes not even the lock
         claim = check_record()
         if claim is not None and claim.doubt is None and claim.record is not None:
             rec = claim.record

@@ -152,17 +152,53 @@ def connect_error(e: BaseException, address: str | None) -> RaydlcError:
     )
 
 
-def run_error(e: BaseException, what: str, hint: str) -> TrainError:
-    """A failed Ray Train run (Ray wraps worker errors in its own types) as a TrainError.
+def run_error(e: BaseException, what: str, hint: str) -> RaydlcError:
+    """A failed Ray Train run (Ray wraps worker errors in its own types) as one raydlc error.
 
-    A raydlc error raised on a worker keeps its own message.
+    A raydlc error raised on a worker (or in the controller) is that error again, with its own
+    message, hint and exit code, as if it had been raised here; any other worker exception is
+    its last line, with the rank that raised it.
     """
+    failures = _failures(e)
+    for _rank, err in failures:
+        found = _raydlc_in(err)
+        if found is not None:
+            return found
+    found = _raydlc_in(e)
+    if found is not None:
+        return found
+    if failures:
+        rank, err = failures[0]
+        where = f"rank {rank}: " if rank is not None else ""
+        return TrainError(f"{what} failed: {where}{root_cause(err)}", hint=hint)
+    return TrainError(f"{what} failed: {root_cause(e)}", hint=hint)
+
+
+def _failures(e: BaseException) -> list[tuple[int | None, BaseException]]:
+    """What Ray Train's errors carry: each failed worker's exception by rank (lowest first), or the controller's."""
+    seen: BaseException | None = e
+    while seen is not None:
+        per_rank = getattr(seen, "worker_failures", None)
+        if isinstance(per_rank, dict) and per_rank:
+            return [(int(r), x) for r, x in sorted(per_rank.items()) if isinstance(x, BaseException)]
+        controller = getattr(seen, "controller_failure", None)
+        if isinstance(controller, BaseException):
+            return [(None, controller)]
+        seen = seen.__cause__
+    return []
+
+
+def _raydlc_in(e: BaseException) -> RaydlcError | None:
+    """The raydlc error `e` is or wraps (Ray's RayTaskError subclasses the user's error class too)."""
     seen: BaseException | None = e
     while seen is not None:
         if isinstance(seen, RaydlcError):
-            return TrainError(f"{what} failed: {seen.message}", hint=seen.hint or hint)
+            return seen
+        cause = getattr(seen, "cause", None)  # RayTaskError keeps the original as .cause
+        if isinstance(cause, RaydlcError):
+            return cause
         seen = seen.__cause__
-    return TrainError(f"{what} failed: {root_cause(e)}", hint=hint)
+    return None
 
 
 def root_cause(e: BaseException) -> str:
@@ -170,8 +206,9 @@ def root_cause(e: BaseException) -> str:
     seen = e
     while seen.__cause__ is not None:
         seen = seen.__cause__
-    text = str(seen).strip().splitlines()
-    return text[-1] if text else type(seen).__name__
+    text = [line for line in str(seen).strip().splitlines() if line.strip()]
+    last = text[-1].strip() if text else ""
+    return last if last and not last.endswith(":") else f"{type(seen).__name__}{': ' + last if last else ''}"
 
 
 def cluster_resources() -> dict[str, float]:

@@ -108,6 +108,47 @@ QWEN2_SMALL = json.dumps({
 def _model(config: str | bytes, name: str = "m") -> dict[str, str | bytes | None]:
     return {name: DIR, f"{name}/config.json": config}
 
+
+def _safetensors(shapes: Mapping[str, tuple[int, ...]], *, cut: int = 0) -> bytes:
+    """A bf16 .safetensors file of zeros with these tensors (its header as the format says), `cut` bytes short."""
+    import struct
+
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2
+        for d in shape:
+            size *= d
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + b"\0" * (offset - cut)
+
+
+def _qwen2_small_tensors(**wrong: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The tensors QWEN2_SMALL's config implies (hidden 64, 2 layers, 4/2 heads, MLP 128, vocab 1000, untied)."""
+    block = {"self_attn.q_proj.weight": (64, 64), "self_attn.k_proj.weight": (32, 64), "self_attn.v_proj.weight": (32, 64),
+             "self_attn.o_proj.weight": (64, 64), "self_attn.q_proj.bias": (64,), "self_attn.k_proj.bias": (32,),
+             "self_attn.v_proj.bias": (32,), "mlp.gate_proj.weight": (128, 64), "mlp.up_proj.weight": (128, 64),
+             "mlp.down_proj.weight": (64, 128), "input_layernorm.weight": (64,), "post_attention_layernorm.weight": (64,)}
+    out = {"model.embed_tokens.weight": (1000, 64), "model.norm.weight": (64,), "lm_head.weight": (1000, 64)}
+    out |= {f"model.layers.{n}.{k}": v for n in range(2) for k, v in block.items()}
+    return out | wrong
+
+
+def _weights(**kw: object) -> dict[str, str | bytes | None]:
+    return {**_model(QWEN2_SMALL), "m/model.safetensors": _safetensors(_qwen2_small_tensors(), **kw)}  # type: ignore[arg-type]
+
+
+# A head record as `submit --local` writes it, naming a directory in the row's working dir.
+def _head_record(pid: int, start_ticks: int | None) -> dict[str, str | bytes | None]:
+    rec = {"pid": pid, "start_ticks": start_ticks, "dashboard_url": "http://127.0.0.1:9", "address": "127.0.0.1:9",
+           "temp_dir": "{work}/precious", "log": "{work}/precious/ray-head.log", "python": "python", "started_at": 0.0}
+    return {"home/.raydlc/local/head.json": json.dumps(rec), "precious/thesis.tex": "years of work\n"}
+
+
+HOME = {"HOME": "{work}/home"}
+DEAD_PID = 999_999_999  # above any pid_max: no process has it
+
 RENDER = [
     r("render-target-is-a-directory", f"render {ZONES} --out out", 2, "raycluster.yaml exists and is a directory",
       files={"out": DIR, "out/raycluster.yaml": DIR}, env=S3, sub=True),
@@ -238,6 +279,16 @@ TRAIN = [
     r("train-manifest-not-json", "train --resume-from ckpt", 1, "not valid JSON",
       files={"ckpt": DIR, "ckpt/raydlc_checkpoint.json": "{\"format\": 1,"}),
     r("train-no-manifest", "train --resume-from ckpt", 1, "partial", files={"ckpt": DIR}),
+    r("train-run-name-too-long", ["train", "--run-name", "r" * 300], 2, "RUN_NAME", sub=True),
+    r("train-run-name-odd-characters", ["train", "--run-name", "my run*"], 2, "letters, digits"),
+    r("train-model-safetensors-shape-mismatch", "train --model ./m", 2, "the config.json says (128, 64)",
+      files={**_model(QWEN2_SMALL), "m/model.safetensors": _safetensors(_qwen2_small_tensors(**{"model.layers.1.mlp.up_proj.weight": (96, 64)}))},
+      sub=True),
+    r("train-model-safetensors-missing-tensors", "train --model ./m", 2, "lack 12 of the config's tensors",
+      files={**_model(QWEN2_SMALL), "m/model.safetensors": _safetensors({k: v for k, v in _qwen2_small_tensors().items() if ".layers.1." not in k})}),
+    r("train-model-safetensors-truncated", "train --model ./m", 2, "is cut short", files=_weights(cut=100)),
+    r("train-model-safetensors-not-safetensors", "train --model ./m", 2, "not a safetensors file",
+      files={**_model(QWEN2_SMALL), "m/model.safetensors": b"\x89PNG\r\n\x1a\n" + b"\0" * 64}),
 ]
 
 LIFECYCLE = [
@@ -269,7 +320,22 @@ JOBS = [
     r("submit-two-targets", "submit --local --address http://127.0.0.1:8265", 2, "two different targets"),
     r("submit-name-bad", ["submit", "--local", "--name", "two words"], 2, "--name"),
     r("submit-no-kubeconfig", "submit --builtin", 2, "kubeconfig", env={"RAYDLC_KUBECONFIG": "nowhere/kubeconfig"}),
+    r("submit-script-syntax-error", "submit bad.py --local", 2, "bad.py:2: ", files={"bad.py": "x = 1\nif x\n    print(x)\n"}, sub=True),
+    r("submit-script-nul-bytes", "submit nul.py --local", 2, "null bytes", files={"nul.py": b"print(1)\x00\n"}),
+    r("submit-builtin-local-data-missing", "submit --builtin --local --json", 2, "--data",
+      env={"RAYDLC_DATA": "./nope.jsonl"}, sub=True),
+    r("submit-builtin-local-model-missing", "submit --builtin --local", 2, "does not exist", env={"RAYDLC_MODEL_ID": "./nope"}),
     r("job-list-no-ray", "job list --address {refused} --json", 1, "no Ray dashboard answers", sub=True),
+    # Head records raydlc does not believe: reported, and neither the process nor the directory they name is touched.
+    r("job-list-head-record-dead-pid", "job list --local", 1, f"PID {DEAD_PID} is not running",
+      files=_head_record(DEAD_PID, 12345), env=HOME, sub=True),
+    r("job-status-head-record-no-start-time", "job status x --local --json", 1, "records no start time for PID 1",
+      files=_head_record(1, None), env=HOME),
+    r("job-logs-head-record-damaged", "job logs x --local", 1, "damaged",
+      files={"home/.raydlc/local/head.json": '{"pid": "one"', "precious/thesis.tex": "x"}, env=HOME),
+    r("verify-head-record-dead-pid", "verify --local", 1, "not believed", files=_head_record(DEAD_PID, 1), env=HOME, sub=True),
+    r("job-stop-head-record-wrong-start-time", "job stop x --local", 1, "started after the head did",
+      files=_head_record(1, 2**40), env=HOME),
     r("job-logs-no-id", "job logs --local", 2, "Missing argument 'ID'", sub=True),
     r("job-status-no-ray", "job status x --address {refused}", 1, "no Ray dashboard answers", sub=True),
     r("job-stop-two-targets", "job stop x --local --address http://127.0.0.1:1", 2, "two different targets", sub=True),

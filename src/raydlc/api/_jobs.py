@@ -124,6 +124,8 @@ def submit(
     cfg = load(config, settings)
     is_local = target.kind == heads.LOCAL
     program = None if builtin or script is None else Path(script)
+    if program is None and is_local:
+        _check_local_inputs(cfg)
     env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
     spec = jobenv.build(
         script=program, args=list(args), working_dir=Path(working_dir) if working_dir is not None else None, pip=list(pip),
@@ -145,6 +147,19 @@ def submit(
         builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
         summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
     return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary)
+
+
+def _check_local_inputs(cfg: Config) -> None:
+    """The built-in program on this machine reads MODEL_ID and DATA from here: a missing path fails
+    now, not inside the job after a head has started."""
+    from raydlc.config import with_local_defaults
+    from raydlc.models import spec_for
+    from raydlc.train.data import is_local, read_local
+
+    train = with_local_defaults(cfg).train
+    spec_for(train.model_id)  # a model path that does not exist, or a directory without config.json
+    if train.data and is_local(train.data) and not Path(train.data).expanduser().exists():
+        read_local(train.data)  # its own error, naming --data
 
 
 # ---- job list / logs / status / stop ------------------------------------------------------------------
