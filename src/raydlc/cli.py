@@ -249,6 +249,10 @@ def plan_cmd(
     """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits."""
     if plot is not None and scan_nodes is None:
         raise InputError("--plot draws a scale-out scan", hint="add --scan-nodes 1,2,4,8")
+    if plot is not None:
+        from raydlc.files import check_png_path
+
+        check_png_path(plot, "--plot", f"raydlc plan --scan-nodes {shlex.quote(scan_nodes or '')}")
     from raydlc.config import parse_assignments
 
     st = _state(ctx)
@@ -386,6 +390,10 @@ def down(
     from raydlc.views import lifecycle as view
 
     if local:
+        clash = [f for f, on in (("--keep-cluster", keep_cluster), ("--force", force), ("--kubeconfig", kubeconfig is not None)) if on]
+        if clash:
+            raise InputError(f"--local and {', '.join(clash)} cannot be combined: --local ends only raydlc's local Ray head",
+                             hint="raydlc down --local")
         _down_local(json_, dry_run)
         return
     layers = _layers(ctx)
@@ -435,6 +443,18 @@ def _local_opt() -> Any:
 
 def _address_opt() -> Any:
     return typer.Option(None, "--address", help="A Ray dashboard you already reach, e.g. http://127.0.0.1:8265.")
+
+
+def _kubeconfig_opt() -> Any:
+    return typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig, for the cluster target [RAYDLC_KUBECONFIG, else KUBECONFIG].")
+
+
+def _reaching(ctx: typer.Context, kubeconfig: Path | None) -> dict[str, Any]:
+    """The global --config/--set, and --kubeconfig as the KUBECONFIG setting it stands for."""
+    layers = _layers(ctx)
+    if kubeconfig is not None:
+        layers["settings"] = {**layers["settings"], "KUBECONFIG": str(kubeconfig)}
+    return layers
 
 
 def _layers(ctx: typer.Context) -> dict[str, Any]:
@@ -491,6 +511,7 @@ def submit(
     builtin: bool = typer.Option(False, "--builtin", help="Run raydlc's training program (python -m raydlc.train) with the config's training settings."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     name: str | None = typer.Option(None, "--name", help="Submission id: the same name again attaches to that job while it runs, instead of starting a second."),
     pip: list[str] | None = typer.Option(None, "--pip", help="A package the image lacks: NAME (pinned to the version installed here) or NAME==VERSION; repeatable."),
     env: list[str] | None = typer.Option(None, "--env", help="K=V for the job's processes, NCCL_* and FI_* too; repeatable. Secrets are refused."),
@@ -506,11 +527,14 @@ def submit(
 
     args = list(items or [])
     script = None
+    if builtin and args and args[0].endswith(".py"):
+        raise InputError(f"--builtin and SCRIPT {args[0][:200]} cannot be combined: --builtin runs raydlc's own program",
+                         hint=f"raydlc submit {shlex.quote(args[0][:200])} --local")
     if not builtin and args and not args[0].startswith("-"):
         script, args = Path(args[0]), args[1:]
     with _detaching(local, address):
         result = api.submit(script, args, builtin=builtin, local=local, address=address, name=name, pip=pip or [], env=env or [], working_dir=working_dir,
-                            no_wait=no_wait, **_layers(ctx), write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
+                            no_wait=no_wait, **_reaching(ctx, kubeconfig), write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
     job = result.job
     if json_:
         emit_json(result.to_dict())
@@ -527,12 +551,13 @@ def job_list(
     ctx: typer.Context,
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every job the head knows, oldest first."""
     from raydlc import api
 
-    result = api.job_list(local=local, address=address, **_layers(ctx))
+    result = api.job_list(local=local, address=address, **_reaching(ctx, kubeconfig))
     if json_:
         emit_json(result.to_dict())
         return
@@ -548,6 +573,7 @@ def job_logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the job ends; the exit code follows the job."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print {job_id, status, logs} as JSON."),
 ) -> None:
     """The job's driver output (its workers' output is folded in by Ray)."""
@@ -555,7 +581,7 @@ def job_logs(
 
     streaming = follow and not json_
     with _detaching(local, address):
-        result = api.job_logs(job_id, follow=streaming, local=local, address=address, **_layers(ctx), write=_writer(sys.stdout))
+        result = api.job_logs(job_id, follow=streaming, local=local, address=address, **_reaching(ctx, kubeconfig), write=_writer(sys.stdout))
     if streaming:
         _ended(result.job, result.target)
     elif json_:
@@ -570,12 +596,13 @@ def job_status(
     job_id: str = typer.Argument(..., metavar="ID", help="The job's id."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The job's state as the Jobs API reports it (never inferred from a log stream)."""
     from raydlc import api
 
-    result = api.job_status(job_id, local=local, address=address, **_layers(ctx))
+    result = api.job_status(job_id, local=local, address=address, **_reaching(ctx, kubeconfig))
     if json_:
         emit_json(result.to_dict())
         return
@@ -590,12 +617,13 @@ def job_stop(
     job_id: str = typer.Argument(..., metavar="ID", help="The job's id."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Stop a job and wait until it has ended."""
     from raydlc import api
 
-    result = api.job_stop(job_id, local=local, address=address, **_layers(ctx))
+    result = api.job_stop(job_id, local=local, address=address, **_reaching(ctx, kubeconfig))
     job = result.job
     if json_:
         emit_json(result.to_dict())
@@ -612,6 +640,7 @@ def verify_cmd(
     expect: str = typer.Option("efa", "--expect", help="The transport every node must show: efa, socket or ib."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The gate: GPU nodes, pods, fi_info per node, NCCL per node from the job's own worker logs, the job's status.
@@ -620,7 +649,7 @@ def verify_cmd(
     """
     from raydlc import api
 
-    verdict = api.verify(job=job_id, expect=expect, local=local, address=address, **_layers(ctx))
+    verdict = api.verify(job=job_id, expect=expect, local=local, address=address, **_reaching(ctx, kubeconfig))
     if json_:
         emit_json(verdict.to_dict())
     else:
@@ -637,6 +666,7 @@ def bench_transport(
     steps: int = typer.Option(20, "--steps", help="Optimizer steps of each of the two runs."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The same short training job twice, as configured and with sockets forced, each proven from its own logs.
@@ -646,7 +676,7 @@ def bench_transport(
     from raydlc import api
 
     with _detaching(local, address):
-        result = api.bench_transport(steps=steps, local=local, address=address, **_layers(ctx), write=_writer(sys.stderr), notice=_notice)
+        result = api.bench_transport(steps=steps, local=local, address=address, **_reaching(ctx, kubeconfig), write=_writer(sys.stderr), notice=_notice)
     if json_:
         emit_json(result.to_dict())
     else:

@@ -79,7 +79,7 @@ class Dns1123(Rule):
         if not _DNS1123.match(value) or len(value) > self.max_len:
             raise ValueError(
                 f"must be a DNS-1123 name (lowercase letters, digits and '-', starting and ending "
-                f"with a letter or digit, at most {self.max_len} characters), got {value!r}"
+                f"with a letter or digit, at most {self.max_len} characters), got {shown(value)}"
             )
 
 
@@ -93,7 +93,7 @@ class Shaped(Rule):
 
     def check(self, value: Any) -> None:
         if value is not None and not self.pattern.match(value):
-            raise ValueError(f"must {self.verb} {self.what}, got {value!r}")
+            raise ValueError(f"must {self.verb} {self.what}, got {shown(value)}")
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,24 @@ def write_all(texts: Mapping[Path, str], flag: str) -> list[Path]:
     return list(staged)
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png_path(path: str | os.PathLike[str], flag: str, command: str) -> Path:
+    """An output that will be a PNG: named .png, and not an existing file of another kind (which the
+    write would replace with an image). `command` is the command line a hint repeats, up to the flag."""
+    p = Path(path)
+    if p.suffix.lower() != ".png":
+        raise InputError(f"{flag} {str(p)[:200]}: the plot is a PNG image, so its name must end in .png",
+                         hint=f"{command} {flag} {p.with_suffix('.png').name}")
+    if p.is_file():
+        with p.open("rb") as f:
+            if f.read(8) != PNG_MAGIC:
+                raise InputError(f"{flag} {p} exists and is not a PNG image: it would be overwritten",
+                                 hint=f"{command} {flag} {p.stem}-scan.png")
+    return p
+
+
 # ---- directories raydlc made: the only ones it ever deletes -----------------------------------------
 
 OWNED_MARKER = ".raydlc-owned"

@@ -329,11 +329,11 @@ def reach(target: Target, cfg: Config | None = None, *, start_local: bool = Fals
         yield Reached(target, dash)
     else:
         from raydlc.kube import Kube, load_client
-        from raydlc.lifecycle.context import kubeconfig_path
+        from raydlc.lifecycle.context import kubeconfig_path, with_plain_kubeconfig
         from raydlc.tools import Runner
 
         assert cfg is not None
-        kubeconfig = kubeconfig_path(cfg)
+        kubeconfig = kubeconfig_path(with_plain_kubeconfig(cfg))
         kube = Kube(load_client(kubeconfig))
         head = find_head(kube, cfg)
         with port_forward(Runner(), kubeconfig, head) as url:

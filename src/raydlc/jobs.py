@@ -37,10 +37,11 @@ class Detached(KeyboardInterrupt):
         self.job_id = job_id
 
 
-def require(dash: Dashboard, job: str, where: str) -> Job:
+def require(dash: Dashboard, job: str, where: str, flag: str = "") -> Job:
+    """The job by id, or an error whose hint lists the jobs of the same target (`flag`: ' --local', …)."""
     found = dash.job(job)
     if found is None:
-        raise InputError(f"no job {job!r} on {where}", hint=f"`raydlc job list{'' if where == 'the cluster' else ' ' + where}` shows the jobs there")
+        raise InputError(f"no job {job[:100]!r} on {where}", hint=f"raydlc job list{flag}")
     return found
 
 

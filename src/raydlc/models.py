@@ -213,6 +213,14 @@ def model_dir(model_id: str) -> Path | None:
     return None
 
 
+# Ceilings on a config.json's sizes, each well above any released decoder (Llama 3.1 405B: hidden 16384,
+# 126 layers, MLP 53248; vocabularies up to ~262k): beyond them a file is wrong, not a bigger model.
+CONFIG_BOUNDS: dict[str, int] = {
+    "hidden_size": 1 << 16, "num_attention_heads": 1 << 10, "num_key_value_heads": 1 << 10, "head_dim": 1 << 10,
+    "num_hidden_layers": 1 << 10, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "max_position_embeddings": 1 << 24,
+}
+
+
 def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ..., minimum: float | None = 1) -> Any:
     if key not in doc or doc[key] is None:
         if default is ...:
@@ -226,6 +234,9 @@ def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any =
         raise InputError(f"{where}: `{key}` must be {'a number' if kind is float else 'an integer' if kind is int else kind.__name__}, got {v!r}")
     if minimum is not None and kind in (int, float) and not v >= minimum:
         raise InputError(f"{where}: `{key}` must be at least {minimum:g}, got {v!r}")
+    top = CONFIG_BOUNDS.get(key)
+    if top is not None and v > top:
+        raise InputError(f"{where}: `{key}` must be at most {top:,} (above any released model), got {v:,}")
     return v
 
 

@@ -97,6 +97,7 @@ def assert_one_line(err: str, says: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines and lines[0].startswith("error: "), err
     assert says in lines[0], f"{says!r} not in {lines[0]!r}"
+    assert len(lines[0]) <= 700, f"a {len(lines[0])}-character error line: long values are shown cut"
     assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  hint: ")), err
 
 

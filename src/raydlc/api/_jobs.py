@@ -225,7 +225,7 @@ def job_logs(job_id: str, *, follow: bool = False, local: bool = False, address:
 
     with _reached(local, address, config, settings) as (reached, _):
         dash = reached.dashboard
-        job = jobs.require(dash, job_id, reached.target.where)
+        job = jobs.require(dash, job_id, reached.target.where, reached.target.flag)
         if not follow:
             return JobLogsResult(job, reached.target, dash.logs(job.submission_id))
         seen: list[str] = []
@@ -266,7 +266,7 @@ def job_status(job_id: str, *, local: bool = False, address: str | None = None, 
     from raydlc import jobs
 
     with _reached(local, address, config, settings) as (reached, _):
-        return JobStatusResult(jobs.require(reached.dashboard, job_id, reached.target.where), reached.target)
+        return JobStatusResult(jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag), reached.target)
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ def job_stop(job_id: str, *, local: bool = False, address: str | None = None, co
     from raydlc import jobs
 
     with _reached(local, address, config, settings) as (reached, _):
-        jobs.require(reached.dashboard, job_id, reached.target.where)
+        jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
         job, was_running = jobs.stop(reached.dashboard, job_id)
         return JobStopResult(job, reached.target, was_running)
 
