@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from raydlc import aws
 from raydlc.api._config import load
 
 if TYPE_CHECKING:
@@ -68,7 +69,8 @@ def up(
 
     cfg = load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig))
     _check_kubeconfig_target(cfg)
-    return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
+    with aws.command_budget("up"):
+        return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
 
 
 def down(
@@ -94,7 +96,8 @@ def down(
     from raydlc.lifecycle.context import with_plain_kubeconfig
 
     cfg = with_plain_kubeconfig(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig)))
-    return orders.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
+    with aws.command_budget("down"):
+        return orders.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
 
 
 def status(
@@ -117,4 +120,6 @@ def status(
     from raydlc.lifecycle import orders
     from raydlc.lifecycle.context import with_plain_kubeconfig
 
-    return orders.status(with_plain_kubeconfig(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig))))
+    cfg = with_plain_kubeconfig(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig)))
+    with aws.command_budget("status"):
+        return orders.status(cfg)

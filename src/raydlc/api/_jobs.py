@@ -324,7 +324,9 @@ def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, 
 
     if expect not in EXPECT:
         raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECT)}")
-    with _reached(local, address, config, settings) as (reached, cfg):
+    from raydlc import aws
+
+    with aws.command_budget("verify"), _reached(local, address, config, settings) as (reached, cfg):
         facts = gate.collect(reached, cfg, job_id=job, expect=expect)
     return gate.gate(facts)
 
