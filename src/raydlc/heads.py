@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
 
 from raydlc.dashboard import Dashboard
 from raydlc.errors import InputError, RayError
@@ -89,7 +91,7 @@ def local_dir() -> Path:
 class HeadRecord(Record):
     """The local head raydlc started: enough to find it again and to end exactly it."""
 
-    pid: int
+    pid: Annotated[int, Field(gt=1)]  # 0, -1 and 1 name a group, every process or init: never a head raydlc started
     start_ticks: int | None  # the process's start time: a PID reused by another program is not taken for the head
     dashboard_url: str
     address: str

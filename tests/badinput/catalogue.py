@@ -10,6 +10,7 @@ per command); the rest run `main([...])` in-process, which checks the same thing
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -151,6 +152,7 @@ def _head_record(pid: int, start_ticks: int | None) -> dict[str, str | bytes | N
 
 HOME = {"HOME": "{work}/home"}
 DEAD_PID = 999_999_999  # above any pid_max: no process has it
+LIVE_PID = os.getpid()  # the test runner: alive, and not raydlc's head
 
 RENDER = [
     r("render-target-is-a-directory", f"render {ZONES} --out out", 2, "raycluster.yaml exists and is a directory",
@@ -354,13 +356,14 @@ JOBS = [
     # Head records raydlc does not believe: reported, and neither the process nor the directory they name is touched.
     r("job-list-head-record-dead-pid", "job list --local", 1, f"PID {DEAD_PID} is not running",
       files=_head_record(DEAD_PID, 12345), env=HOME, sub=True),
-    r("job-status-head-record-no-start-time", "job status x --local --json", 1, "records no start time for PID 1",
-      files=_head_record(1, None), env=HOME),
+    r("job-status-head-record-no-start-time", "job status x --local --json", 1, f"records no start time for PID {LIVE_PID}",
+      files=_head_record(LIVE_PID, None), env=HOME),
+    r("job-list-head-record-names-init", "job list --local", 1, "field 'pid'", files=_head_record(1, 0), env=HOME),
     r("job-logs-head-record-damaged", "job logs x --local", 1, "damaged",
       files={"home/.raydlc/local/head.json": '{"pid": "one"', "precious/thesis.tex": "x"}, env=HOME),
     r("verify-head-record-dead-pid", "verify --local", 1, "not believed", files=_head_record(DEAD_PID, 1), env=HOME, sub=True),
     r("job-stop-head-record-wrong-start-time", "job stop x --local", 1, "started after the head did",
-      files=_head_record(1, 2**40), env=HOME),
+      files=_head_record(LIVE_PID, 2**40), env=HOME),
     r("job-logs-no-id", "job logs --local", 2, "Missing argument 'ID'", sub=True),
     r("job-status-no-ray", "job status x --address {refused}", 1, "no Ray dashboard answers", sub=True),
     r("job-stop-two-targets", "job stop x --local --address http://127.0.0.1:1", 2, "two different targets", sub=True),
