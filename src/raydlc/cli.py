@@ -700,12 +700,21 @@ def main(argv: list[str] | None = None) -> int:
     _INVOKED[:] = args
     debug = debug_requested("--debug" in args)
     command = typer.main.get_command(app)
+    invoke = command.invoke
+
+    def invoked(ctx: Any) -> Any:  # typer turns a KeyboardInterrupt into a silent exit 130: say what stopped first
+        try:
+            return invoke(ctx)
+        except KeyboardInterrupt:
+            raise _CtrlC from None
+
+    command.invoke = invoked  # type: ignore[method-assign]
     try:
         rv = command.main(args=args, prog_name="raydlc", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return e.exit_code
-    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+    except (typer.Abort, KeyboardInterrupt, _CtrlC):
         return _fail(Stopped(_stopped_line(args)), debug)
     except typer.TyperException as e:  # usage errors from the command-line parser
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as typer shows it
@@ -734,6 +743,12 @@ _KEPT = {
     "verify": "verify changes nothing",
     "bench-transport": "a run already submitted keeps running (raydlc job list shows it)",
 }
+
+
+class _CtrlC(Exception):
+    """Ctrl-C in a command, carried past typer (which would swallow a KeyboardInterrupt) to `main`."""
+
+
 _INVOKED: list[str] = []  # the arguments of this run of `main`: what a hint repeats
 
 
