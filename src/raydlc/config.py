@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -496,100 +496,116 @@ def load_config(
     and nothing is called: a bad value stops here with every problem listed.
     """
     env = os.environ if env is None else env
-    raw: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-    sources: dict[str, str] = {}
-    origins: dict[str, str] = {}
-    problems: list[str] = []
-
-    file_path: Path | None = None
-    if path is not None:
-        file_path = Path(path)
-        if not file_path.exists():
-            raise ConfigError([f"config file {file_path} does not exist"])
-    elif env.get(ENV_PREFIX + "CONFIG"):
-        file_path = Path(env[ENV_PREFIX + "CONFIG"])
-        if not file_path.exists():
-            raise ConfigError([f"config file {file_path} (from RAYDLC_CONFIG) does not exist"])
-    else:
-        candidate = Path(cwd or ".") / DEFAULT_FILE
-        file_path = candidate if candidate.exists() else None
-
+    layers = _Layers()
+    file_path = _config_file(path, env, cwd)
     if file_path is not None:
-        data = _read_file(file_path)
+        layers.add_file(file_path, _read_file(file_path))
+    layers.add_env(env)
+    layers.add_flags(overrides or {})
+    if layers.problems:
+        raise ConfigError(layers.problems)
+    return _validated(layers)
+
+
+def _config_file(path: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: str | os.PathLike[str] | None) -> Path | None:
+    """The file layer's path: named, else $RAYDLC_CONFIG, else ./raydlc.yaml if present; a named one must exist."""
+    if path is not None:
+        if not Path(path).exists():
+            raise ConfigError([f"config file {path} does not exist"])
+        return Path(path)
+    if env.get(ENV_PREFIX + "CONFIG"):
+        named = Path(env[ENV_PREFIX + "CONFIG"])
+        if not named.exists():
+            raise ConfigError([f"config file {named} (from RAYDLC_CONFIG) does not exist"])
+        return named
+    candidate = Path(cwd or ".") / DEFAULT_FILE
+    return candidate if candidate.exists() else None
+
+
+@dataclass
+class _Layers:
+    """The raw values of each section as the file, the environment and the flags set them, and where each came from."""
+
+    raw: dict[str, dict[str, Any]] = field(default_factory=lambda: {s: {} for s in SECTIONS})
+    sources: dict[str, str] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def set(self, info: Any, value: Any, source: str, origin: str) -> None:
+        self.raw[info.section][info.key] = value
+        self.sources[info.env] = source
+        self.origins[info.env] = origin
+
+    def where(self, env_name: str) -> str:
+        return self.origins.get(env_name, "default")
+
+    def add_file(self, file_path: Path, data: Mapping[str, Any]) -> None:
         for section, values in data.items():
             if section not in SECTIONS:
-                problems.append(
-                    f"{_label(section)} (file {file_path}): unknown section; expected one of {', '.join(SECTIONS)}"
-                )
+                self.problems.append(f"{_label(section)} (file {file_path}): unknown section; expected one of {', '.join(SECTIONS)}")
+            elif values is not None and not isinstance(values, dict):
+                self.problems.append(f"{section} (file {file_path}): must be a mapping of fields")
+            else:
+                for key, value in (values or {}).items():
+                    self._add_file_value(file_path, section, key, value)
+
+    def _add_file_value(self, file_path: Path, section: str, key: Any, value: Any) -> None:
+        info = _BY_PATH.get((section, key))
+        if info is None and str(key).upper() in RETIRED:
+            self.problems.append(f"{section}.{key} (file {file_path}): not a setting: {RETIRED[str(key).upper()]}")
+        elif info is None:
+            known = ", ".join(SECTIONS[section].model_fields)
+            self.problems.append(f"{section}.{_label(key)} (file {file_path}): unknown field; {section} has {known}")
+        else:
+            self.set(info, value, "file", f"file {file_path}")
+
+    def add_env(self, env: Mapping[str, str]) -> None:
+        self.problems += [f"{name} (env {ENV_PREFIX}{name}): not a setting: {why}" for name, why in RETIRED.items() if ENV_PREFIX + name in env]
+        for info in FIELDS.values():
+            if info.env_var in env:
+                self.set(info, env[info.env_var].strip(), "env", f"env {info.env_var}")
+
+    def add_flags(self, overrides: Mapping[str, Any]) -> None:
+        for name, value in overrides.items():
+            info = FIELDS.get(name.upper())
+            if value is None:
                 continue
-            if values is None:
-                continue
-            if not isinstance(values, dict):
-                problems.append(f"{section} (file {file_path}): must be a mapping of fields")
-                continue
-            for key, value in values.items():
-                info = _BY_PATH.get((section, key))
-                if info is None and str(key).upper() in RETIRED:
-                    problems.append(f"{section}.{key} (file {file_path}): not a setting: {RETIRED[str(key).upper()]}")
-                    continue
-                if info is None:
-                    known = ", ".join(SECTIONS[section].model_fields)
-                    problems.append(f"{section}.{_label(key)} (file {file_path}): unknown field; {section} has {known}")
-                    continue
-                raw[section][key] = value
-                sources[info.env] = "file"
-                origins[info.env] = f"file {file_path}"
+            if info is None and name.upper() in RETIRED:
+                self.problems.append(f"{name} (flag): not a setting: {RETIRED[name.upper()]}")
+            elif info is None:
+                self.problems.append(f"{name} (flag): unknown setting; see `raydlc config show` for the names")
+            else:
+                self.set(info, value, "flag", "flag")
 
-    problems += [f"{name} (env {ENV_PREFIX}{name}): not a setting: {why}" for name, why in RETIRED.items() if ENV_PREFIX + name in env]
-    for info in FIELDS.values():
-        if info.env_var in env:
-            raw[info.section][info.key] = env[info.env_var].strip()
-            sources[info.env] = "env"
-            origins[info.env] = f"env {info.env_var}"
 
-    for name, value in (overrides or {}).items():
-        if value is None:
-            continue
-        info = FIELDS.get(name.upper())
-        if info is None and name.upper() in RETIRED:
-            problems.append(f"{name} (flag): not a setting: {RETIRED[name.upper()]}")
-            continue
-        if info is None:
-            problems.append(f"{name} (flag): unknown setting; see `raydlc config show` for the names")
-            continue
-        raw[info.section][info.key] = value
-        sources[info.env] = "flag"
-        origins[info.env] = "flag"
-
-    if problems:
-        raise ConfigError(problems)
-
-    def where(env_name: str) -> str:
-        return origins.get(env_name, "default")
-
+def _validated(layers: _Layers) -> Config:
+    """Each section's model over its raw values, then the cross-field rules; every problem names its setting and source."""
     sections: dict[str, Any] = {}
+    problems: list[str] = []
     for section, model in SECTIONS.items():
         try:
-            sections[section] = model(**raw[section])
+            sections[section] = model(**layers.raw[section])
         except ValidationError as e:
-            for err in e.errors():
-                key = str(err["loc"][0]) if err["loc"] else ""
-                info = _BY_PATH.get((section, key))
-                label = info.env if info else f"{section}.{key}"
-                msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] not in ("value_error",) and "input" in err:
-                    msg = f"{msg}, got {shown(err['input'])}"
-                problems.append(f"{label} ({where(label)}): {msg}")
+            problems += [_field_problem(section, err, layers) for err in e.errors()]
     if problems:
         raise ConfigError(problems)
-
     cfg = Config(**sections)
-    cfg._sources.update(sources)
-    cfg._origins.update(origins)
-    cross = [f"{name} ({where(name)}): {msg}" for name, msg in _cross_field_problems(cfg)]
+    cfg._sources.update(layers.sources)
+    cfg._origins.update(layers.origins)
+    cross = [f"{name} ({layers.where(name)}): {msg}" for name, msg in _cross_field_problems(cfg)]
     if cross:
         raise ConfigError(cross)
     return cfg
+
+
+def _field_problem(section: str, err: Any, layers: _Layers) -> str:
+    key = str(err["loc"][0]) if err["loc"] else ""
+    info = _BY_PATH.get((section, key))
+    label = info.env if info else f"{section}.{key}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] not in ("value_error",) and "input" in err:
+        msg = f"{msg}, got {shown(err['input'])}"
+    return f"{label} ({layers.where(label)}): {msg}"
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, str]:
