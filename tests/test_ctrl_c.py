@@ -51,3 +51,26 @@ def test_ctrl_c_in_train_names_the_last_checkpoint_and_the_resume_command(monkey
     assert rc == 130 and out == ""
     assert err.splitlines() == ["interrupted: training run r1 stopped by Ctrl-C; its last checkpoint out/r1/checkpoint_000004 is kept "
                                 "and --resume continues from it", "  hint: raydlc train --steps 9 --out out --resume"]
+
+
+def test_sigint_is_noticed_whoever_handles_it() -> None:
+    """Ray Train v2 installs its own SIGINT handler during fit(): the watch still sees the signal."""
+    import os
+    import signal
+    import time
+
+    from raydlc import interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with interrupts.watch() as seen:
+            signal.signal(signal.SIGINT, lambda *a: None)  # someone else's handler, as Ray Train's
+            assert not seen.interrupted
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert seen.interrupted
+        with interrupts.watch() as calm:
+            time.sleep(0.01)
+        assert not calm.interrupted
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -115,11 +115,14 @@ def train(
                 emit({"stage": "preparing"})
                 prepared = launch.prepare(request, where)  # bad input fails here, before a progress bar or a worker
             emit({"stage": "training", "steps": request.steps})
-            return TrainResult.from_summary(launch.run(request, where, on_progress=on_progress, prepared=prepared))
-        except (KeyboardInterrupt, RaydlcError) as e:
+            summary = launch.run(request, where, on_progress=on_progress, prepared=prepared)
+        except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)
             if isinstance(e, KeyboardInterrupt) or sigint.interrupted:
                 raise _stopped(prepared, out) from None
             raise
+        if sigint.interrupted:  # an aborted run can return as if it had ended
+            raise _stopped(prepared, out)
+    return TrainResult.from_summary(summary)
 
 
 def _stopped(prepared: Any, out: str) -> Stopped:
