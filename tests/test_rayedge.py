@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from raydlc import rayedge
-from raydlc.errors import CheckpointError, InputError, RayError, TrainError
+from raydlc.errors import CheckpointError, InputError, RayError
 from raydlc.train import metrics as M
 
 
@@ -33,7 +33,8 @@ def test_run_errors_keep_raydlcs_own_message_or_name_the_root_cause() -> None:
             raise RuntimeError("Training failed due to worker errors") from inner
     except RuntimeError as e:
         mapped = rayedge.run_error(e, "training run r", "see the logs")
-    assert isinstance(mapped, TrainError) and mapped.message == "training run r failed: checkpoint x is corrupt"
+    # the worker's own error, as it would be raised locally: same class (exit code), message and hint
+    assert isinstance(mapped, CheckpointError) and mapped.message == "checkpoint x is corrupt"
     assert mapped.hint == "resume from an earlier one"
     try:
         try:

@@ -12,16 +12,22 @@ The standard AWS environment applies unchanged: `AWS_PROFILE`, the credential ch
 
 A CLI must not wait minutes on a network that does not answer: each call has a budget
 (`CALL_BUDGET_S`, retries and their back-off counted in), and an attempt that could not finish
-within it is not started. An endpoint that cannot be reached is `UnreachableError` (exit 1),
+within it is not started. A command that chains many calls (`status`, `capacity`, `up`, `down`)
+has one more, `COMMAND_SILENCE_S`, for all its calls together (`command_budget`): the time spent
+on calls AWS did not answer adds up, an endpoint that did not answer once is not asked again in
+the same command, and no attempt starts that would cross the budget. An endpoint that cannot be reached is `UnreachableError` (exit 1),
 naming the endpoint — never mistaken for an answer about the account.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raydlc.errors import AwsError, CredentialsError, InputError, RaydlcError
@@ -34,6 +40,10 @@ CONNECT_TIMEOUT_S = 3
 READ_TIMEOUT_S = 8
 # One call, every attempt and back-off included: a black-hole endpoint fails after two attempts.
 CALL_BUDGET_S = 20
+
+# Every call of one command together, waiting on AWS that does not answer (answers do not count:
+# `up` waits minutes for stacks, through calls that answer).
+COMMAND_SILENCE_S = 30
 
 _IAM_PREFIX = {"service-quotas": "servicequotas", "ec2": "ec2", "eks": "eks", "pricing": "pricing", "sts": "sts"}
 _DENIED = {
@@ -90,13 +100,67 @@ class UnreachableError(AwsCallError):
 class _OutOfTime(Exception):
     """Raised inside botocore before an attempt that could not finish within `CALL_BUDGET_S`."""
 
-    def __init__(self, endpoint: str, elapsed: float, attempts: int) -> None:
-        super().__init__(f"no answer from {endpoint} within {elapsed:.0f} s ({attempts} attempts)")
+    def __init__(self, endpoint: str, elapsed: float, attempts: int, why: str | None = None) -> None:
+        super().__init__(why or f"no answer from {endpoint} within {elapsed:.0f} s ({attempts} attempts)")
         self.endpoint, self.elapsed, self.attempts = endpoint, elapsed, attempts
 
 
+@dataclass
+class _Command:
+    """One command's AWS silence: seconds spent on calls that got no answer, and the endpoints that gave none."""
+
+    name: str
+    budget_s: float
+    silent_s: float = 0.0
+    silent: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Current:
+    command: _Command | None = None  # one command per process; its steps may call from several threads
+
+
+_lock = threading.Lock()
+_now = _Current()
+
+
+@contextlib.contextmanager
+def command_budget(name: str, seconds: float = COMMAND_SILENCE_S) -> Iterator[None]:
+    """Bound the time the AWS calls of command `name` together wait on AWS that does not answer."""
+    with _lock:
+        outer = _now.command
+        _now.command = outer or _Command(name, seconds)
+    try:
+        yield
+    finally:
+        with _lock:
+            _now.command = outer
+
+
+def _refuse(endpoint: str, spent: float) -> None:
+    """Before an attempt: an endpoint silent earlier in this command, or a budget an attempt would cross."""
+    cmd = _now.command
+    if cmd is None:
+        return
+    if endpoint in cmd.silent:
+        raise _OutOfTime(endpoint, 0, 0, f"{endpoint} did not answer earlier in `raydlc {cmd.name}`; not asked again")
+    if cmd.silent_s + spent + CONNECT_TIMEOUT_S + READ_TIMEOUT_S > cmd.budget_s and (cmd.silent_s or spent):
+        raise _OutOfTime(endpoint, cmd.silent_s + spent, 0,
+                         f"AWS left `raydlc {cmd.name}` without an answer for {cmd.silent_s + spent:.0f} s of its {cmd.budget_s:.0f} s budget")
+
+
+def _silent(endpoint: str | None, seconds: float) -> None:
+    """After a call AWS did not answer: its time counts against the command, its endpoint is not asked again."""
+    with _lock:
+        cmd = _now.command
+        if cmd is not None:
+            cmd.silent_s += seconds
+            if endpoint:
+                cmd.silent.add(_endpoint(endpoint))
+
+
 def _budget(request: Any, **kw: Any) -> None:
-    """`request-created` hook: refuse an attempt that would end past the call's budget.
+    """`request-created` hook: refuse an attempt that would end past the call's or the command's budget.
 
     botocore keeps one context dict per call across its retries, so the first attempt's start
     time is kept there; the check runs after the back-off sleep, so that is counted too.
@@ -107,6 +171,7 @@ def _budget(request: Any, **kw: Any) -> None:
     attempt = int((ctx.get("retries") or {}).get("attempt", 1))
     if attempt > 1 and now - start + CONNECT_TIMEOUT_S + READ_TIMEOUT_S > CALL_BUDGET_S:
         raise _OutOfTime(_endpoint(request.url), now - start, attempt - 1)
+    _refuse(_endpoint(request.url), now - start if attempt > 1 else 0.0)
 
 
 def _endpoint(url: str) -> str:
@@ -325,23 +390,32 @@ def _operation(cli: Any, method: str) -> str:
 def call(cli: Any, method: str, **params: Any) -> dict[str, Any]:
     """`cli.<method>(**params)` with any AWS failure raised as a RaydlcError."""
     operation = _operation(cli, method)
+    t0 = time.monotonic()
     try:
         return dict(getattr(cli, method)(**params))
     except Exception as e:
         if not _is_aws_error(e):
             raise
-        raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name,
-                        endpoint=cli.meta.endpoint_url) from e
+        raise _mapped(e, cli, operation, t0) from e
+
+
+def _mapped(e: BaseException, cli: Any, operation: str, t0: float) -> RaydlcError:
+    """The error as raydlc's; an unanswered call's time counts against the command's budget."""
+    err = translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name, endpoint=cli.meta.endpoint_url)
+    if isinstance(err, UnreachableError):
+        _silent(cli.meta.endpoint_url, time.monotonic() - t0)
+    return err
 
 
 def paginate(cli: Any, method: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
     """Every item under `key` across all pages, errors mapped as in `call`."""
     operation = _operation(cli, method)
+    t0 = time.monotonic()
     try:
         for page in cli.get_paginator(method).paginate(**params):
             yield from page.get(key, [])
+            t0 = time.monotonic()  # the next page's wait starts now
     except Exception as e:
         if not _is_aws_error(e):
             raise
-        raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name,
-                        endpoint=cli.meta.endpoint_url) from e
+        raise _mapped(e, cli, operation, t0) from e

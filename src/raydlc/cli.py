@@ -7,6 +7,7 @@ Commands import the module that does their work inside the function body, so tha
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import typer
 
 from raydlc.api import _plan as plan_use_case
 from raydlc.api import _train as train_use_case
-from raydlc.errors import InputError, RaydlcError
+from raydlc.errors import InputError, RaydlcError, Stopped
 from raydlc.flags import finite as _finite
 from raydlc.flags import with_options
 from raydlc.output import console, debug_requested, emit_json, err_console
@@ -248,6 +249,10 @@ def plan_cmd(
     """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits."""
     if plot is not None and scan_nodes is None:
         raise InputError("--plot draws a scale-out scan", hint="add --scan-nodes 1,2,4,8")
+    if plot is not None:
+        from raydlc.files import check_png_path
+
+        check_png_path(plot, "--plot", f"raydlc plan --scan-nodes {shlex.quote(scan_nodes or '')}")
     from raydlc.config import parse_assignments
 
     st = _state(ctx)
@@ -323,11 +328,15 @@ def train(
     from raydlc.train.progress import TrainView, print_summary
 
     st = _state(ctx)
-    with TrainView(quiet=json_, debug=debug_requested(st.debug)) as view:
-        result = train_use_case.train(
-            config=st.config_path, settings=parse_assignments(st.assignments), address=address, on_progress=view,
-            log_to_driver=view.debug, **named,
-        )
+    try:
+        with TrainView(quiet=json_, debug=debug_requested(st.debug)) as view:
+            result = train_use_case.train(
+                config=st.config_path, settings=parse_assignments(st.assignments), address=address, on_progress=view,
+                log_to_driver=view.debug, **named,
+            )
+    except Stopped as e:  # the hint: this very command again, with --resume
+        resume = _INVOKED if "--resume" in _INVOKED else [*_INVOKED, "--resume"]
+        raise Stopped(e.message, hint=shlex.join(["raydlc", *resume]) if e.hint else None) from None
     if json_:
         emit_json(result.to_dict())
     else:
@@ -381,6 +390,10 @@ def down(
     from raydlc.views import lifecycle as view
 
     if local:
+        clash = [f for f, on in (("--keep-cluster", keep_cluster), ("--force", force), ("--kubeconfig", kubeconfig is not None)) if on]
+        if clash:
+            raise InputError(f"--local and {', '.join(clash)} cannot be combined: --local ends only raydlc's local Ray head",
+                             hint="raydlc down --local")
         _down_local(json_, dry_run)
         return
     layers = _layers(ctx)
@@ -396,7 +409,7 @@ def _down_local(json_: bool, dry_run: bool) -> None:
     if json_:
         emit_json(result.to_dict())
     else:
-        console.print(result.message, highlight=False)
+        console.print(result.message, highlight=False, soft_wrap=True)
 
 
 @app.command("status")
@@ -445,6 +458,18 @@ def _address_opt() -> Any:
     return typer.Option(None, "--address", help="A Ray dashboard you already reach, e.g. http://127.0.0.1:8265.")
 
 
+def _kubeconfig_opt() -> Any:
+    return typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig, for the cluster target [RAYDLC_KUBECONFIG, else KUBECONFIG].")
+
+
+def _reaching(ctx: typer.Context, kubeconfig: Path | None) -> dict[str, Any]:
+    """The global --config/--set, and --kubeconfig as the KUBECONFIG setting it stands for."""
+    layers = _layers(ctx)
+    if kubeconfig is not None:
+        layers["settings"] = {**layers["settings"], "KUBECONFIG": str(kubeconfig)}
+    return layers
+
+
 def _layers(ctx: typer.Context) -> dict[str, Any]:
     """The global --config/--set as a use case takes them."""
     from raydlc.config import parse_assignments
@@ -486,11 +511,10 @@ def _detaching(local: bool, address: str | None) -> Iterator[None]:
 
 def _ended(job: Any, target: Any) -> None:
     """The exit code follows the job: a job that did not succeed is an error line and exit 1."""
-    from raydlc.errors import TrainError
+    from raydlc.jobs import failure
 
     if job.status != "SUCCEEDED":
-        raise TrainError(f"job {job.submission_id} {job.status}" + (f": {job.message}" if job.message else ""),
-                         hint=f"raydlc job logs {job.submission_id}{target.flag}")
+        raise failure(job, hint=f"raydlc job logs {job.submission_id}{target.flag}")
 
 
 @app.command("submit")
@@ -500,6 +524,7 @@ def submit(
     builtin: bool = typer.Option(False, "--builtin", help="Run raydlc's training program (python -m raydlc.train) with the config's training settings."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     name: str | None = typer.Option(None, "--name", help="Submission id: the same name again attaches to that job while it runs, instead of starting a second."),
     pip: list[str] | None = typer.Option(None, "--pip", help="A package the image lacks: NAME (pinned to the version installed here) or NAME==VERSION; repeatable."),
     env: list[str] | None = typer.Option(None, "--env", help="K=V for the job's processes, NCCL_* and FI_* too; repeatable. Secrets are refused."),
@@ -515,11 +540,14 @@ def submit(
 
     args = list(items or [])
     script = None
+    if builtin and args and args[0].endswith(".py"):
+        raise InputError(f"--builtin and SCRIPT {args[0][:200]} cannot be combined: --builtin runs raydlc's own program",
+                         hint=f"raydlc submit {shlex.quote(args[0][:200])} --local")
     if not builtin and args and not args[0].startswith("-"):
         script, args = Path(args[0]), args[1:]
     with _detaching(local, address):
         result = api.submit(script, args, builtin=builtin, local=local, address=address, name=name, pip=pip or [], env=env or [], working_dir=working_dir,
-                            no_wait=no_wait, **_layers(ctx), write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
+                            no_wait=no_wait, **_reaching(ctx, kubeconfig), write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
     job = result.job
     if json_:
         emit_json(result.to_dict())
@@ -536,12 +564,13 @@ def job_list(
     ctx: typer.Context,
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every job the head knows, oldest first."""
     from raydlc import api
 
-    result = api.job_list(local=local, address=address, **_layers(ctx))
+    result = api.job_list(local=local, address=address, **_reaching(ctx, kubeconfig))
     if json_:
         emit_json(result.to_dict())
         return
@@ -557,6 +586,7 @@ def job_logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the job ends; the exit code follows the job."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print {job_id, status, logs} as JSON."),
 ) -> None:
     """The job's driver output (its workers' output is folded in by Ray)."""
@@ -564,7 +594,7 @@ def job_logs(
 
     streaming = follow and not json_
     with _detaching(local, address):
-        result = api.job_logs(job_id, follow=streaming, local=local, address=address, **_layers(ctx), write=_writer(sys.stdout))
+        result = api.job_logs(job_id, follow=streaming, local=local, address=address, **_reaching(ctx, kubeconfig), write=_writer(sys.stdout))
     if streaming:
         _ended(result.job, result.target)
     elif json_:
@@ -579,12 +609,13 @@ def job_status(
     job_id: str = typer.Argument(..., metavar="ID", help="The job's id."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The job's state as the Jobs API reports it (never inferred from a log stream)."""
     from raydlc import api
 
-    result = api.job_status(job_id, local=local, address=address, **_layers(ctx))
+    result = api.job_status(job_id, local=local, address=address, **_reaching(ctx, kubeconfig))
     if json_:
         emit_json(result.to_dict())
         return
@@ -599,12 +630,13 @@ def job_stop(
     job_id: str = typer.Argument(..., metavar="ID", help="The job's id."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Stop a job and wait until it has ended."""
     from raydlc import api
 
-    result = api.job_stop(job_id, local=local, address=address, **_layers(ctx))
+    result = api.job_stop(job_id, local=local, address=address, **_reaching(ctx, kubeconfig))
     job = result.job
     if json_:
         emit_json(result.to_dict())
@@ -621,6 +653,7 @@ def verify_cmd(
     expect: str = typer.Option("efa", "--expect", help="The transport every node must show: efa, socket or ib."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The gate: GPU nodes, pods, fi_info per node, NCCL per node from the job's own worker logs, the job's status.
@@ -629,7 +662,7 @@ def verify_cmd(
     """
     from raydlc import api
 
-    verdict = api.verify(job=job_id, expect=expect, local=local, address=address, **_layers(ctx))
+    verdict = api.verify(job=job_id, expect=expect, local=local, address=address, **_reaching(ctx, kubeconfig))
     if json_:
         emit_json(verdict.to_dict())
     else:
@@ -646,6 +679,7 @@ def bench_transport(
     steps: int = typer.Option(20, "--steps", help="Optimizer steps of each of the two runs."),
     local: bool = _local_opt(),
     address: str | None = _address_opt(),
+    kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The same short training job twice, as configured and with sockets forced, each proven from its own logs.
@@ -655,7 +689,7 @@ def bench_transport(
     from raydlc import api
 
     with _detaching(local, address):
-        result = api.bench_transport(steps=steps, local=local, address=address, **_layers(ctx), write=_writer(sys.stderr), notice=_notice)
+        result = api.bench_transport(steps=steps, local=local, address=address, **_reaching(ctx, kubeconfig), write=_writer(sys.stderr), notice=_notice)
     if json_:
         emit_json(result.to_dict())
     else:
@@ -676,16 +710,25 @@ def main(argv: list[str] | None = None) -> int:
     `--debug` (or RAYDLC_DEBUG=1) re-raises instead.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    _INVOKED[:] = args
     debug = debug_requested("--debug" in args)
     command = typer.main.get_command(app)
+    invoke = command.invoke
+
+    def invoked(ctx: Any) -> Any:  # typer turns a KeyboardInterrupt into a silent exit 130: say what stopped first
+        try:
+            return invoke(ctx)
+        except KeyboardInterrupt:
+            raise _CtrlC from None
+
+    command.invoke = invoked  # type: ignore[method-assign]
     try:
         rv = command.main(args=args, prog_name="raydlc", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return e.exit_code
-    except typer.Abort:
-        err_console.print("aborted")
-        return 130
+    except (typer.Abort, KeyboardInterrupt, _CtrlC):
+        return _fail(Stopped(_stopped_line(args)), debug)
     except typer.TyperException as e:  # usage errors from the command-line parser
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as typer shows it
             e.show()  # type: ignore[attr-defined]
@@ -704,6 +747,34 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(InputError(f"input is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"), debug, cause=e)
 
 
+# What Ctrl-C leaves, by command, when the command itself did not say (before its work began, or in between).
+_KEPT = {
+    "train": "nothing more is written; checkpoints already written are kept (--resume continues from the last)",
+    "submit": "a job already submitted keeps running (raydlc job list shows it)",
+    "up": "what exists is kept; running raydlc up again continues",
+    "down": "what is left is kept; running raydlc down again continues",
+    "verify": "verify changes nothing",
+    "bench-transport": "a run already submitted keeps running (raydlc job list shows it)",
+}
+
+
+class _CtrlC(Exception):
+    """Ctrl-C in a command, carried past typer (which would swallow a KeyboardInterrupt) to `main`."""
+
+
+_INVOKED: list[str] = []  # the arguments of this run of `main`: what a hint repeats
+
+
+def _stopped_line(args: list[str]) -> str:
+    """One line for Ctrl-C: which command stopped, and what it leaves."""
+    rest = list(args)
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] in ("--config", "-c", "--set") else rest[1:]
+    cmd = " ".join(rest[:2]) if rest and rest[0] in ("config", "job") else (rest[0] if rest else "")
+    kept = _KEPT.get(cmd, "nothing more was done")
+    return f"raydlc {cmd} stopped by Ctrl-C; {kept}" if cmd else f"stopped by Ctrl-C; {kept}"
+
+
 def _fail(e: RaydlcError, debug: bool, cause: BaseException | None = None) -> int:
     if debug:
         if cause is not None:
@@ -711,7 +782,8 @@ def _fail(e: RaydlcError, debug: bool, cause: BaseException | None = None) -> in
         raise e
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
+    label = "[bold yellow]interrupted:[/]" if isinstance(e, Stopped) else "[bold red]error:[/]"
+    err_console.print(f"{label} {escape(e.message)}", highlight=False)
     if e.hint:
         err_console.print(f"  hint: {escape(e.hint)}", highlight=False)
     return e.exit_code

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from raydlc import catalog
 from raydlc.errors import ConfigError
-from raydlc.fieldtypes import Above, AtLeast, Between, Blank, Dns1123, FolderName, Shaped, WholeOrAuto, rules
+from raydlc.fieldtypes import Above, AtLeast, Between, Blank, Dns1123, FolderName, Shaped, WholeOrAuto, rules, shown
 
 ENV_PREFIX = "RAYDLC_"
 DEFAULT_FILE = "raydlc.yaml"
@@ -47,6 +47,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # A number with no bound of its own still gets one: a 26-digit node count is a typo, not a plan.
 INT_MAX = 2**31 - 1
+MAX_STRING = 1024  # every string setting: names, ids, paths and URIs are shorter; a longer value is a mistake
 INT_MAX_WHY = "the largest 32-bit integer, the most Kubernetes and most tools accept"
 EKS_NODEGROUP_MAX = 450  # EKS's default quota "Nodes per managed node group"
 DAY_S = 24 * 3600
@@ -124,7 +125,9 @@ class _Section(BaseModel):
     def _every_field(cls, v: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields[str(info.field_name)]
         if isinstance(v, str) and _CONTROL.search(v):
-            raise ValueError(f"must not contain control characters (newlines, tabs, NUL), got {v!r}")
+            raise ValueError(f"must not contain control characters (newlines, tabs, NUL), got {shown(v)}")
+        if isinstance(v, str) and len(v) > MAX_STRING:
+            raise ValueError(f"must be at most {MAX_STRING:,} characters, got {len(v):,}: {shown(v)}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             extra = field.json_schema_extra or {}
             assert isinstance(extra, dict)
@@ -601,7 +604,7 @@ def _field_problem(section: str, err: Any, layers: _Layers) -> str:
     label = info.env if info else f"{section}.{key}"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] not in ("value_error",) and "input" in err:
-        msg = f"{msg}, got {err['input']!r}"
+        msg = f"{msg}, got {shown(err['input'])}"
     return f"{label} ({layers.where(label)}): {msg}"
 
 

@@ -20,6 +20,21 @@ class RaydlcError(Exception):
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled whole (message, hint, class, fields): a worker's error reaches the driver as it was raised.
+
+        Exception's own pickling replays `__init__(*args)`, which loses the hint and breaks
+        subclasses whose `__init__` takes other arguments (ConfigError's problem list).
+        """
+        return (_restore, (type(self), self.message, self.hint, dict(self.__dict__)))
+
+
+def _restore(cls: type[RaydlcError], message: str, hint: str | None, state: dict[str, object]) -> RaydlcError:
+    e = cls.__new__(cls)
+    RaydlcError.__init__(e, message, hint=hint)
+    e.__dict__.update(state)
+    return e
+
 
 class InputError(RaydlcError):
     """Bad input a person can correct: a flag, a file, a path."""
@@ -70,3 +85,9 @@ class CheckpointError(RaydlcError):
 
 class RayError(RaydlcError):
     """Ray could not be started or reached (an address, a port-forward, a local head)."""
+
+
+class Stopped(RaydlcError):
+    """Ctrl-C: the command stopped; the message says what was stopped and what is kept."""
+
+    exit_code = 130

@@ -79,7 +79,7 @@ class Dns1123(Rule):
         if not _DNS1123.match(value) or len(value) > self.max_len:
             raise ValueError(
                 f"must be a DNS-1123 name (lowercase letters, digits and '-', starting and ending "
-                f"with a letter or digit, at most {self.max_len} characters), got {value!r}"
+                f"with a letter or digit, at most {self.max_len} characters), got {shown(value)}"
             )
 
 
@@ -93,7 +93,7 @@ class Shaped(Rule):
 
     def check(self, value: Any) -> None:
         if value is not None and not self.pattern.match(value):
-            raise ValueError(f"must {self.verb} {self.what}, got {value!r}")
+            raise ValueError(f"must {self.verb} {self.what}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -104,13 +104,36 @@ class Blank(Rule):
         return None if value in ("", None) else value
 
 
+_FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
 @dataclass(frozen=True)
 class FolderName(Rule):
-    """One folder name, no path: it is joined under a storage root."""
+    """One folder name, no path: it is joined under a storage root (and Ray Train names its run by it),
+    so short and of characters every file system and URI takes."""
+
+    max_len: int = 100
 
     def check(self, value: Any) -> None:
-        if value is not None and (value in (".", "..") or "/" in value or "\\" in value):
-            raise ValueError(f"must be one folder name (no '/'), got {value!r}")
+        if value is None:
+            return
+        if value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"must be one folder name (no '/'), got {shown(value)}")
+        if len(value) > self.max_len:
+            raise ValueError(f"must be at most {self.max_len} characters, got {len(value):,}: {shown(value)}")
+        if not _FOLDER.match(value):
+            raise ValueError(f"must be letters, digits, '.', '_' and '-', starting with a letter or digit, got {shown(value)}")
+
+
+SHOWN_MAX = 60
+
+
+def shown(value: Any) -> str:
+    """A value as an error shows it: quoted, and cut when long (a 10 kB value is not echoed in full)."""
+    text = repr(value)
+    if len(text) <= SHOWN_MAX:
+        return text
+    return f"{text[:SHOWN_MAX]}… ({len(str(value)):,} characters)"
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,59 @@ def write_all(texts: Mapping[Path, str], flag: str) -> list[Path]:
                 Path(tmp).unlink(missing_ok=True)
             raise
     return list(staged)
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png_path(path: str | os.PathLike[str], flag: str, command: str) -> Path:
+    """An output that will be a PNG: named .png, and not an existing file of another kind (which the
+    write would replace with an image). `command` is the command line a hint repeats, up to the flag."""
+    p = Path(path)
+    if p.suffix.lower() != ".png":
+        raise InputError(f"{flag} {str(p)[:200]}: the plot is a PNG image, so its name must end in .png",
+                         hint=f"{command} {flag} {p.with_suffix('.png').name}")
+    if p.is_file():
+        with p.open("rb") as f:
+            if f.read(8) != PNG_MAGIC:
+                raise InputError(f"{flag} {p} exists and is not a PNG image: it would be overwritten",
+                                 hint=f"{command} {flag} {p.stem}-scan.png")
+    return p
+
+
+# ---- directories raydlc made: the only ones it ever deletes -----------------------------------------
+
+OWNED_MARKER = ".raydlc-owned"
+
+
+def make_owned_dir(prefix: str, parent: str | Path) -> Path:
+    """A fresh directory with raydlc's marker inside: the proof `remove_owned_dir` asks for later.
+
+    A path prefix proves nothing (anyone may name a directory /tmp/raydlc-head-x); the marker
+    records the directory's own path, so a marker copied elsewhere does not make that place ours.
+    """
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=str(parent)))
+    (d / OWNED_MARKER).write_text(f"created by raydlc for {d}\n")
+    return d
+
+
+def owned(path: str | Path) -> bool:
+    """Whether raydlc made this directory: a real directory (not a link) holding its own marker."""
+    d = Path(path)
+    marker = d / OWNED_MARKER
+    try:
+        if d.is_symlink() or not d.is_dir() or marker.is_symlink() or not marker.is_file():
+            return False
+        return marker.read_text(errors="replace").strip() == f"created by raydlc for {d}"
+    except OSError:
+        return False
+
+
+def remove_owned_dir(path: str | Path) -> bool:
+    """Delete `path` only when raydlc made it (`owned`); True when it was deleted."""
+    import shutil
+
+    if not owned(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True

@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
 
 from raydlc.dashboard import Dashboard
 from raydlc.errors import InputError, RayError
@@ -89,7 +91,7 @@ def local_dir() -> Path:
 class HeadRecord(Record):
     """The local head raydlc started: enough to find it again and to end exactly it."""
 
-    pid: int
+    pid: Annotated[int, Field(gt=1)]  # 0, -1 and 1 name a group, every process or init: never a head raydlc started
     start_ticks: int | None  # the process's start time: a PID reused by another program is not taken for the head
     dashboard_url: str
     address: str
@@ -106,43 +108,61 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def _is_alive(rec: HeadRecord) -> bool:
-    """Whether the record still names its process: the one place a record is checked before it is used."""
-    from raydlc.rayedge import process_alive
+@dataclass(frozen=True)
+class HeadClaim:
+    """The head record as read and checked: `record` is used only when `doubt` is None.
+
+    A record is a claim, not a fact: a PID that ended and was reused, a file edited by hand or
+    written by an older raydlc without a start time could otherwise make raydlc end someone
+    else's process or delete a directory it never made.
+    """
+
+    path: Path
+    record: HeadRecord | None
+    doubt: str | None  # why the record is not believed; None when it names raydlc's running head
+
+    @property
+    def report(self) -> str:
+        return f"local head record {self.path}, not believed ({self.doubt}); nothing it names was touched"
+
+
+def _doubt(rec: HeadRecord) -> str | None:
+    """Why `rec` does not name raydlc's running head: the PID, its start time, its command line."""
+    from raydlc.rayedge import is_head_command, process_alive
 
     if not process_alive(rec.pid):
-        return False
-    ticks = _start_ticks(rec.pid)
-    return rec.start_ticks is None or ticks == rec.start_ticks
-
-
-def read_head() -> HeadRecord | None:
-    path = local_dir() / HEAD_RECORD
-    if not path.exists():
-        return None
-    try:
-        return read_json(path, HeadRecord)
-    except RecordError as e:
-        raise RayError(f"the local head record {path} is damaged: {e}", hint=f"end the head by its PID if one runs, then remove {path}") from None
-
-
-def running_head() -> HeadRecord | None:
-    """raydlc's local head if it is still the process the record names; a stale record is removed."""
-    rec = read_head()
-    if rec is None:
-        return None
-    if _is_alive(rec):
-        return rec
-    _forget(rec)
+        return f"PID {rec.pid} is not running"
+    if rec.start_ticks is None:
+        return f"it records no start time for PID {rec.pid}"
+    if _start_ticks(rec.pid) != rec.start_ticks:
+        return f"PID {rec.pid} is a process that started after the head did"
+    if not is_head_command(rec.pid, rec.temp_dir):
+        return f"PID {rec.pid} is not raydlc's Ray head with temp dir {rec.temp_dir[:120]}"
     return None
 
 
-def _forget(rec: HeadRecord) -> None:
-    import shutil
+def check_record() -> HeadClaim | None:
+    """The head record checked against the process it names; None when there is no record. Reads only."""
+    path = local_dir() / HEAD_RECORD
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        rec = read_json(path, HeadRecord)
+    except RecordError as e:
+        return HeadClaim(path, None, f"damaged: {e}")
+    return HeadClaim(path, rec, _doubt(rec))
 
+
+def running_head() -> HeadRecord | None:
+    """raydlc's local head when its record's claim holds; None otherwise. Never deletes anything."""
+    claim = check_record()
+    return claim.record if claim is not None and claim.doubt is None else None
+
+
+def forget(claim: HeadClaim) -> None:
+    """Remove the head record, only the record: whatever it names is left as it is."""
     with contextlib.suppress(FileNotFoundError):
-        (local_dir() / HEAD_RECORD).unlink()
-    shutil.rmtree(rec.temp_dir, ignore_errors=True)
+        claim.path.unlink()
 
 
 @contextlib.contextmanager
@@ -164,35 +184,52 @@ def local_cpus() -> int:
     return max(os.cpu_count() or 1, 4)
 
 
-def ensure_local_head(*, start: bool, on_start: Callable[[], None] | None = None) -> HeadRecord:
-    """raydlc's running local head; started (and recorded) when none runs and `start` is set."""
+def ensure_local_head(*, start: bool, on_start: Callable[[], None] | None = None,
+                      on_doubt: Callable[[str], None] | None = None) -> HeadRecord:
+    """raydlc's running local head; started (and recorded) when none runs and `start` is set.
+
+    A record that is not believed stops a command that only reads (the error says which check
+    failed); one that starts a head removes that record, says so through `on_doubt`, and starts anew.
+    """
     from raydlc import rayedge
 
-    with _locked():
-        rec = running_head()
-        if rec is not None:
+    with _locked() if start else contextlib.nullcontext():  # a command that only reads writes not even the lock
+        claim = check_record()
+        if claim is not None and claim.doubt is None and claim.record is not None:
+            rec = claim.record
             with contextlib.suppress(RayError):
                 Dashboard(rec.dashboard_url).version()
                 return rec
             raise RayError(f"raydlc's local Ray head (PID {rec.pid}) runs but its dashboard {rec.dashboard_url} does not answer",
-                           hint=f"see {rec.log}; `raydlc down --local` ends it")
+                           hint="raydlc down --local")
         if not start:
-            raise RayError("no local Ray head of raydlc runs", hint="`raydlc submit --local` starts one")
+            if claim is not None:
+                raise RayError(f"no local Ray head of raydlc runs: the {claim.report}", hint="raydlc down --local")
+            raise RayError("no local Ray head of raydlc runs", hint="raydlc submit --local --builtin")
+        if claim is not None:
+            forget(claim)
+            if on_doubt is not None:
+                on_doubt(f"removed the {claim.report}")
         if on_start is not None:
             on_start()
-        # The job's entrypoint runs through the head's shell: `python` must be this environment's.
-        bin_dir = str(Path(sys.executable).parent)
-        env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-        d = local_dir()
-        head = rayedge.start_head(num_cpus=local_cpus(), log_dir=d, env=env, cwd=d, timeout=HEAD_START_TIMEOUT_S)
-        rec = HeadRecord(
-            pid=head.process.pid, start_ticks=_start_ticks(head.process.pid), dashboard_url=head.dashboard_url,
-            address=head.address, temp_dir=str(head.temp_dir), log=str(head.log), python=sys.executable, started_at=time.time(),
-        )
-        tmp = d / f".{HEAD_RECORD}.tmp"
-        tmp.write_text(rec.model_dump_json(indent=2) + "\n")
-        tmp.replace(d / HEAD_RECORD)
-        return rec
+        return _start_and_record(rayedge)
+
+
+def _start_and_record(rayedge: Any) -> HeadRecord:
+    """Start the head and write its record atomically (the caller holds the lock)."""
+    # The job's entrypoint runs through the head's shell: `python` must be this environment's.
+    bin_dir = str(Path(sys.executable).parent)
+    env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    d = local_dir()
+    head = rayedge.start_head(num_cpus=local_cpus(), log_dir=d, env=env, cwd=d, timeout=HEAD_START_TIMEOUT_S)
+    rec = HeadRecord(
+        pid=head.process.pid, start_ticks=_start_ticks(head.process.pid), dashboard_url=head.dashboard_url,
+        address=head.address, temp_dir=str(head.temp_dir), log=str(head.log), python=sys.executable, started_at=time.time(),
+    )
+    tmp = d / f".{HEAD_RECORD}.tmp"
+    tmp.write_text(rec.model_dump_json(indent=2) + "\n")
+    tmp.replace(d / HEAD_RECORD)
+    return rec
 
 
 def stop_local_head(timeout: float = 30.0) -> HeadRecord | None:
@@ -200,11 +237,12 @@ def stop_local_head(timeout: float = 30.0) -> HeadRecord | None:
     from raydlc import rayedge
 
     with _locked():
-        rec = running_head()
-        if rec is None:
+        claim = check_record()
+        if claim is None or claim.doubt is not None or claim.record is None:
             return None
-        rayedge.end_head(rec.pid, Path(rec.temp_dir), timeout=timeout)
-        _forget(rec)
+        rec = claim.record
+        rayedge.end_head(rec.pid, Path(rec.temp_dir), timeout=timeout)  # the temp dir goes only if it holds raydlc's marker
+        forget(claim)
         return rec
 
 
@@ -282,10 +320,10 @@ class Reached:
 
 @contextlib.contextmanager
 def reach(target: Target, cfg: Config | None = None, *, start_local: bool = False,
-          on_start: Callable[[], None] | None = None) -> Iterator[Reached]:
+          on_start: Callable[[], None] | None = None, on_doubt: Callable[[str], None] | None = None) -> Iterator[Reached]:
     """The dashboard of `target` for one command, checked to answer; a cluster's port-forward is closed when it ends."""
     if target.kind == LOCAL:
-        yield Reached(target, Dashboard(ensure_local_head(start=start_local, on_start=on_start).dashboard_url))
+        yield Reached(target, Dashboard(ensure_local_head(start=start_local, on_start=on_start, on_doubt=on_doubt).dashboard_url))
     elif target.kind == ADDRESS:
         assert target.address is not None
         dash = Dashboard(target.address)
@@ -293,11 +331,11 @@ def reach(target: Target, cfg: Config | None = None, *, start_local: bool = Fals
         yield Reached(target, dash)
     else:
         from raydlc.kube import Kube, load_client
-        from raydlc.lifecycle.context import kubeconfig_path
+        from raydlc.lifecycle.context import kubeconfig_path, with_plain_kubeconfig
         from raydlc.tools import Runner
 
         assert cfg is not None
-        kubeconfig = kubeconfig_path(cfg)
+        kubeconfig = kubeconfig_path(with_plain_kubeconfig(cfg))
         kube = Kube(load_client(kubeconfig))
         head = find_head(kube, cfg)
         with port_forward(Runner(), kubeconfig, head) as url:

@@ -251,6 +251,19 @@ def raydlc_module_dir() -> Path:
     return Path(raydlc.__file__).resolve().parent
 
 
+def check_compiles(script: Path) -> None:
+    """The script compiles here, as the job's Python would compile it: a syntax error is found before
+    the upload, as one line naming the file and line, not in the job's log a minute later."""
+    try:
+        source = script.read_bytes()
+        compile(source, str(script), "exec", dont_inherit=True)
+    except SyntaxError as e:
+        where = f"{script}:{e.lineno}" if e.lineno else str(script)
+        raise InputError(f"SCRIPT {where}: {e.msg} (Python cannot compile it)", hint=f"python -m py_compile {script}") from None
+    except ValueError as e:  # NUL bytes
+        raise InputError(f"SCRIPT {script} is not Python source ({e})") from None
+
+
 def build(
     *,
     script: Path | None,
@@ -273,6 +286,7 @@ def build(
             raise InputError(f"SCRIPT {script}: no such file", hint="give the path of the training script, or --builtin for raydlc's own program")
         if not script.is_file():
             raise InputError(f"SCRIPT {script} is not a file")
+        check_compiles(script)
     wd = working_dir if working_dir is not None else (script.resolve().parent if script is not None else None)
     if wd is not None:
         if not wd.exists():
@@ -324,7 +338,9 @@ def absolute_local_paths(settings_env: Mapping[str, str], cwd: Path | None = Non
     value = out.get(storage) or "raydlc-out"
     if not S.is_uri(value):
         out[storage] = str((base / os.path.expanduser(value)).resolve())
-    data = FIELDS["DATA"].env_var
-    if out.get(data) and not S.is_uri(out[data]) and (base / out[data]).exists():
-        out[data] = str((base / out[data]).resolve())
+    for name in ("DATA", "MODEL_ID", "RESUME_FROM"):  # a local file or directory; ids and URIs stay as they are
+        key = FIELDS[name].env_var
+        value = out.get(key)
+        if value and not S.is_uri(value) and (base / os.path.expanduser(value)).exists():
+            out[key] = str((base / os.path.expanduser(value)).resolve())
     return out

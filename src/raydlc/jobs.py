@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raydlc.dashboard import Dashboard, HeadRefused, Job, RayNode
-from raydlc.errors import InputError, RayError
+from raydlc.errors import InputError, RaydlcError, RayError
 
 if TYPE_CHECKING:
     from raydlc.jobenv import JobSpec
@@ -37,10 +37,11 @@ class Detached(KeyboardInterrupt):
         self.job_id = job_id
 
 
-def require(dash: Dashboard, job: str, where: str) -> Job:
+def require(dash: Dashboard, job: str, where: str, flag: str = "") -> Job:
+    """The job by id, or an error whose hint lists the jobs of the same target (`flag`: ' --local', …)."""
     found = dash.job(job)
     if found is None:
-        raise InputError(f"no job {job!r} on {where}", hint=f"`raydlc job list{'' if where == 'the cluster' else ' ' + where}` shows the jobs there")
+        raise InputError(f"no job {job[:100]!r} on {where}", hint=f"raydlc job list{flag}")
     return found
 
 
@@ -211,3 +212,23 @@ def probe_fabric(dash: Dashboard, *, target: str, timeout: float = PROBE_TIMEOUT
         if line.startswith('{"probe"'):
             return list(json.loads(line)["nodes"])
     raise RayError(f"the fi_info probe job {name} ended {done.status} without an answer", hint=f"`raydlc job logs {name}` shows why")
+
+
+def failure(job: Job, hint: str) -> RaydlcError:
+    """A job that did not succeed as one line: the program's own `error:` line when it printed one
+    (raydlc's program does, with exit 2 for the user's input), else the first line of Ray's message
+    and the last line of the log it quotes; never the whole log again."""
+    from raydlc.errors import TrainError
+
+    lines = [ln.strip() for ln in (job.message or "").splitlines() if ln.strip()]
+    own = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+    if own:
+        i = own[-1]
+        said = lines[i].removeprefix("error: ")
+        own_hint = lines[i + 1].removeprefix("hint: ") if i + 1 < len(lines) and lines[i + 1].startswith("hint: ") else None
+        cls = InputError if job.driver_exit_code == 2 else TrainError
+        return cls(f"job {job.submission_id} {job.status}: {said}", hint=own_hint or hint)
+    head = lines[0][:300] if lines else ""
+    last = lines[-1][:300] if len(lines) > 1 else ""
+    detail = f": {head}" + (f" ... {last}" if last else "") if head else ""
+    return TrainError(f"job {job.submission_id} {job.status}{detail}", hint=hint)

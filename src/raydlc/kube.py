@@ -118,16 +118,31 @@ def load_client(kubeconfig: str | Path, context: str | None = None) -> ApiClient
     from kubernetes import client, config
     from urllib3.util.retry import Retry
 
-    path = Path(kubeconfig).expanduser()
-    if not path.is_file():
-        raise InputError(f"kubeconfig {path} does not exist", hint="run `raydlc up` (it writes one) or pass --kubeconfig")
+    path = check_kubeconfig(kubeconfig)
     conf = client.Configuration()
     try:
         config.load_kube_config(config_file=str(path), context=context, client_configuration=conf, persist_config=False)
-    except Exception as e:  # the loader raises ConfigException, ValueError, yaml errors, exec failures
-        raise KubeError(f"kubeconfig {path} cannot be used: {e}", hint="rewrite it with `raydlc up --only cluster`") from e
+    except Exception as e:  # the loader raises ConfigException, ValueError, yaml errors: the file is wrong
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise InputError(f"kubeconfig {path} cannot be used: {first[:200]}", hint="raydlc up --only cluster") from e
     conf.retries = Retry(total=1, connect=1, read=0, status=0, redirect=0, other=0, raise_on_status=False)
     return client.ApiClient(configuration=conf)
+
+
+def check_kubeconfig(kubeconfig: str | Path) -> Path:
+    """The kubeconfig the user named (or raydlc wrote) is a readable text file: exit 2 otherwise, one line."""
+    path = Path(kubeconfig).expanduser()
+    if path.is_dir():
+        raise InputError(f"kubeconfig {path} is a directory, not a file", hint="raydlc status --kubeconfig PATH-TO-FILE")
+    if not path.is_file():
+        raise InputError(f"kubeconfig {path} does not exist", hint="raydlc up")
+    try:
+        head = path.open("rb").read(4096)
+    except OSError as e:
+        raise InputError(f"kubeconfig {path} cannot be read ({e.strerror or e})") from None
+    if b"\0" in head:
+        raise InputError(f"kubeconfig {path} is a binary file, not a kubeconfig", hint="raydlc up --only cluster")
+    return path
 
 
 def _labels(selector: Mapping[str, str] | str | None) -> str | None:

@@ -75,6 +75,31 @@ class ModelSpec:
         return {"rope_type": extra.pop("rope_type", "default"), "rope_theta": self.rope_theta, **extra}
 
 
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor a Hugging Face checkpoint of this architecture holds, by name, with its shape.
+
+        The names `save_pretrained` writes for Qwen2ForCausalLM / LlamaForCausalLM; a tied head
+        is the embedding and may be absent (`optional_tensors`).
+        """
+        h, q, kv, i, v = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.intermediate_size, self.vocab_size
+        out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+        block = {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+                 "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
+                 "mlp.down_proj.weight": (h, i), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+        if self.qkv_bias:
+            block |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
+        if self.o_bias:
+            block["self_attn.o_proj.bias"] = (h,)
+        if self.mlp_bias:
+            block |= {"mlp.gate_proj.bias": (i,), "mlp.up_proj.bias": (i,), "mlp.down_proj.bias": (h,)}
+        for n in range(self.num_layers):
+            out |= {f"model.layers.{n}.{k}": shape for k, shape in block.items()}
+        return out
+
+    def optional_tensors(self) -> set[str]:
+        return {"lm_head.weight"} if self.tie_embeddings else set()
+
+
 def _qwen(name: str, hub: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool, positions: int, eps: float) -> ModelSpec:
     return ModelSpec(name, h, layers, heads, kv, inter, vocab, tied, max_position_embeddings=positions, rope_theta=1_000_000.0, rms_norm_eps=eps, hub_id=hub)
 
@@ -188,6 +213,14 @@ def model_dir(model_id: str) -> Path | None:
     return None
 
 
+# Ceilings on a config.json's sizes, each well above any released decoder (Llama 3.1 405B: hidden 16384,
+# 126 layers, MLP 53248; vocabularies up to ~262k): beyond them a file is wrong, not a bigger model.
+CONFIG_BOUNDS: dict[str, int] = {
+    "hidden_size": 1 << 16, "num_attention_heads": 1 << 10, "num_key_value_heads": 1 << 10, "head_dim": 1 << 10,
+    "num_hidden_layers": 1 << 10, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "max_position_embeddings": 1 << 24,
+}
+
+
 def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ..., minimum: float | None = 1) -> Any:
     if key not in doc or doc[key] is None:
         if default is ...:
@@ -201,6 +234,9 @@ def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any =
         raise InputError(f"{where}: `{key}` must be {'a number' if kind is float else 'an integer' if kind is int else kind.__name__}, got {v!r}")
     if minimum is not None and kind in (int, float) and not v >= minimum:
         raise InputError(f"{where}: `{key}` must be at least {minimum:g}, got {v!r}")
+    top = CONFIG_BOUNDS.get(key)
+    if top is not None and v > top:
+        raise InputError(f"{where}: `{key}` must be at most {top:,} (above any released model), got {v:,}")
     return v
 
 

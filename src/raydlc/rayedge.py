@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from raydlc.errors import InputError, RaydlcError, RayError, TrainError
+from raydlc.files import make_owned_dir, remove_owned_dir
 
 # Ray Train's controller polls its workers at this interval and a report waits for the poll:
 # at the default 2 s a report costs ~1.3 s. 1 s keeps reports every N steps from waiting
@@ -152,17 +152,53 @@ def connect_error(e: BaseException, address: str | None) -> RaydlcError:
     )
 
 
-def run_error(e: BaseException, what: str, hint: str) -> TrainError:
-    """A failed Ray Train run (Ray wraps worker errors in its own types) as a TrainError.
+def run_error(e: BaseException, what: str, hint: str) -> RaydlcError:
+    """A failed Ray Train run (Ray wraps worker errors in its own types) as one raydlc error.
 
-    A raydlc error raised on a worker keeps its own message.
+    A raydlc error raised on a worker (or in the controller) is that error again, with its own
+    message, hint and exit code, as if it had been raised here; any other worker exception is
+    its last line, with the rank that raised it.
     """
+    failures = _failures(e)
+    for _rank, err in failures:
+        found = _raydlc_in(err)
+        if found is not None:
+            return found
+    found = _raydlc_in(e)
+    if found is not None:
+        return found
+    if failures:
+        rank, err = failures[0]
+        where = f"rank {rank}: " if rank is not None else ""
+        return TrainError(f"{what} failed: {where}{root_cause(err)}", hint=hint)
+    return TrainError(f"{what} failed: {root_cause(e)}", hint=hint)
+
+
+def _failures(e: BaseException) -> list[tuple[int | None, BaseException]]:
+    """What Ray Train's errors carry: each failed worker's exception by rank (lowest first), or the controller's."""
+    seen: BaseException | None = e
+    while seen is not None:
+        per_rank = getattr(seen, "worker_failures", None)
+        if isinstance(per_rank, dict) and per_rank:
+            return [(int(r), x) for r, x in sorted(per_rank.items()) if isinstance(x, BaseException)]
+        controller = getattr(seen, "controller_failure", None)
+        if isinstance(controller, BaseException):
+            return [(None, controller)]
+        seen = seen.__cause__
+    return []
+
+
+def _raydlc_in(e: BaseException) -> RaydlcError | None:
+    """The raydlc error `e` is or wraps (Ray's RayTaskError subclasses the user's error class too)."""
     seen: BaseException | None = e
     while seen is not None:
         if isinstance(seen, RaydlcError):
-            return TrainError(f"{what} failed: {seen.message}", hint=seen.hint or hint)
+            return seen
+        cause = getattr(seen, "cause", None)  # RayTaskError keeps the original as .cause
+        if isinstance(cause, RaydlcError):
+            return cause
         seen = seen.__cause__
-    return TrainError(f"{what} failed: {root_cause(e)}", hint=hint)
+    return None
 
 
 def root_cause(e: BaseException) -> str:
@@ -170,8 +206,9 @@ def root_cause(e: BaseException) -> str:
     seen = e
     while seen.__cause__ is not None:
         seen = seen.__cause__
-    text = str(seen).strip().splitlines()
-    return text[-1] if text else type(seen).__name__
+    text = [line for line in str(seen).strip().splitlines() if line.strip()]
+    last = text[-1].strip() if text else ""
+    return last if last and not last.endswith(":") else f"{type(seen).__name__}{': ' + last if last else ''}"
 
 
 def cluster_resources() -> dict[str, float]:
@@ -266,7 +303,7 @@ class LocalHead:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=min(timeout, HEAD_GRACE_S))
         _end_group(pgid, timeout, self.process.poll)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        remove_owned_dir(self.temp_dir)
 
     def __enter__(self) -> LocalHead:
         return self
@@ -291,7 +328,7 @@ def end_head(pid: int, temp_dir: Path | None = None, timeout: float = 30.0) -> N
         time.sleep(0.2)
     _end_group(pid, timeout, reap)
     if temp_dir is not None:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        remove_owned_dir(temp_dir)
 
 
 def _end_group(pgid: int, timeout: float, reap: Any) -> None:
@@ -327,6 +364,16 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def is_head_command(pid: int, temp_dir: str | Path) -> bool:
+    """Whether `pid` runs `ray start --head --block` with this temp dir: the command `start_head` gave it."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return ({"start", "--head", "--block", f"--temp-dir={Path(temp_dir)}"} <= set(argv)
+            and any(Path(a).name == "ray" for a in argv[:2]))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -370,7 +417,7 @@ def start_head(
     names = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
              "runtime-env-agent-port", "metrics-export-port", "node-manager-port", "object-manager-port")
     ports = {name: free_port() for name in names}
-    temp_dir = Path(tempfile.mkdtemp(prefix="raydlc-head-", dir="/tmp"))  # short: Ray's socket paths live under it
+    temp_dir = make_owned_dir("raydlc-head-", "/tmp")  # short: Ray's socket paths live under it
     cmd = [exe, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}",
            "--include-dashboard=true", "--disable-usage-stats", f"--num-cpus={num_cpus}", "--num-gpus=0",
            *(f"--{name}={port}" for name, port in ports.items())]

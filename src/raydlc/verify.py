@@ -89,7 +89,11 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
     from raydlc import jobs
 
     dash, target = reached.dashboard, reached.target.kind
-    job = jobs.require(dash, job_id, reached.target.where) if job_id else jobs.latest_job(dash)
+    job = jobs.require(dash, job_id, reached.target.where, reached.target.flag) if job_id else jobs.latest_job(dash)
+    if job is None:  # the gate proves a job's own logs: with none there is nothing to judge
+        from raydlc.errors import InputError
+
+        raise InputError(f"verify needs a job, and {reached.target.where} has run none", hint=f"raydlc submit --builtin{reached.target.flag}")
     kube = kube_facts(reached.kube, cfg) if reached.kube is not None else None
     names = kube.names if kube else None
     logs = jobs.job_nccl(dash, job.job_id, names) if job is not None and job.job_id else None

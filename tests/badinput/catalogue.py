@@ -10,6 +10,7 @@ per command); the rest run `main([...])` in-process, which checks the same thing
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -74,6 +75,9 @@ CONFIG = [
     r("env-deadline-huge", "config show", 2, "30 days", env={"RAYDLC_JOB_DEADLINE_S": "9" * 10}),
     r("env-volume-huge", "config show", 2, "GPU_VOLUME_SIZE", env={"RAYDLC_GPU_VOLUME_SIZE": "99999999"}),
     r("env-type-injection", "config show", 2, "GPU_NODE_TYPE", env={"RAYDLC_GPU_NODE_TYPE": "g6.12xlarge; rm -rf /"}),
+    r("env-type-10kb", "config show", 2, "GPU_NODE_TYPE (env RAYDLC_GPU_NODE_TYPE): must be at most 1,024 characters, got 10,000",
+      env={"RAYDLC_GPU_NODE_TYPE": "g" * 10_000}, sub=True),
+    r("set-image-10kb", ["--set", "DLC_IMAGE=" + "x" * 10_000, "config", "show"], 2, "DLC_IMAGE"),
     r("env-system-type-bad", "config show", 2, "SYSTEM_NODE_TYPE", env={"RAYDLC_SYSTEM_NODE_TYPE": "M7I.XLARGE"}),
     r("env-image-bad", "config show", 2, "DLC_IMAGE", env={"RAYDLC_DLC_IMAGE": "my image:latest"}),
     r("env-az-bad-shape", "config show", 2, "GPU_AZ", env={"RAYDLC_GPU_AZ": "east"}),
@@ -108,6 +112,48 @@ QWEN2_SMALL = json.dumps({
 def _model(config: str | bytes, name: str = "m") -> dict[str, str | bytes | None]:
     return {name: DIR, f"{name}/config.json": config}
 
+
+def _safetensors(shapes: Mapping[str, tuple[int, ...]], *, cut: int = 0) -> bytes:
+    """A bf16 .safetensors file of zeros with these tensors (its header as the format says), `cut` bytes short."""
+    import struct
+
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2
+        for d in shape:
+            size *= d
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + b"\0" * (offset - cut)
+
+
+def _qwen2_small_tensors(**wrong: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The tensors QWEN2_SMALL's config implies (hidden 64, 2 layers, 4/2 heads, MLP 128, vocab 1000, untied)."""
+    block = {"self_attn.q_proj.weight": (64, 64), "self_attn.k_proj.weight": (32, 64), "self_attn.v_proj.weight": (32, 64),
+             "self_attn.o_proj.weight": (64, 64), "self_attn.q_proj.bias": (64,), "self_attn.k_proj.bias": (32,),
+             "self_attn.v_proj.bias": (32,), "mlp.gate_proj.weight": (128, 64), "mlp.up_proj.weight": (128, 64),
+             "mlp.down_proj.weight": (64, 128), "input_layernorm.weight": (64,), "post_attention_layernorm.weight": (64,)}
+    out = {"model.embed_tokens.weight": (1000, 64), "model.norm.weight": (64,), "lm_head.weight": (1000, 64)}
+    out |= {f"model.layers.{n}.{k}": v for n in range(2) for k, v in block.items()}
+    return out | wrong
+
+
+def _weights(**kw: object) -> dict[str, str | bytes | None]:
+    return {**_model(QWEN2_SMALL), "m/model.safetensors": _safetensors(_qwen2_small_tensors(), **kw)}  # type: ignore[arg-type]
+
+
+# A head record as `submit --local` writes it, naming a directory in the row's working dir.
+def _head_record(pid: int, start_ticks: int | None) -> dict[str, str | bytes | None]:
+    rec = {"pid": pid, "start_ticks": start_ticks, "dashboard_url": "http://127.0.0.1:9", "address": "127.0.0.1:9",
+           "temp_dir": "{work}/precious", "log": "{work}/precious/ray-head.log", "python": "python", "started_at": 0.0}
+    return {"home/.raydlc/local/head.json": json.dumps(rec), "precious/thesis.tex": "years of work\n"}
+
+
+HOME = {"HOME": "{work}/home"}
+DEAD_PID = 999_999_999  # above any pid_max: no process has it
+LIVE_PID = os.getpid()  # the test runner: alive, and not raydlc's head
+
 RENDER = [
     r("render-target-is-a-directory", f"render {ZONES} --out out", 2, "raycluster.yaml exists and is a directory",
       files={"out": DIR, "out/raycluster.yaml": DIR}, env=S3, sub=True),
@@ -135,6 +181,7 @@ RENDER = [
 CAPACITY = [
     r("capacity-empty-type", ["capacity", "--instance-type", ""], 2, "GPU_NODE_TYPE", sub=True),
     r("capacity-type-injection", ["capacity", "--instance-type", "g6.12xlarge; rm -rf /"], 2, "GPU_NODE_TYPE"),
+    r("capacity-type-10kb", ["capacity", "--instance-type", "g6." + "x" * 10_000], 2, "at most 1,024 characters"),
     r("capacity-count-zero", "capacity --count 0", 2, "at least 1"),
     r("capacity-count-26-digits", f"capacity --count {DIGITS_26}", 2, "at most 450"),
     r("capacity-json-and-emit-env", "capacity --json --emit-env", 2, "--emit-env"),
@@ -192,6 +239,12 @@ PLAN = [
     r("plan-scan-nodes-huge", f"plan --scan-nodes 1,{DIGITS_26}", 2, "outside 1..450"),
     r("plan-plot-without-scan", "plan --plot p.png", 2, "--plot draws a scale-out scan"),
     r("plan-plot-under-a-file", "plan --scan-nodes 1,2 --plot afile/p.png", 2, "afile", files={"afile": "x"}),
+    r("plan-plot-not-png-name", "plan --scan-nodes 1,2 --plot existing.yaml", 2, "must end in .png", files={"existing.yaml": "a: 1\n"}, sub=True),
+    r("plan-plot-existing-non-png", "plan --scan-nodes 1,2 --plot p.png", 2, "exists and is not a PNG image", files={"p.png": "a: 1\n"}),
+    r("plan-model-config-absurd-layers", "plan --model ./m", 2, "`num_hidden_layers` must be at most 1,024",
+      files=_model(QWEN2_SMALL.replace('"num_hidden_layers": 2', '"num_hidden_layers": 1000000000000')), sub=True),
+    r("plan-model-config-absurd-vocab", "plan --model ./m --json", 2, "`vocab_size` must be at most 4,194,304",
+      files=_model(QWEN2_SMALL.replace('"vocab_size": 1000', '"vocab_size": 99999999999'))),
     r("plan-gpu-without-a-known-network", "plan --gpu b200", 2, "no instance type in the catalogue has B200"),
     r("plan-grad-accum-word", "plan --grad-accum many", 2, "whole number of micro-batches or auto", sub=True),
     r("plan-sync-unknown", "plan --sync sometimes", 2, "GRAD_SYNC"),
@@ -238,6 +291,16 @@ TRAIN = [
     r("train-manifest-not-json", "train --resume-from ckpt", 1, "not valid JSON",
       files={"ckpt": DIR, "ckpt/raydlc_checkpoint.json": "{\"format\": 1,"}),
     r("train-no-manifest", "train --resume-from ckpt", 1, "partial", files={"ckpt": DIR}),
+    r("train-run-name-too-long", ["train", "--run-name", "r" * 300], 2, "RUN_NAME", sub=True),
+    r("train-run-name-odd-characters", ["train", "--run-name", "my run*"], 2, "letters, digits"),
+    r("train-model-safetensors-shape-mismatch", "train --model ./m", 2, "the config.json says (128, 64)",
+      files={**_model(QWEN2_SMALL), "m/model.safetensors": _safetensors(_qwen2_small_tensors(**{"model.layers.1.mlp.up_proj.weight": (96, 64)}))},
+      sub=True),
+    r("train-model-safetensors-missing-tensors", "train --model ./m", 2, "lack 12 of the config's tensors",
+      files={**_model(QWEN2_SMALL), "m/model.safetensors": _safetensors({k: v for k, v in _qwen2_small_tensors().items() if ".layers.1." not in k})}),
+    r("train-model-safetensors-truncated", "train --model ./m", 2, "is cut short", files=_weights(cut=100)),
+    r("train-model-safetensors-not-safetensors", "train --model ./m", 2, "not a safetensors file",
+      files={**_model(QWEN2_SMALL), "m/model.safetensors": b"\x89PNG\r\n\x1a\n" + b"\0" * 64}),
 ]
 
 LIFECYCLE = [
@@ -246,8 +309,12 @@ LIFECYCLE = [
     r("up-from-after-until", "up --from raycluster --until capacity", 2, "covers no step"),
     r("up-no-credentials", "up", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
     r("up-black-hole", "up --dry-run --json", 1, "{black_hole}", reaches_aws=True),
+    r("up-kubeconfig-a-directory", "up --dry-run --kubeconfig kc", 2, "kc is a directory", files={"kc": DIR}, sub=True),
+    r("up-kubeconfig-under-a-file", "up --kubeconfig afile/kc", 2, "afile is a file", files={"afile": "x"}),
     r("down-no-credentials", "down --dry-run", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
     r("down-unknown-flag", "down --local-cluster", 2, "--local-cluster"),
+    r("down-local-keep-cluster", "down --local --keep-cluster", 2, "--local and --keep-cluster cannot be combined", sub=True),
+    r("down-local-kubeconfig", "down --local --kubeconfig kc --force", 2, "--local and --force, --kubeconfig cannot be combined"),
     r("status-no-credentials", "status --json", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
     r("status-region-unknown", "--set REGION=xx-north-9 status", 2, "unknown AWS region"),
     r("eks-token-no-cluster", "eks-token --region us-east-2", 2, "Missing option '--cluster'", sub=True),
@@ -270,10 +337,37 @@ JOBS = [
     r("submit-secret-env", "submit --local --env HF_TOKEN=hf_abc", 2, "HF_TOKEN looks like a secret"),
     r("submit-no-ray-at-address", "submit --address {refused} --json", 1, "no Ray dashboard answers at {refused}", sub=True),
     r("submit-address-not-a-url", "submit --address ftp://head:8265", 2, "is not a Ray dashboard URL"),
+    r("submit-builtin-and-script", "submit --builtin train.py --local", 2, "--builtin and SCRIPT train.py cannot be combined",
+      files={"train.py": "print(1)\n"}, sub=True),
     r("submit-two-targets", "submit --local --address http://127.0.0.1:8265", 2, "two different targets"),
     r("submit-name-bad", ["submit", "--local", "--name", "two words"], 2, "--name"),
     r("submit-no-kubeconfig", "submit --builtin", 2, "kubeconfig", env={"RAYDLC_KUBECONFIG": "nowhere/kubeconfig"}),
+    r("submit-script-syntax-error", "submit bad.py --local", 2, "bad.py:2: ", files={"bad.py": "x = 1\nif x\n    print(x)\n"}, sub=True),
+    r("submit-script-nul-bytes", "submit nul.py --local", 2, "null bytes", files={"nul.py": b"print(1)\x00\n"}),
+    r("submit-builtin-local-data-missing", "submit --builtin --local --json", 2, "--data",
+      env={"RAYDLC_DATA": "./nope.jsonl"}, sub=True),
+    r("submit-builtin-local-model-missing", "submit --builtin --local", 2, "does not exist", env={"RAYDLC_MODEL_ID": "./nope"}),
     r("job-list-no-ray", "job list --address {refused} --json", 1, "no Ray dashboard answers", sub=True),
+    # Kubeconfigs the user named (flag, RAYDLC_KUBECONFIG or a plain KUBECONFIG) that cannot be used: exit 2, one line.
+    r("job-list-kubeconfig-a-directory", "job list --kubeconfig kc", 2, "kc is a directory, not a file", files={"kc": DIR}, sub=True),
+    r("job-list-kubeconfig-garbage", "job list --kubeconfig kc --json", 2, "cannot be used", files={"kc": "clusters: [unclosed\n"}),
+    r("job-status-kubeconfig-binary", "job status x --kubeconfig kc", 2, "is a binary file", files={"kc": b"\x7fELF\x02\x01\x00\x00"}),
+    r("verify-kubeconfig-without-context", "verify --kubeconfig kc", 2, "cannot be used",
+      files={"kc": "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"}),
+    r("job-list-plain-kubeconfig-missing", "job list", 2, "gone/kubeconfig does not exist", env={"KUBECONFIG": "{work}/gone/kubeconfig"}, sub=True),
+    r("submit-kubeconfig-a-directory", "submit --builtin --kubeconfig kc", 2, "is a directory", files={"kc": DIR}),
+    r("bench-kubeconfig-missing", "bench-transport --kubeconfig nope.yaml", 2, "nope.yaml does not exist"),
+    # Head records raydlc does not believe: reported, and neither the process nor the directory they name is touched.
+    r("job-list-head-record-dead-pid", "job list --local", 1, f"PID {DEAD_PID} is not running",
+      files=_head_record(DEAD_PID, 12345), env=HOME, sub=True),
+    r("job-status-head-record-no-start-time", "job status x --local --json", 1, f"records no start time for PID {LIVE_PID}",
+      files=_head_record(LIVE_PID, None), env=HOME),
+    r("job-list-head-record-names-init", "job list --local", 1, "field 'pid'", files=_head_record(1, 0), env=HOME),
+    r("job-logs-head-record-damaged", "job logs x --local", 1, "damaged",
+      files={"home/.raydlc/local/head.json": '{"pid": "one"', "precious/thesis.tex": "x"}, env=HOME),
+    r("verify-head-record-dead-pid", "verify --local", 1, "not believed", files=_head_record(DEAD_PID, 1), env=HOME, sub=True),
+    r("job-stop-head-record-wrong-start-time", "job stop x --local", 1, "started after the head did",
+      files=_head_record(LIVE_PID, 2**40), env=HOME),
     r("job-logs-no-id", "job logs --local", 2, "Missing argument 'ID'", sub=True),
     r("job-status-no-ray", "job status x --address {refused}", 1, "no Ray dashboard answers", sub=True),
     r("job-stop-two-targets", "job stop x --local --address http://127.0.0.1:1", 2, "two different targets", sub=True),

@@ -28,7 +28,7 @@ HARNESS = (
 )
 
 
-def _env(row: Row, black_hole: str, refused: str) -> dict[str, str | None]:
+def _env(row: Row, black_hole: str, refused: str, work: Path) -> dict[str, str | None]:
     """No RAYDLC_* or AWS_* from outside; AWS pointed at the black hole with throwaway credentials."""
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RAYDLC_", "AWS_"))}
     env.update(
@@ -36,7 +36,7 @@ def _env(row: Row, black_hole: str, refused: str) -> dict[str, str | None]:
         AWS_CONFIG_FILE="/nonexistent/aws-config", AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials",
         AWS_EC2_METADATA_DISABLED="true", HF_HUB_OFFLINE="1",
     )
-    env.update({k: None if v is None else v.format(black_hole=black_hole, refused=refused) for k, v in row.env.items()})
+    env.update({k: None if v is None else v.format(black_hole=black_hole, refused=refused, work=work) for k, v in row.env.items()})
     return env
 
 
@@ -49,9 +49,9 @@ def _make(work: Path, files: dict[str, bytes | str | int | None]) -> None:
             p.parent.mkdir(parents=True, exist_ok=True)
             with p.open("wb") as f:
                 f.truncate(content)
-        else:
+        else:  # "{work}" in a text file: the working directory (a record naming a path in it)
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(content if isinstance(content, bytes) else content.encode())
+            p.write_bytes(content if isinstance(content, bytes) else content.replace("{work}", str(work)).encode())
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -97,6 +97,7 @@ def assert_one_line(err: str, says: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines and lines[0].startswith("error: "), err
     assert says in lines[0], f"{says!r} not in {lines[0]!r}"
+    assert len(lines[0]) <= 700, f"a {len(lines[0])}-character error line: long values are shown cut"
     assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  hint: ")), err
 
 
@@ -109,8 +110,8 @@ def test_bad_input_gives_one_line_and_leaves_nothing(
     work.mkdir()
     _make(work, dict(row.files))
     before = _snapshot(work)
-    env = _env(row, black_hole.url, refused_url)
-    args = [a.format(black_hole=black_hole.url, refused=refused_url) for a in row.args]
+    env = _env(row, black_hole.url, refused_url, work)
+    args = [a.format(black_hole=black_hole.url, refused=refused_url, work=work) for a in row.args]
     connections = black_hole.accepted
     if row.sub or row.stdin_closed:
         rc, out, err, heavy = _subprocess(args, env, work, row.stdin_closed)

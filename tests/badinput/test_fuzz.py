@@ -160,3 +160,85 @@ def test_json_output_is_strict_or_refused_naming_where(obj: Any) -> None:
     else:
         with pytest.raises(RaydlcError, match=r"refusing to print invalid JSON: \$.* is not a finite number"):
             to_json(obj)
+
+
+# ---- head records and kubeconfigs: files raydlc reads back, as a stale, edited or foreign file holds them ----
+
+
+@pytest.fixture(scope="module")
+def bystander() -> Any:
+    """A live process that is not raydlc's head (any record may name it); ended by its own PID."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _pids(bystander: Any) -> Any:
+    from raydlc.heads import _start_ticks
+
+    return st.one_of(st.sampled_from([bystander.pid, os.getpid(), os.getppid(), 999_999_999, 0, -1, 1]),
+                     st.integers(min_value=-(2**63), max_value=2**63)), st.one_of(
+        st.none(), st.integers(), st.sampled_from([_start_ticks(bystander.pid), _start_ticks(os.getpid())]))
+
+
+@settings(FUZZ, max_examples=max(30, settings.default.max_examples // 8))
+@given(data=st.data())
+def test_any_head_record_ends_nothing_and_deletes_nothing(data: st.DataObject, bystander: Any, tmp_path_factory: pytest.TempPathFactory,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever head.json holds (any field, any PID, a directory that is not raydlc's), no command ends a
+    process or deletes a directory; read-only commands do not even remove the record."""
+    pids, ticks = _pids(bystander)
+    work = tmp_path_factory.mktemp("rec")
+    victim = work / "precious"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("x")
+    record = {"pid": data.draw(pids), "start_ticks": data.draw(ticks), "dashboard_url": data.draw(st.sampled_from(["http://127.0.0.1:9", ""]) | words),
+              "address": "127.0.0.1:9", "temp_dir": data.draw(st.sampled_from([str(victim), str(work), "/", "/tmp"]) | words),
+              "log": "x", "python": "python", "started_at": data.draw(st.floats(allow_nan=False) | st.integers())}
+    keys = data.draw(st.sets(st.sampled_from(sorted(record))))
+    doc = data.draw(st.one_of(st.just({k: v for k, v in record.items() if k not in keys}), yaml_values))
+    raw = json.dumps(doc).encode() if data.draw(st.booleans()) else data.draw(st.binary(max_size=80))
+    path = work / "home" / ".raydlc" / "local" / "head.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(raw)
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(work / "home")
+    try:
+        for args, reads_only in ((["job", "list", "--local"], True), (["verify", "--local", "--json"], True), (["down", "--local", "--json"], False)):
+            capsys.readouterr()
+            rc = main(args)
+            out, err = capsys.readouterr()
+            assert "Traceback" not in err and (out == "" or not reads_only)
+            assert bystander.poll() is None and (victim / "keep.txt").exists() and Path("/tmp").is_dir()
+            if reads_only:
+                assert rc == 1 and path.read_bytes() == raw and err.startswith("error: no local Ray head of raydlc runs"), err
+            else:
+                assert rc == 0 and not path.exists(), err
+    finally:
+        os.environ["HOME"] = saved or ""
+
+
+kube_docs = st.one_of(
+    yaml_values,
+    st.fixed_dictionaries({"apiVersion": st.just("v1"), "kind": st.just("Config"), "current-context": words | st.none(),
+                           "contexts": st.lists(st.fixed_dictionaries({"name": words, "context": yaml_values}), max_size=2),
+                           "clusters": st.lists(st.fixed_dictionaries({"name": words, "cluster": yaml_values}), max_size=2),
+                           "users": st.lists(yaml_values, max_size=2)}),
+)
+
+
+@settings(FUZZ, max_examples=max(60, settings.default.max_examples // 3))
+@given(doc=kube_docs, raw=st.binary(max_size=120), as_yaml=st.booleans())
+def test_any_kubeconfig_gives_a_client_or_one_line_exit_2(doc: Any, raw: bytes, as_yaml: bool, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from raydlc.kube import load_client
+
+    path = tmp_path_factory.mktemp("kc") / "kubeconfig"
+    path.write_bytes(yaml.safe_dump(doc, allow_unicode=True).encode() if as_yaml else raw)
+    try:
+        load_client(path)
+    except RaydlcError as e:
+        assert e.exit_code == 2 and len(e.message.splitlines()) == 1 and str(path) in e.message, e.message
+        assert len(e.message) < 500

@@ -43,7 +43,11 @@ def capacity(
     gpus = _catalog_gpus(config, settings, instance_type)
     if gpus is not None:
         flags["GPUS_PER_NODE"] = gpus
-    return cap.discover(load(config, settings, **flags), with_probe=probe)
+    from raydlc import aws
+
+    cfg = load(config, settings, **flags)
+    with aws.command_budget("capacity"):
+        return cap.discover(cfg, with_probe=probe)
 
 
 def _catalog_gpus(config: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None, instance_type: str | None) -> int | None:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from raydlc import aws
 from raydlc.api._config import load
 
 if TYPE_CHECKING:
@@ -22,6 +23,22 @@ PathLike = str | os.PathLike[str]
 
 def _kubeconfig(path: PathLike | None) -> str | None:
     return os.fspath(path) if path is not None else None
+
+
+def _check_kubeconfig_target(cfg: Any) -> None:
+    """Where `up` will write the kubeconfig the user named: a file or nothing yet, under a directory."""
+    from pathlib import Path
+
+    from raydlc.errors import InputError
+
+    if not cfg.cluster.kubeconfig:
+        return
+    p = Path(cfg.cluster.kubeconfig).expanduser()
+    if p.is_dir():
+        raise InputError(f"--kubeconfig {p} is a directory: raydlc writes the cluster's kubeconfig into a file", hint=f"raydlc up --kubeconfig {p / 'kubeconfig'}")
+    parent = next((a for a in p.parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InputError(f"--kubeconfig {p}: {parent} is a file, not a directory", hint="raydlc up --kubeconfig ~/.kube/raydlc-cluster")
 
 
 def up(
@@ -51,7 +68,9 @@ def up(
     from raydlc.lifecycle import orders
 
     cfg = load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig))
-    return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
+    _check_kubeconfig_target(cfg)
+    with aws.command_budget("up"):
+        return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
 
 
 def down(
@@ -74,9 +93,11 @@ def down(
         assert {s.action for s in plan.results} == {"none"}
     """
     from raydlc.lifecycle import orders
+    from raydlc.lifecycle.context import with_plain_kubeconfig
 
-    cfg = load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig))
-    return orders.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
+    cfg = with_plain_kubeconfig(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig)))
+    with aws.command_budget("down"):
+        return orders.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
 
 
 def status(
@@ -97,5 +118,8 @@ def status(
         assert now.cost["total_usd_per_hour"] == 0
     """
     from raydlc.lifecycle import orders
+    from raydlc.lifecycle.context import with_plain_kubeconfig
 
-    return orders.status(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig)))
+    cfg = with_plain_kubeconfig(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig)))
+    with aws.command_budget("status"):
+        return orders.status(cfg)

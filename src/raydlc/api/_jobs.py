@@ -124,6 +124,8 @@ def submit(
     cfg = load(config, settings)
     is_local = target.kind == heads.LOCAL
     program = None if builtin or script is None else Path(script)
+    if program is None and is_local:
+        _check_local_inputs(cfg)
     env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
     spec = jobenv.build(
         script=program, args=list(args), working_dir=Path(working_dir) if working_dir is not None else None, pip=list(pip),
@@ -134,7 +136,8 @@ def submit(
         notice(f"warning: {w}")
     if spec.upload is not None:
         notice(f"working dir {spec.upload.root}: {len(spec.upload.files)} files, {jobenv.mib(spec.upload.size)} to upload")
-    with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING)) as reached:
+    with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING),
+                     on_doubt=lambda text: notice(f"warning: {text}")) as reached:
         dash = reached.dashboard
         job, attached = jobs.submit(dash, spec)
         notice(f"{'attached to the running job' if attached else 'submitted job'} {job.submission_id} on {target.where}")
@@ -144,6 +147,19 @@ def submit(
         builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
         summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
     return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary)
+
+
+def _check_local_inputs(cfg: Config) -> None:
+    """The built-in program on this machine reads MODEL_ID and DATA from here: a missing path fails
+    now, not inside the job after a head has started."""
+    from raydlc.config import with_local_defaults
+    from raydlc.models import spec_for
+    from raydlc.train.data import is_local, read_local
+
+    train = with_local_defaults(cfg).train
+    spec_for(train.model_id)  # a model path that does not exist, or a directory without config.json
+    if train.data and is_local(train.data) and not Path(train.data).expanduser().exists():
+        read_local(train.data)  # its own error, naming --data
 
 
 # ---- job list / logs / status / stop ------------------------------------------------------------------
@@ -209,7 +225,7 @@ def job_logs(job_id: str, *, follow: bool = False, local: bool = False, address:
 
     with _reached(local, address, config, settings) as (reached, _):
         dash = reached.dashboard
-        job = jobs.require(dash, job_id, reached.target.where)
+        job = jobs.require(dash, job_id, reached.target.where, reached.target.flag)
         if not follow:
             return JobLogsResult(job, reached.target, dash.logs(job.submission_id))
         seen: list[str] = []
@@ -250,7 +266,7 @@ def job_status(job_id: str, *, local: bool = False, address: str | None = None, 
     from raydlc import jobs
 
     with _reached(local, address, config, settings) as (reached, _):
-        return JobStatusResult(jobs.require(reached.dashboard, job_id, reached.target.where), reached.target)
+        return JobStatusResult(jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag), reached.target)
 
 
 @dataclass(frozen=True)
@@ -280,7 +296,7 @@ def job_stop(job_id: str, *, local: bool = False, address: str | None = None, co
     from raydlc import jobs
 
     with _reached(local, address, config, settings) as (reached, _):
-        jobs.require(reached.dashboard, job_id, reached.target.where)
+        jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
         job, was_running = jobs.stop(reached.dashboard, job_id)
         return JobStopResult(job, reached.target, was_running)
 
@@ -308,7 +324,9 @@ def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, 
 
     if expect not in EXPECT:
         raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECT)}")
-    with _reached(local, address, config, settings) as (reached, cfg):
+    from raydlc import aws
+
+    with aws.command_budget("verify"), _reached(local, address, config, settings) as (reached, cfg):
         facts = gate.collect(reached, cfg, job_id=job, expect=expect)
     return gate.gate(facts)
 
@@ -376,9 +394,12 @@ class DownLocalResult:
     dashboard: str | None
     ended: bool
     dry_run: bool
+    doubted: str | None = None  # a head record that was not believed (and, unless dry_run, removed): why
 
     @property
     def message(self) -> str:
+        if self.doubted is not None:
+            return f"{'would remove' if self.dry_run else 'removed'} the {self.doubted}"
         if self.pid is None:
             return "no local Ray head of raydlc runs"
         if self.dry_run:
@@ -386,11 +407,15 @@ class DownLocalResult:
         return f"ended the local Ray head (PID {self.pid}) and everything it started"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"local": {"pid": self.pid, "dashboard": self.dashboard, "ended": self.ended}}
+        return {"local": {"pid": self.pid, "dashboard": self.dashboard, "ended": self.ended, "doubted_record": self.doubted}}
 
 
 def down_local(*, dry_run: bool = False) -> DownLocalResult:
     """End raydlc's local Ray head by its recorded PID and process group (never `ray stop`); with `dry_run`, only say which.
+
+    The record is checked first (the PID runs, started when the record says, and is raydlc's
+    head): a record that fails is removed and reported, and neither the process nor the
+    directory it names is touched.
 
     Example:
         import raydlc.api as api
@@ -400,7 +425,12 @@ def down_local(*, dry_run: bool = False) -> DownLocalResult:
     """
     from raydlc import heads
 
-    rec = heads.running_head()
+    claim = heads.check_record()
+    if claim is not None and claim.doubt is not None:
+        if not dry_run:
+            heads.forget(claim)
+        return DownLocalResult(None, None, ended=False, dry_run=dry_run, doubted=claim.report)
+    rec = claim.record if claim is not None else None
     if dry_run or rec is None:
         return DownLocalResult(rec.pid if rec else None, rec.dashboard_url if rec else None, ended=False, dry_run=dry_run)
     ended = heads.stop_local_head()

@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from raydlc import flags
+from raydlc import flags, interrupts
 from raydlc.api._config import load
+from raydlc.errors import RaydlcError, Stopped
 
 # The settings `train` takes as keyword arguments: every training setting with a flag, named like it.
 OPTIONS = flags.options("train")
@@ -108,11 +109,37 @@ def train(
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
     prepared = None
-    if request.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
-        emit({"stage": "preparing"})
-        prepared = launch.prepare(request, where)  # bad input fails here, before a progress bar or a worker
-    emit({"stage": "training", "steps": request.steps})
-    return TrainResult.from_summary(launch.run(request, where, on_progress=on_progress, prepared=prepared))
+    with interrupts.watch() as sigint:
+        try:
+            if request.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
+                emit({"stage": "preparing"})
+                prepared = launch.prepare(request, where)  # bad input fails here, before a progress bar or a worker
+            emit({"stage": "training", "steps": request.steps})
+            summary = launch.run(request, where, on_progress=on_progress, prepared=prepared)
+        except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)
+            if isinstance(e, KeyboardInterrupt) or sigint.interrupted:
+                raise _stopped(prepared, out) from None
+            raise
+        if sigint.interrupted:  # an aborted run can return as if it had ended
+            raise _stopped(prepared, out)
+    return TrainResult.from_summary(summary)
+
+
+def _stopped(prepared: Any, out: str) -> Stopped:
+    """What Ctrl-C stopped and what is kept: the run's checkpoints, which `--resume` continues from."""
+    from raydlc.train.checkpoint import latest
+
+    if prepared is None:
+        return Stopped("training stopped by Ctrl-C before it started; nothing was written")
+    name = prepared.run_name
+    try:
+        last = latest(prepared.storage)  # what --resume would pick: the newest run's newest checkpoint
+    except (OSError, RaydlcError):
+        last = None
+    if last is None or f"/{name}/" not in last.replace("\\", "/") + "/":
+        return Stopped(f"training run {name} stopped by Ctrl-C before its first checkpoint; nothing to resume from")
+    return Stopped(f"training run {name} stopped by Ctrl-C; its last checkpoint {last} is kept and --resume continues from it",
+                   hint=f"raydlc train --resume --out {prepared.storage}")
 
 
 # Introspection shows every flag as a keyword argument, though the function takes them as **named.

@@ -11,6 +11,7 @@ a frozen value to the resources that need it (see `raydlc.lifecycle.orders`).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,17 @@ def cluster_dir(cfg: Config) -> Path:
 
 def kubeconfig_path(cfg: Config) -> Path:
     return Path(cfg.cluster.kubeconfig).expanduser() if cfg.cluster.kubeconfig else cluster_dir(cfg) / "kubeconfig"
+
+
+def with_plain_kubeconfig(cfg: Config) -> Config:
+    """For a command that reads the cluster (status, down, jobs, verify): a plain KUBECONFIG (its
+    first file, the one kubectl reads first) where neither --kubeconfig nor RAYDLC_KUBECONFIG is
+    given. `up` does not take it: raydlc writes its kubeconfig, and KUBECONFIG is the user's own
+    kubectl configuration."""
+    plain = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0].strip()
+    if cfg.cluster.kubeconfig or not plain:
+        return cfg
+    return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"kubeconfig": plain})})
 
 
 class Context:
@@ -116,6 +128,8 @@ class Context:
         try:
             return self.kube()
         except InputError:
+            if self.kubeconfig.is_file():  # there, but unusable: the user's to fix, not "no cluster"
+                raise
             return None
 
     def forget_kube(self) -> None:

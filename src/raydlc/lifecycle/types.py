@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from raydlc.errors import RaydlcError
+from raydlc.errors import RaydlcError, Stopped
 
 Goal = Literal["up", "down"]  # the command a step serves: make the resource, or remove it
 StateName = Literal["absent", "creating", "ready", "degraded", "deleting", "unknown"]
@@ -78,7 +78,7 @@ class Reporter:
     def finished(self, result: StepResult) -> None: ...
 
 
-class Interrupted(RaydlcError):
+class Interrupted(Stopped):
     """Ctrl-C: the run stopped; `up` or `down` resumes from what exists."""
 
     exit_code = 130

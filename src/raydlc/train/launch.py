@@ -49,8 +49,28 @@ class Target:
 
 
 def settings(cfg: Config, *, local: bool) -> TrainConfig:
-    """The run's settings: the config's train section, with the local-run table where untouched."""
-    return with_local_defaults(cfg).train if local else cfg.train
+    """The run's settings: the config's train section, with the local-run table where untouched,
+    its paths made absolute here (Ray's workers do not start in the driver's directory)."""
+    return absolute_paths(with_local_defaults(cfg).train if local else cfg.train)
+
+
+def absolute_paths(train: TrainConfig, cwd: Path | None = None) -> TrainConfig:
+    """MODEL_ID (a local directory), DATA (a local file or directory), RESUME_FROM and STORAGE_PATH
+    as absolute paths against `cwd`, so a worker finds what the driver checked; ids and URIs stay."""
+    base = cwd or Path.cwd()
+
+    def local(value: str | None, *, must_exist: bool) -> str | None:
+        if not value or storage.is_uri(value):
+            return value
+        p = base / Path(value).expanduser()
+        return str(p.resolve()) if p.exists() or not must_exist else value
+
+    changes = {
+        "model_id": local(train.model_id, must_exist=True), "data": local(train.data, must_exist=True),
+        "resume_from": local(train.resume_from, must_exist=False), "storage_path": local(train.storage_path, must_exist=False),
+    }
+    changed = {k: v for k, v in changes.items() if v != getattr(train, k)}
+    return train.updated(**changed) if changed else train
 
 
 def target(cfg: Config, *, local: bool, address: str | None = None) -> Target:

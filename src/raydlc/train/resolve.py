@@ -70,7 +70,7 @@ def model_source(train: TrainConfig) -> tuple[str | None, ModelSpec | None]:
     workers load them shard by shard.
     """
     from raydlc.models import SPECS, model_dir, spec_for
-    from raydlc.train.weights import safetensors_files
+    from raydlc.train.weights import check_against_config, safetensors_files
 
     builtin = train.model_id.lower() if train.model_id.lower() in SPECS else None
     spec = SPECS[builtin] if builtin else spec_for(train.model_id)
@@ -78,7 +78,10 @@ def model_source(train: TrainConfig) -> tuple[str | None, ModelSpec | None]:
         raise InputError(f"--model {train.model_id!r}: not a built-in spec, a local directory or a hub id", hint=f"built-in specs: {', '.join(SPECS)}")
     local = model_dir(train.model_id) if builtin is None else None
     if local is not None:
-        safetensors_files(local)
+        if spec is not None:  # the weights must be the tensors the config.json describes
+            check_against_config(local, spec)
+        else:
+            safetensors_files(local)
     if spec is not None and train.seq_len > spec.max_position_embeddings:
         raise InputError(f"--seq-len {train.seq_len} exceeds the model's {spec.max_position_embeddings} positions")
     return builtin, spec

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from raydlc.models import ModelSpec
+
 SUFFIX = ".safetensors"
 # What a run needs from a hub repository: the config, the weights, the tokenizer.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
@@ -56,6 +58,89 @@ def safetensors_files(directory: Path) -> list[Path]:
             hint="convert once with model.save_pretrained(DIR) (safetensors is its default)",
         )
     return files
+
+
+# safetensors' header: 8 bytes (little-endian length N), then N bytes of JSON naming each tensor's
+# dtype, shape and byte range in the data that follows (github.com/huggingface/safetensors, format).
+HEADER_MAX = 100 << 20  # the library's own limit on N
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+            "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+FLOATS = {"F64", "F32", "F16", "BF16"}  # what the loader copies into the model's parameters
+
+
+def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's (dtype, shape) from a .safetensors file's header, checked against the file's size;
+    no tensor is read. A file cut short or not safetensors at all raises InputError naming it."""
+    import json
+    import struct
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < n <= min(HEADER_MAX, size - 8):
+                raise InputError(f"{path}: not a safetensors file (no header)", hint=_SAVE_HINT)
+            doc = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError(f"{path}: not a safetensors file (its header is not JSON)", hint=_SAVE_HINT) from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: not a safetensors file (its header is not a JSON object)", hint=_SAVE_HINT)
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, t in doc.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _entry(path, name, t, size - 8 - n)
+    return out
+
+
+def _entry(path: Path, name: str, t: object, data_bytes: int) -> tuple[str, tuple[int, ...]]:
+    """One header entry: a known dtype, a shape of whole numbers, a byte range that fits the file."""
+    ok = isinstance(t, dict) and t.get("dtype") in ITEMSIZE and isinstance(t.get("shape"), list) and isinstance(t.get("data_offsets"), list)
+    shape = t.get("shape") if isinstance(t, dict) else None
+    offsets = t.get("data_offsets") if isinstance(t, dict) else None
+    if not ok or not all(isinstance(d, int) and d >= 0 for d in shape or []) or len(offsets or []) != 2 \
+            or not all(isinstance(o, int) and o >= 0 for o in offsets or []):
+        raise InputError(f"{path}: tensor {name[:100]!r} has a malformed header entry", hint=_SAVE_HINT)
+    assert isinstance(t, dict) and isinstance(shape, list) and isinstance(offsets, list)
+    begin, end = offsets
+    want = ITEMSIZE[t["dtype"]]
+    for d in shape:
+        want *= d
+    if end - begin != want:
+        raise InputError(f"{path}: tensor {name[:100]!r} holds {end - begin:,} bytes, its shape {tuple(shape)} as {t['dtype']} needs {want:,}",
+                         hint=_SAVE_HINT)
+    if end > data_bytes:
+        raise InputError(f"{path} is cut short: tensor {name[:100]!r} ends at byte {end:,} of {data_bytes:,}",
+                         hint="copy the file again; compare its size with the source's")
+    return t["dtype"], tuple(shape)
+
+
+_SAVE_HINT = "write the directory with model.save_pretrained(DIR) (safetensors is its default)"
+
+
+def check_against_config(directory: Path, spec: ModelSpec) -> int:
+    """The safetensors in `directory` hold every tensor `spec` (its config.json) needs, in its shape
+    and as floats, and no file is cut short: checked from the headers before Ray starts. Returns the
+    number of tensors."""
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for f in safetensors_files(directory):
+        found |= read_header(f)
+    want = spec.tensor_shapes()
+    missing = sorted(k for k in want if k not in found and k not in spec.optional_tensors())
+    if missing:
+        raise InputError(
+            f"{directory}: the safetensors lack {len(missing)} of the config's tensors ({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''})",
+            hint="the config.json and the weights must come from the same save_pretrained",
+        )
+    for name, (dtype, shape) in sorted(found.items()):
+        if name in want and shape != want[name]:
+            raise InputError(f"{directory}: tensor {name} is {shape} in the safetensors, the config.json says {want[name]}",
+                             hint="the config.json and the weights must come from the same save_pretrained")
+        if name in want and dtype not in FLOATS:
+            raise InputError(f"{directory}: tensor {name} is {dtype}, not a float type (F32, F16, BF16)",
+                             hint="quantized or integer weights are not trained here: pass the full-precision model")
+    return len(found)
 
 
 def checkpoint_keys(files: list[Path]) -> set[str]:

@@ -222,12 +222,14 @@ def execute(command: Goal, fn: Callable[[Reporter | None], Run], *, json_: bool,
     except Interrupted as e:
         run, code = Run(command, False, e.results), e.exit_code
         err_console.print(f"[yellow]{escape(e.message)}[/]", highlight=False)
+    # A run that failed or stopped leaves stdout empty (a script reads it only on success): its table goes to stderr.
+    table = console if code == 0 and run.ok else err_console
     if json_:
         emit_json(run.to_dict())
     elif live:
-        print_removed(run, console)  # the live table already shows each step
+        print_removed(run, table)  # the live table already shows each step
     else:
-        print_run(run, console)
+        print_run(run, table)
     for r in run.failed:
         err_console.print(f"[bold red]{r.step} failed:[/] {escape(r.reason)}", highlight=False)
         hint = getattr(r.error, "hint", None)

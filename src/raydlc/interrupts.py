@@ -1,0 +1,54 @@
+"""Ctrl-C, noticed: whether SIGINT arrived while a block ran, whatever handled it.
+
+Ray Train v2 replaces the SIGINT handler while `fit()` runs (it aborts the run and may
+`sys.exit(0)`), and a Ray worker or raylet in the same process group may die of the signal
+first, so the driver can see a Ray error, a SystemExit or a normal return instead of a
+KeyboardInterrupt. Python's C-level handler writes every signal that has a Python handler to the
+wakeup fd before any handler runs, so the fd tells whether SIGINT came, whoever took it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Seen:
+    _fd: int | None = None
+    _seen: bool = False
+    _bytes: bytearray = field(default_factory=bytearray)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether SIGINT arrived since the block began."""
+        if not self._seen and self._fd is not None:
+            with contextlib.suppress(BlockingIOError, OSError):
+                self._bytes += os.read(self._fd, 512)
+            self._seen = signal.SIGINT in self._bytes
+        return self._seen
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[Seen]:
+    """The yielded `Seen` says whether SIGINT arrived while the block ran; SIGINT itself behaves as before."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield Seen()
+        return
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    seen = Seen(r)
+    try:
+        yield seen
+    finally:
+        _ = seen.interrupted  # read what arrived before the pipe closes
+        signal.set_wakeup_fd(previous)
+        seen._fd = None
+        os.close(r)
+        os.close(w)
