@@ -78,7 +78,26 @@ def load_config(path: str) -> dict[str, Any]:
     problems = schemas.problems(doc) if doc.get("kind") == "ClusterConfig" else ["kind must be ClusterConfig"]
     if problems:
         fail(f"Error: loading config file {path!r}: invalid ClusterConfig: {'; '.join(problems)}")
+    for addon in doc.get("addons") or []:
+        check_addon(addon)
     return doc
+
+
+def check_addon(addon: dict[str, Any]) -> None:
+    """eksctl's Addon.Validate: configurationValues must parse as JSON or YAML (to an object)."""
+    values = addon.get("configurationValues")
+    if not values:
+        return
+    try:
+        parsed = json.loads(values)
+    except ValueError:
+        try:
+            parsed = yaml.safe_load(values)
+        except yaml.YAMLError:
+            parsed = None
+    if not isinstance(parsed, dict):
+        fail(f'Error: invalid configuration for "{addon["name"]}" addon: configurationValues: {values!r} is not valid, '
+             "supported format(s) are: JSON and YAML")
 
 
 def tags_of(cfg: dict[str, Any], extra: dict[str, str] | None = None) -> list[dict[str, str]]:
