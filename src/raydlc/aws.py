@@ -345,3 +345,8 @@ def paginate(cli: Any, method: str, key: str, **params: Any) -> Iterator[dict[st
             raise
         raise translate(e, service=_service(cli), operation=operation, region=cli.meta.region_name,
                         endpoint=cli.meta.endpoint_url) from e
+
+
+def account_id(region: str) -> str:
+    """The AWS account the credentials belong to (sts:GetCallerIdentity, which needs no permission)."""
+    return str(call(client(session(region), "sts"), "get_caller_identity")["Account"])

@@ -8,6 +8,7 @@ import eksctl as eksctl_double  # tests/doubles, on sys.path through conftest
 import pytest
 
 from raydlc.config import load_config
+from raydlc.errors import InputError
 from raydlc.render.eksctl import render_eksctl
 
 
@@ -24,3 +25,107 @@ def test_eksctl_double_refuses_configuration_values_that_are_neither_json_nor_ya
     with pytest.raises(SystemExit):
         eksctl_double.check_addon({"name": "vpc-cni", "configurationValues": "{enableNetworkPolicy: [true"})
     assert 'invalid configuration for "vpc-cni" addon' in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the bucket against moto
+
+BUCKET = "raydlc-123456789012-us-east-2-eks-cluster"  # moto's account, the default region and cluster
+
+
+def bucket_facts(s3, name: str) -> dict:
+    """The bucket's settings as S3 answers them (moto over HTTP)."""
+    return {
+        "block": s3.get_public_access_block(Bucket=name)["PublicAccessBlockConfiguration"],
+        "sse": [r["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"]
+                for r in s3.get_bucket_encryption(Bucket=name)["ServerSideEncryptionConfiguration"]["Rules"]],
+        "tags": {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name)["TagSet"]},
+        "rules": s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"],
+        "versioning": s3.get_bucket_versioning(Bucket=name).get("Status"),
+        "region": s3.get_bucket_location(Bucket=name)["LocationConstraint"],
+    }
+
+
+def buckets(world) -> list[str]:
+    return [b["Name"] for b in world.client("s3").list_buckets()["Buckets"]]
+
+
+@pytest.mark.slow
+def test_up_makes_a_private_encrypted_tagged_bucket_and_a_second_up_changes_nothing(world) -> None:
+    from raydlc import lifecycle
+
+    run = lifecycle.up(world.config(), only="storage")
+    assert run.ok, [r.reason for r in run.results]
+    (step,) = run.results
+    assert (step.step, step.action) == ("storage", "create")
+    assert f"runs go to s3://{BUCKET}/runs" in step.reason
+    facts = bucket_facts(world.client("s3"), BUCKET)
+    assert facts["block"] == {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
+                              "RestrictPublicBuckets": True}
+    assert facts["sse"] == ["AES256"] and facts["versioning"] is None and facts["region"] == "us-east-2"
+    assert facts["tags"]["raydlc.io/cluster"] == "eks-cluster"
+    (rule,) = facts["rules"]
+    assert rule["Status"] == "Enabled" and rule["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"] == 7
+    again = lifecycle.up(world.config(), only="storage")
+    assert [(r.action, r.outcome) for r in again.results] == [("none", "done")]
+
+
+@pytest.mark.slow
+def test_an_owned_tagged_bucket_is_adopted_and_its_missing_settings_repaired(world) -> None:
+    from raydlc import lifecycle
+
+    s3 = world.client("s3")
+    name = "team-a-checkpoints"
+    s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
+    s3.put_object(Bucket=name, Key="runs/old/checkpoint_000010/model.pt", Body=b"x" * 100)
+    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": [{"Key": "raydlc.io/cluster", "Value": "eks-cluster"}]})
+    run = lifecycle.up(world.config(RAYDLC_STORAGE_BUCKET=name), only="storage")
+    assert [(r.action, r.outcome) for r in run.results] == [("repair", "done")], run.results
+    assert bucket_facts(s3, name)["sse"] == ["AES256"]
+    assert buckets(world) == [name]  # adopted: nothing else made, the object still there
+    assert s3.get_object(Bucket=name, Key="runs/old/checkpoint_000010/model.pt")["Body"].read() == b"x" * 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tags, region, needle", [
+    ([], "us-east-2", "is not tagged raydlc.io/cluster=eks-cluster (no such tag)"),
+    ([{"Key": "raydlc.io/cluster", "Value": "other"}], "us-east-2", "(tagged for other)"),
+    ([{"Key": "raydlc.io/cluster", "Value": "eks-cluster"}], "eu-west-1", "is in eu-west-1, the cluster in us-east-2"),
+])
+def test_a_bucket_raydlc_may_not_adopt_is_refused_and_left_as_it_was(world, tags, region, needle) -> None:
+    from raydlc import aws, lifecycle
+
+    s3 = world.client("s3")
+    name = "someone-elses-bucket"
+    maker = aws.client(aws.session(region), "s3")  # S3 takes a bucket's location only at its region's endpoint
+    maker.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": region})
+    if tags:
+        s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": tags})
+    run = lifecycle.up(world.config(RAYDLC_STORAGE_BUCKET=name), only="storage")
+    (step,) = run.results
+    assert step.outcome == "failed" and needle in step.reason
+    assert isinstance(step.error, InputError) and step.error.hint
+    assert s3.list_objects_v2(Bucket=name).get("KeyCount") == 0
+    with pytest.raises(s3.exceptions.ClientError):
+        s3.get_bucket_encryption(Bucket=name)  # nothing was applied to it
+
+
+@pytest.mark.slow
+def test_down_keeps_the_bucket_and_says_so_and_delete_storage_empties_and_removes_it(world) -> None:
+    from raydlc import lifecycle
+
+    assert lifecycle.up(world.config(), only="storage").ok
+    s3 = world.client("s3")
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/checkpoint_000002/a.bin", Body=b"a" * 2048)
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/checkpoint_000010/a.bin", Body=b"b" * 2048)
+    s3.create_multipart_upload(Bucket=BUCKET, Key="runs/r1/checkpoint_000012/big.bin")
+    status = lifecycle.status(world.config()).to_dict()
+    assert status["storage"] == {"bucket": BUCKET, "uri": f"s3://{BUCKET}/runs", "objects": 2, "size_bytes": 4096,
+                                 "newest_checkpoints": {"r1": f"s3://{BUCKET}/runs/r1/checkpoint_000010"}}
+    kept = lifecycle.down(world.config())
+    assert kept.ok, [r.reason for r in kept.results]
+    doc = kept.to_dict()
+    assert doc["kept"] == [f"S3 bucket {BUCKET} (2 objects, 4.0 KiB)"]
+    assert not any(BUCKET in a for a in doc["absent"]) and BUCKET in buckets(world)
+    gone = lifecycle.down(world.config(), delete_storage=True)
+    assert gone.ok, [r.reason for r in gone.results]
+    assert f"S3 bucket {BUCKET}" in gone.to_dict()["removed"] and BUCKET not in buckets(world)

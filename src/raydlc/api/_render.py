@@ -44,6 +44,8 @@ def render(
     `only` picks one kind (eksctl, raycluster, rayjob, helm, netpol); `zones` are the
     Availability Zones that offer the GPU type, best first (a list, or "a,b" as the flag
     takes them). With `out`, every file is written under that directory, or none is.
+    With neither STORAGE_PATH nor STORAGE_BUCKET set, the runs go to the cluster's bucket,
+    `s3://raydlc-<account>-<region>-<cluster>/runs`: the account is read with sts:GetCallerIdentity.
 
     Example:
         import raydlc.api as api
@@ -56,10 +58,16 @@ def render(
         written = api.render(out="manifests", zones=zones, settings=settings)
         print(written.to_dict()["files"])
     """
+    from raydlc import aws
     from raydlc.files import check_output_dir
-    from raydlc.render import render_all, write
+    from raydlc.render import KINDS, render_all, write
+    from raydlc.render.storage import for_cluster
 
-    cfg = load(config, settings)
+    loaded = load(config, settings)
+    if only is not None and only not in KINDS:
+        render_all(loaded, [], only=only)  # raises the one error for an unknown kind, before AWS is asked anything
+    needs_bucket = only in (None, "eksctl", "raycluster", "rayjob")  # the Helm values and NetworkPolicies name none
+    cfg = for_cluster(loaded, lambda: aws.account_id(loaded.cluster.region)) if needs_bucket else loaded
     if out is not None:
         check_output_dir(out, "--out")
     zone_list = None if not zones else [z.strip() for z in zones.split(",") if z.strip()] if isinstance(zones, str) else list(zones)

@@ -13,7 +13,7 @@ from typing import Any
 
 from raydlc.config import Config, zone_problem
 from raydlc.errors import InputError
-from raydlc.render import nodes
+from raydlc.render import nodes, storage
 
 API_VERSION = "eksctl.io/v1alpha5"
 OWNER_TAG = "raydlc.io/cluster"  # on every AWS resource of the cluster; `raydlc down` refuses clusters without it
@@ -95,6 +95,10 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
     taints = nodes.gpu_taints(cfg)
     if taints:
         gpu["taints"] = taints
+    iam: dict[str, Any] = {"withOIDC": True}
+    if (association := storage.pod_identity(cfg)) is not None:
+        # The Ray pods' S3 access (eks-pod-identity-agent, rendered above, serves it); see raydlc.render.storage.
+        iam["podIdentityAssociations"] = [association]
     return {
         "apiVersion": API_VERSION,
         "kind": "ClusterConfig",
@@ -106,7 +110,7 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
         },
         "availabilityZones": cluster_azs,
         "vpc": {"nat": {"gateway": "Single"}},
-        "iam": {"withOIDC": True},
+        "iam": iam,
         "addons": [{"name": name, **ADDON_SETTINGS.get(name, {})} for name in CORE_ADDONS],
         "managedNodeGroups": [system, gpu],
     }
