@@ -334,7 +334,7 @@ def train(
         print_summary(result.to_dict())
 
 
-_STEP_HELP = "capacity, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
+_STEP_HELP = "capacity, storage, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
 
 
 def _layers(ctx: typer.Context) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 
 import eksctl as eksctl_double  # tests/doubles, on sys.path through conftest
@@ -129,3 +130,57 @@ def test_down_keeps_the_bucket_and_says_so_and_delete_storage_empties_and_remove
     gone = lifecycle.down(world.config(), delete_storage=True)
     assert gone.ok, [r.reason for r in gone.results]
     assert f"S3 bucket {BUCKET}" in gone.to_dict()["removed"] and BUCKET not in buckets(world)
+
+
+@pytest.mark.slow
+def test_up_gives_the_ray_pods_a_pod_identity_and_down_leaves_the_bucket_and_nothing_else(world) -> None:
+    """eksctl (the double, as pkg/actions/podidentityassociation does) makes the role stack, the role with the
+    rendered policy and the service account; down removes all of it but the bucket."""
+    from raydlc import lifecycle
+    from raydlc.lifecycle import Timings
+    from raydlc.render.storage import Bucket, pod_policy, role_name
+
+    slow = Timings(poll_s=0.1, cluster_s=240, nodegroup_s=240, stack_s=240, helm_s=60, nodes_s=30, plugins_s=5, pods_s=30)
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    # moto imports its CloudFormation and IAM models on first use; on a loaded machine that alone outlasts
+    # raydlc's 8 s read timeout, so they are loaded here first, with time to spare.
+    patient = BotoConfig(read_timeout=300, retries={"total_max_attempts": 1})
+    boto3.client("cloudformation", region_name="us-east-2", config=patient).list_stacks()
+    boto3.client("iam", region_name="us-east-2", config=patient).list_roles()
+    cfg = world.config()
+    for part in ({"until": "cluster"}, {"only": "storage"}):
+        run = lifecycle.up(cfg, timings=slow, **part)
+        assert run.ok, [(r.step, r.reason) for r in run.failed]
+    stacks = [s["StackName"] for s in world.client("cloudformation").list_stacks()["StackSummaries"]
+              if s["StackStatus"] == "CREATE_COMPLETE"]
+    assert "eksctl-eks-cluster-podidentityrole-ray-train-raydlc-ray" in stacks
+    iam = world.client("iam")
+    role = role_name(cfg)
+    trust = iam.get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]
+    assert trust["Statement"][0]["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    (policy,) = iam.list_role_policies(RoleName=role)["PolicyNames"]
+    doc = iam.get_role_policy(RoleName=role, PolicyName=policy)["PolicyDocument"]
+    # moto 5.2's CloudFormation keeps an inline policy given as a mapping as its Python repr (real IAM answers
+    # JSON, which botocore decodes); given as JSON text, moto takes ~20 s per stack. So the repr is read back here.
+    doc = ast.literal_eval(doc) if isinstance(doc, str) else doc
+    assert doc == pod_policy(Bucket(BUCKET, "runs"))
+    sa = world.kube.snapshot().get("/v1/serviceaccounts/ray-train/raydlc-ray")
+    assert sa is not None, sorted(k for k in world.kube.snapshot() if "serviceaccount" in k)
+    down = lifecycle.down(cfg, timings=slow)
+    assert down.ok, [(r.step, r.reason) for r in down.failed]
+    assert world.tagged("eks-cluster") == {} and buckets(world) == [BUCKET]
+    assert not any(s["StackName"].endswith("podidentityrole-ray-train-raydlc-ray")
+                   for s in world.client("cloudformation").list_stacks()["StackSummaries"]
+                   if s["StackStatus"] != "DELETE_COMPLETE")
+
+
+def test_eksctl_double_refuses_pod_identities_without_the_agent_addon(tmp_path, capsys) -> None:
+    cfg = load_config(env={}, overrides={"STORAGE_BUCKET": "raydlc-test-runs"}, cwd=tmp_path)
+    cc = render_eksctl(cfg, ["us-east-2a", "us-east-2b"])
+    eksctl_double.check_pod_identities(cc)  # as rendered: accepted
+    cc["addons"] = [a for a in cc["addons"] if a["name"] != "eks-pod-identity-agent"]
+    with pytest.raises(SystemExit):
+        eksctl_double.check_pod_identities(cc)
+    assert '"eks-pod-identity-agent" addon must be installed' in capsys.readouterr().err
