@@ -82,7 +82,7 @@ def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.Captur
         ([*BUCKET, "render"], "GPU_AZ"),
         ([*BUCKET, "--set", "GPU_NODE_TYPE=g99.huge", "render", "--zones", ZONES], "GPU_NODE_TYPE"),
         ([*BUCKET, "--set", "GPU_AZ=us-east-2c", "render", "--zones", ZONES], "GPU_AZ"),
-        (["render"], "STORAGE_BUCKET"),  # no storage setting and no AWS account to name the bucket from
+        (["--set", "GPU_NODE_COUNT=1", "render", "--zones", ZONES], "STORAGE_BUCKET"),  # no AWS account to name the bucket from
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(
@@ -97,6 +97,10 @@ def test_bad_input_exits_2_and_writes_nothing(
 
 def test_a_multi_node_job_without_shared_storage_is_a_config_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = clean_env / "manifests"
+    assert main(["--set", "STORAGE_PATH=./runs", "render", "--zones", ZONES, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "STORAGE_PATH (flag): 2 nodes need storage every node sees" in err and "Traceback" not in err
+    assert not out.exists()
     assert main(["--set", "STORAGE_PATH=/mnt/runs", "render", "--only", "rayjob"]) == 2
     assert "STORAGE_PATH (flag)" in capsys.readouterr().err and not out.exists()
     shared = ["--set", "STORAGE_PATH=/mnt/efs/runs", "--set", "STORAGE_SHARED=true"]

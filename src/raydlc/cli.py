@@ -398,7 +398,7 @@ def _confirm_delete_storage() -> None:
     """The checkpoints cannot be brought back: ask a person, and refuse a script that did not say --yes."""
     import sys
 
-    if not sys.stdin.isatty():
+    if sys.stdin is None or not sys.stdin.isatty():
         raise InputError("--delete-storage deletes every checkpoint in the cluster's S3 bucket; nobody is here to confirm",
                          hint="raydlc down --delete-storage --yes")
     if not typer.confirm("Delete the cluster's S3 bucket and every checkpoint in it?", default=False):

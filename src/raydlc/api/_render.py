@@ -60,17 +60,19 @@ def render(
     """
     from raydlc import aws
     from raydlc.files import check_output_dir
-    from raydlc.render import KINDS, render_all, write
+    from raydlc.render import render_all, write
     from raydlc.render.storage import for_cluster
 
     loaded = load(config, settings)
-    if only is not None and only not in KINDS:
-        render_all(loaded, [], only=only)  # raises the one error for an unknown kind, before AWS is asked anything
-    needs_bucket = only in (None, "eksctl", "raycluster", "rayjob")  # the Helm values and NetworkPolicies name none
-    cfg = for_cluster(loaded, lambda: aws.account_id(loaded.cluster.region)) if needs_bucket else loaded
     if out is not None:
         check_output_dir(out, "--out")
     zone_list = None if not zones else [z.strip() for z in zones.split(",") if z.strip()] if isinstance(zones, str) else list(zones)
+    needs_bucket = only in (None, "eksctl", "raycluster", "rayjob")  # the Helm values and NetworkPolicies name none
+    if needs_bucket:
+        # Every error of the config itself first, before AWS is asked for the account: render with a
+        # stand-in account (that result is never shown), then with the real one.
+        render_all(for_cluster(loaded, lambda: "000000000000"), zone_list, only=only)
+    cfg = for_cluster(loaded, lambda: aws.account_id(loaded.cluster.region)) if needs_bucket else loaded
     docs = render_all(cfg, zone_list, only=only)
     if out is None:
         return Rendered(docs)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raydlc.config import Config
-from raydlc.errors import InputError, RaydlcError
+from raydlc.errors import CredentialsError, InputError
 from raydlc.storage import scheme
 
 RUN_PREFIX = "runs"
@@ -112,7 +112,7 @@ def _account(account: Callable[[], str] | None) -> str:
     if account is not None:
         try:
             return account()
-        except RaydlcError as e:
+        except CredentialsError as e:  # the user's setup; an unreachable STS is the world's fault and stays so
             why = e.message
     raise InputError(
         f"STORAGE_BUCKET: the cluster's bucket is named from the AWS account, which could not be read ({why})",
