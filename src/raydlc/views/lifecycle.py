@@ -188,12 +188,16 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
     if store:
         from raydlc.lifecycle.resources.storage import human
 
-        runs = Table(title=f"storage {store['uri']}: {store['objects']} objects, {human(store['size_bytes'])}")
-        for col in ("run", "newest checkpoint"):
-            runs.add_column(col, overflow="fold")
-        for run, uri in store["newest_checkpoints"].items():
-            runs.add_row(escape(run), escape(uri))
-        parts.append(runs)
+        title = f"storage {store['uri']}: {store['objects']} objects, {human(store['size_bytes'])}"
+        if store["newest_checkpoints"]:
+            runs = Table(title=title)
+            for col in ("run", "newest checkpoint"):
+                runs.add_column(col, overflow="fold")
+            for run, uri in store["newest_checkpoints"].items():
+                runs.add_row(escape(run), escape(uri))
+            parts.append(runs)
+        else:
+            parts.append(Text(f"{title}; no checkpoints yet"))
     cost = doc["cost"]
     money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate)")
     for col in ("item", "count", "USD/h"):

@@ -170,7 +170,7 @@ class Storage(Resource):
         lacks = drift(s3, bucket.name)
         if lacks:
             return Observation("degraded", f"S3 bucket {bucket.name} lacks: {', '.join(lacks)}", {"bucket": bucket.name})
-        return Observation("ready", f"S3 bucket {bucket.name} private, SSE-S3, tagged", {"bucket": bucket.name})
+        return Observation("ready", f"S3 bucket {bucket.name} private, encrypted", {"bucket": bucket.name})
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
         if obs.state == "ready":
