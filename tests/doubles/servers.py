@@ -48,9 +48,18 @@ def reset_moto(url: str, warm_regions: tuple[str, ...] = ()) -> None:
         import boto3
         from botocore.config import Config
 
+        patient = Config(read_timeout=300, retries={"max_attempts": 1})
         for region in warm_regions:
-            boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                         config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
+            def warm(service: str, region: str = region) -> object:
+                return boto3.client(service, region_name=region, endpoint_url=url, aws_access_key_id="testing",
+                                    aws_secret_access_key="testing", config=patient)
+
+            warm("ec2").describe_availability_zones()
+            # the storage step and eksctl's pod identity role stack: S3, STS, CloudFormation and IAM built now too
+            warm("s3").list_buckets()
+            warm("sts").get_caller_identity()
+            warm("cloudformation").list_stacks()
+            warm("iam").list_roles()
 
 
 def parse_path_with_namespaces(original: Callable[[str], Any]) -> Callable[[str], Any]:

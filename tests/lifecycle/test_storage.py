@@ -141,14 +141,6 @@ def test_up_gives_the_ray_pods_a_pod_identity_and_down_leaves_the_bucket_and_not
     from raydlc.render.storage import Bucket, pod_policy, role_name
 
     slow = Timings(poll_s=0.1, cluster_s=240, nodegroup_s=240, stack_s=240, helm_s=60, nodes_s=30, plugins_s=5, pods_s=30)
-    import boto3
-    from botocore.config import Config as BotoConfig
-
-    # moto imports its CloudFormation and IAM models on first use; on a loaded machine that alone outlasts
-    # raydlc's 8 s read timeout, so they are loaded here first, with time to spare.
-    patient = BotoConfig(read_timeout=300, retries={"total_max_attempts": 1})
-    boto3.client("cloudformation", region_name="us-east-2", config=patient).list_stacks()
-    boto3.client("iam", region_name="us-east-2", config=patient).list_roles()
     cfg = world.config()
     for part in ({"until": "cluster"}, {"only": "storage"}):
         run = lifecycle.up(cfg, timings=slow, **part)

@@ -95,10 +95,10 @@ def up(
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
     runner: Runner | None = None,
 ) -> Run:
-    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     graph = resources()
     plan = steps("up", graph)
-    selected = select(plan, only=only, from_=from_, until=until)
+    selected = select(plan, only=only, from_=from_, until=until)  # a bad step name is refused before AWS is asked
+    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     if dry_run:
         return Run("up", True, plan_all(plan, ctx, selected))
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
