@@ -382,6 +382,10 @@ def test_gpu_node_group_is_in_exactly_one_az(name: str, rendered) -> None:
     assert system["labels"] == {"role": "system"} and "efaEnabled" not in system
     assert cc["vpc"]["nat"]["gateway"] == "Single" and cc["iam"]["withOIDC"] is True
     assert [a["name"] for a in cc["addons"]] == ["vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"]
+    vpc_cni = next(a for a in cc["addons"] if a["name"] == "vpc-cni")
+    # EKS enforces NetworkPolicy only with this set; the value is a JSON string and the flag a string "true".
+    assert json.loads(vpc_cni["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    assert vpc_cni["version"] == "latest"
 
 
 @pytest.mark.parametrize("name", SPREAD)

@@ -18,6 +18,7 @@ from raydlc.render import render_all
 ZONES = "us-east-2a,us-east-2b"
 RUNS = "s3://raydlc-runs/team"  # two GPU nodes: the job needs storage every node sees
 STORE = ["--set", f"STORAGE_PATH={RUNS}"]
+BUCKET = ["--set", "STORAGE_BUCKET=raydlc-test-runs"]  # names the cluster's bucket: no AWS account is asked
 ALL_FILES = [
     "eksctl-cluster.yaml",
     "helm/kuberay-operator.values.yaml",
@@ -26,6 +27,17 @@ ALL_FILES = [
     "raycluster.yaml",
     "rayjob.yaml",
 ]
+
+
+@pytest.fixture(autouse=True)
+def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No AWS credentials anywhere: the cluster's default bucket cannot be named, STORAGE_BUCKET must."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 def files_under(root: Path) -> list[str]:
@@ -44,7 +56,7 @@ def test_render_out_writes_every_file_as_rendered(clean_env: Path, capsys: pytes
 
 
 def test_render_without_out_prints_yaml_and_writes_nothing(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["render", "--only", "raycluster"]) == 0
+    assert main([*BUCKET, "render", "--only", "raycluster"]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert [d["kind"] for d in docs] == ["RayCluster"]
     assert list(clean_env.iterdir()) == []
@@ -67,9 +79,10 @@ def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.Captur
     "args, needle",
     [
         (["render", "--only", "bogus"], "--only"),
-        (["render"], "GPU_AZ"),
-        (["--set", "GPU_NODE_TYPE=g99.huge", "render", "--zones", ZONES], "GPU_NODE_TYPE"),
-        (["--set", "GPU_AZ=us-east-2c", "render", "--zones", ZONES], "GPU_AZ"),
+        ([*BUCKET, "render"], "GPU_AZ"),
+        ([*BUCKET, "--set", "GPU_NODE_TYPE=g99.huge", "render", "--zones", ZONES], "GPU_NODE_TYPE"),
+        ([*BUCKET, "--set", "GPU_AZ=us-east-2c", "render", "--zones", ZONES], "GPU_AZ"),
+        (["--set", "GPU_NODE_COUNT=1", "render", "--zones", ZONES], "STORAGE_BUCKET"),  # no AWS account to name the bucket from
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(
@@ -84,9 +97,9 @@ def test_bad_input_exits_2_and_writes_nothing(
 
 def test_a_multi_node_job_without_shared_storage_is_a_config_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = clean_env / "manifests"
-    assert main(["render", "--zones", ZONES, "--out", str(out)]) == 2
+    assert main(["--set", "STORAGE_PATH=./runs", "render", "--zones", ZONES, "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "STORAGE_PATH (default): 2 nodes need storage every node sees" in err and "Traceback" not in err
+    assert "STORAGE_PATH (flag): 2 nodes need storage every node sees" in err and "Traceback" not in err
     assert not out.exists()
     assert main(["--set", "STORAGE_PATH=/mnt/runs", "render", "--only", "rayjob"]) == 2
     assert "STORAGE_PATH (flag)" in capsys.readouterr().err and not out.exists()
@@ -95,7 +108,7 @@ def test_a_multi_node_job_without_shared_storage_is_a_config_error(clean_env: Pa
     job = json.loads(capsys.readouterr().out)["files"]["rayjob.yaml"]
     env = json.loads(job["spec"]["runtimeEnvYAML"])["env_vars"]
     assert (env["RAYDLC_STORAGE_PATH"], env["RAYDLC_STORAGE_SHARED"]) == ("/mnt/efs/runs", "true")
-    assert main(["--set", "GPU_NODE_COUNT=1", "render", "--only", "rayjob"]) == 0  # one node: its own disk is enough
+    assert main(["--set", "GPU_NODE_COUNT=1", "--set", "STORAGE_PATH=/tmp/runs", "render", "--only", "rayjob"]) == 0  # one node: its own disk is enough
 
 
 def test_out_that_is_a_file_is_an_input_error(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -419,3 +419,8 @@ def paginate(cli: Any, method: str, key: str, **params: Any) -> Iterator[dict[st
         if not _is_aws_error(e):
             raise
         raise _mapped(e, cli, operation, t0) from e
+
+
+def account_id(region: str) -> str:
+    """The AWS account the credentials belong to (sts:GetCallerIdentity, which needs no permission)."""
+    return str(call(client(session(region), "sts"), "get_caller_identity")["Account"])

@@ -343,7 +343,7 @@ def train(
         print_summary(result.to_dict())
 
 
-_STEP_HELP = "capacity, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
+_STEP_HELP = "capacity, storage, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"
 
 
 def _layers(ctx: typer.Context) -> dict[str, Any]:
@@ -383,6 +383,9 @@ def down(
     keep_cluster: bool = typer.Option(False, "--keep-cluster", help="Stop after the node groups: keep the control plane and system node."),
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
     force: bool = typer.Option(False, "--force", help="Delete a cluster that lacks raydlc's ownership tag."),
+    delete_storage: bool = typer.Option(False, "--delete-storage", help="Also empty and delete the cluster's S3 bucket "
+                                        "(kept otherwise, with its checkpoints)."),
+    yes: bool = typer.Option(False, "--yes", help="Do not ask before --delete-storage deletes the checkpoints."),
     local: bool = typer.Option(False, "--local", help="End raydlc's local Ray head instead (by its recorded PID and process group)."),
 ) -> None:
     """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
@@ -396,10 +399,23 @@ def down(
                              hint="raydlc down --local")
         _down_local(json_, dry_run)
         return
+    if delete_storage and not (yes or dry_run):
+        _confirm_delete_storage()
     layers = _layers(ctx)
-    run = lambda reporter: api.down(**layers, keep_cluster=keep_cluster, dry_run=dry_run, force=force,
-                                    kubeconfig=kubeconfig, reporter=reporter)
+    run = lambda reporter: api.down(**layers, keep_cluster=keep_cluster, delete_storage=delete_storage, dry_run=dry_run,
+                                    force=force, kubeconfig=kubeconfig, reporter=reporter)
     raise typer.Exit(view.execute("down", run, json_=json_, dry_run=dry_run))
+
+
+def _confirm_delete_storage() -> None:
+    """The checkpoints cannot be brought back: ask a person, and refuse a script that did not say --yes."""
+    import sys
+
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise InputError("--delete-storage deletes every checkpoint in the cluster's S3 bucket; nobody is here to confirm",
+                         hint="raydlc down --delete-storage --yes")
+    if not typer.confirm("Delete the cluster's S3 bucket and every checkpoint in it?", default=False):
+        raise InputError("--delete-storage not confirmed: nothing was removed", hint="raydlc down")
 
 
 def _down_local(json_: bool, dry_run: bool) -> None:

@@ -42,6 +42,9 @@ _IMAGE = re.compile(
 )
 _SEMVER = re.compile(r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 _PY_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?[0-9A-Za-z]+)*$")
+# S3's rules for a general purpose bucket: 3-63 characters, lowercase letters, digits, dots and hyphens,
+# starting and ending with a letter or digit (dots are allowed by S3 but break virtual-hosted TLS; raydlc allows them).
+_BUCKET = re.compile(r"^(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]$")
 _NCCL_NET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -155,6 +158,10 @@ class ClusterConfig(_Section):
         "NODE_AMI_FAMILY", "AMI family of every node group", default="AmazonLinux2023"
     )
     namespace: Name = _env("NAMESPACE", "Kubernetes namespace of the Ray cluster and jobs", default="ray-train")
+    storage_bucket: Annotated[str | None, Blank(), Shaped(_BUCKET, "an S3 bucket name (3-63 of a-z 0-9 . -)")] = _env(
+        "STORAGE_BUCKET", "the cluster's S3 bucket for checkpoints and code; empty = raydlc-<account>-<region>-<cluster> "
+        "(an existing bucket tagged for the cluster is adopted)", default=None,
+    )
     kubeconfig: Unset = _env(
         "KUBECONFIG", "kubeconfig raydlc writes for the cluster and uses; empty = ~/.raydlc/<name>-<region>/kubeconfig "
         "(~/.kube/config only when given)", default=None,

@@ -82,7 +82,80 @@ def load_config(path: str) -> dict[str, Any]:
     problems = schemas.problems(doc) if doc.get("kind") == "ClusterConfig" else ["kind must be ClusterConfig"]
     if problems:
         fail(f"Error: loading config file {path!r}: invalid ClusterConfig: {'; '.join(problems)}")
+    for addon in doc.get("addons") or []:
+        check_addon(addon)
+    check_pod_identities(doc)
     return doc
+
+
+def check_pod_identities(cfg: dict[str, Any]) -> None:
+    """eksctl's config-file checks for iam.podIdentityAssociations: the agent add-on must be in the
+    config, each names a namespace and service account, a permissionPolicyName needs a permissionPolicy."""
+    pias = (cfg.get("iam") or {}).get("podIdentityAssociations") or []
+    if pias and not any(a.get("name") == "eks-pod-identity-agent" for a in cfg.get("addons") or []):
+        fail('Error: the "eks-pod-identity-agent" addon must be installed to create pod identity associations; '
+             'please add "eks-pod-identity-agent" addon to the config file')
+    for i, pia in enumerate(pias):
+        for key in ("namespace", "serviceAccountName"):
+            if not pia.get(key):
+                fail(f"Error: iam.podIdentityAssociations[{i}].{key} must be set")
+        if pia.get("permissionPolicyName") and not pia.get("permissionPolicy"):
+            fail(f"Error: iam.podIdentityAssociations[{i}]: permissionPolicyName requires permissionPolicy to be set")
+
+
+def pod_identity_stack(cluster: str, pia: dict[str, Any]) -> str:
+    return f"eksctl-{cluster}-podidentityrole-{pia['namespace']}-{pia['serviceAccountName']}"
+
+
+def create_pod_identities(cfg: dict[str, Any]) -> None:
+    """After the cluster: per association, a role stack, the service account (and its namespace), the association.
+
+    moto has no EKS pod identity associations: the double keeps them in its log record instead.
+    """
+    meta = cfg["metadata"]
+    name, region = meta["name"], meta["region"]
+    cfn = client("cloudformation", region)
+    kube = Kube(os.environ[KUBE_URL_ENV])
+    for pia in (cfg.get("iam") or {}).get("podIdentityAssociations") or []:
+        stack = pod_identity_stack(name, pia)
+        say(f'[ℹ]  create IAM role for pod identity association for service account "{pia["namespace"]}/{pia["serviceAccountName"]}"')
+        role: dict[str, Any] = {
+            "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                "Action": ["sts:AssumeRole", "sts:TagSession"]}]},
+            "Policies": [{"PolicyName": pia.get("permissionPolicyName") or "Policy1",
+                          "PolicyDocument": pia.get("permissionPolicy") or {}}],
+        }
+        if pia.get("roleName"):
+            role["RoleName"] = pia["roleName"]
+        tags = [{"Key": k, "Value": v} for k, v in (pia.get("tags") or {}).items()]
+        tags.append({"Key": "alpha.eksctl.io/podidentityassociation-name", "Value": f"{pia['namespace']}/{pia['serviceAccountName']}"})
+        tags.append({"Key": "alpha.eksctl.io/cluster-name", "Value": name})
+        cfn.create_stack(StackName=stack, TemplateBody=json.dumps({"Resources": {"Role": {"Type": "AWS::IAM::Role", "Properties": role}}}),
+                         Tags=tags, Capabilities=["CAPABILITY_NAMED_IAM"], EnableTerminationProtection=True)
+        if pia.get("createServiceAccount"):
+            kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pia["namespace"]}})
+            kube.ensure({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+                "name": pia["serviceAccountName"], "namespace": pia["namespace"],
+                "labels": {"app.kubernetes.io/managed-by": "eksctl"}}})
+        say(f'[ℹ]  create pod identity association for service account "{pia["namespace"]}/{pia["serviceAccountName"]}"')
+
+
+def check_addon(addon: dict[str, Any]) -> None:
+    """eksctl's Addon.Validate: configurationValues must parse as JSON or YAML (to an object)."""
+    values = addon.get("configurationValues")
+    if not values:
+        return
+    try:
+        parsed = json.loads(values)
+    except ValueError:
+        try:
+            parsed = yaml.safe_load(values)
+        except yaml.YAMLError:
+            parsed = None
+    if not isinstance(parsed, dict):
+        fail(f'Error: invalid configuration for "{addon["name"]}" addon: configurationValues: {values!r} is not valid, '
+             "supported format(s) are: JSON and YAML")
 
 
 def tags_of(cfg: dict[str, Any], extra: dict[str, str] | None = None) -> list[dict[str, str]]:
@@ -217,6 +290,8 @@ def create_cluster(args: argparse.Namespace) -> None:
     if not args.without_nodegroup:
         for ng in cfg.get("managedNodeGroups") or []:
             create_one_nodegroup(cfg, ng)
+    with cloud_side():
+        create_pod_identities(cfg)
     if args.kubeconfig:
         write_kubeconfig(args.kubeconfig, name, region)
     say(f'[✔]  EKS cluster "{name}" in "{region}" region is ready')
@@ -411,6 +486,9 @@ def delete_cluster(args: argparse.Namespace) -> None:
             ec2.delete_nat_gateway(NatGatewayId=nat["NatGatewayId"])
             for a in nat.get("NatGatewayAddresses") or []:
                 ec2.release_address(AllocationId=a["AllocationId"])
+    for s in cfn.list_stacks()["StackSummaries"]:  # its pod identity roles (pkg/actions/cluster/owned.go)
+        if s["StackStatus"] != "DELETE_COMPLETE" and s["StackName"].startswith(f"eksctl-{name}-podidentityrole-"):
+            delete_stack(cfn, name, s["StackName"])
     delete_stack(cfn, name, stack)
     say('[✔]  all cluster resources were deleted')
 

@@ -171,12 +171,22 @@ def reset_moto(url: str, warm_regions: tuple[str, ...] = ()) -> None:
 
 
 def warm(url: str, region: str) -> None:
-    """Build moto's EC2 backend of `region` now, with a timeout long enough for a loaded machine."""
+    """Build moto's backends of `region` now (EC2; S3, STS, CloudFormation and IAM for the storage step and
+    eksctl's pod identity role stacks), with a timeout long enough for a loaded machine."""
     import boto3
     from botocore.config import Config
 
-    boto3.client("ec2", region_name=region, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 config=Config(read_timeout=300, retries={"max_attempts": 1})).describe_availability_zones()
+    patient = Config(read_timeout=300, retries={"max_attempts": 1})
+
+    def client(service: str) -> Any:
+        return boto3.client(service, region_name=region, endpoint_url=url, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", config=patient)
+
+    client("ec2").describe_availability_zones()
+    client("s3").list_buckets()
+    client("sts").get_caller_identity()
+    client("cloudformation").list_stacks()
+    client("iam").list_roles()
 
 
 def parse_path_with_namespaces(original: Callable[[str], Any]) -> Callable[[str], Any]:

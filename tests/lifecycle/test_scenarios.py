@@ -19,7 +19,8 @@ from raydlc.lifecycle.types import Interrupted, Plan
 pytestmark = pytest.mark.slow  # each runs up and/or down end to end: seconds, not milliseconds
 
 FAST = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
-UP_ORDER = ["capacity", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
+UP_ORDER = ["capacity", "storage", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
+DOWN_ORDER = ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "storage", "capacity"]
 CLUSTER = "eks-cluster"
 
 
@@ -73,7 +74,8 @@ FULL = {
     "clusters": [CLUSTER],
     "nodegroups": ["gpu-workers", "system"],
     "instances": Counter({"g6.12xlarge": 2, "m7i.xlarge": 1}),
-    "stacks": [f"eksctl-{CLUSTER}-cluster", f"eksctl-{CLUSTER}-nodegroup-gpu-workers", f"eksctl-{CLUSTER}-nodegroup-system"],
+    "stacks": [f"eksctl-{CLUSTER}-cluster", f"eksctl-{CLUSTER}-nodegroup-gpu-workers", f"eksctl-{CLUSTER}-nodegroup-system",
+               f"eksctl-{CLUSTER}-podidentityrole-ray-train-raydlc-ray"],  # the Ray pods' S3 role (pod identity)
     "nodes": 3,
     "pods": 2 + 2 + 1 + 3,  # EFA and NVIDIA plugin pods on 2 GPU nodes, the operator, head + 2 workers
     "rayclusters": 1, "daemonsets": 2, "deployments": 1,
@@ -410,10 +412,11 @@ def test_down_interrupted_then_rerun_leaves_nothing_tagged_for_the_cluster(world
     assert world.tagged(CLUSTER)
     run = lifecycle.down(world.config(), timings=FAST)
     assert run.ok, [(r.step, r.reason) for r in run.failed]
-    assert [r.step for r in run.results] == ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"]
+    assert [r.step for r in run.results] == DOWN_ORDER
     assert {r.step: r.action for r in run.results} == {
         **dict.fromkeys(["raycluster", "device-plugins", "kuberay", "gpu-nodegroup"], "none"), "cluster": "delete",
-        "capacity": "delete"}
+        "storage": "none", "capacity": "delete"}  # the bucket is kept: down leaves it and nothing else
+    assert run.to_dict()["kept"] == ["S3 bucket raydlc-123456789012-us-east-2-eks-cluster (0 objects, 0 B)"]
     assert world.tagged(CLUSTER) == {}
     assert not kubeconfig.exists()
     assert "capacity reservation cr-0probe" in " ".join(run.to_dict()["removed"])
@@ -457,7 +460,7 @@ def test_down_keep_cluster_stops_after_the_node_groups_and_up_brings_back_the_re
     again = lifecycle.up(world.config(), timings=FAST)
     assert again.ok, [(r.step, r.reason) for r in again.failed]
     assert {r.step: r.action for r in again.results} == {
-        "capacity": "none", "cluster": "none", **dict.fromkeys(UP_ORDER[2:], "create")}
+        "capacity": "none", "storage": "none", "cluster": "none", **dict.fromkeys(UP_ORDER[3:], "create")}
     assert inventory(world) == FULL
 
 
@@ -504,8 +507,7 @@ def test_dry_run_on_a_fresh_account_lists_the_steps_and_changes_nothing(world, c
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = [s["step"] for s in doc["steps"]]
     assert sorted(names) == sorted(UP_ORDER)
-    assert names == (UP_ORDER if command == "up" else
-                     ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"])
+    assert names == (UP_ORDER if command == "up" else DOWN_ORDER)
     assert all(set(s) == {"step", "action", "reason", "command"} for s in doc["steps"])
     if command == "up":
         acts = {s["step"]: s["action"] for s in doc["steps"]}
@@ -557,6 +559,8 @@ def test_status_and_dry_runs_on_a_running_cluster(world, capsys) -> None:
     assert {s["action"] for s in up["steps"]} == {"none"}
     assert _unchanged(world, lambda: main(["down", "--dry-run", "--json"])) == 0
     down = {s["step"]: s for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
-    assert {k: v["action"] for k, v in down.items()} == {**dict.fromkeys(UP_ORDER[1:], "delete"), "capacity": "none"}
+    assert {k: v["action"] for k, v in down.items()} == {
+        **dict.fromkeys(UP_ORDER[2:], "delete"), "storage": "none", "capacity": "none"}
+    assert "--delete-storage removes it" in down["storage"]["reason"]
     assert down["cluster"]["command"].startswith(f"eksctl delete cluster --name {CLUSTER} --region us-east-2 --wait")
     assert "helm uninstall kuberay-operator --namespace kuberay-operator" in down["kuberay"]["command"]

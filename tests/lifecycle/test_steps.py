@@ -48,10 +48,12 @@ class Ctx:
 
 
 def test_up_and_down_declare_the_documented_graph() -> None:
-    assert [s.name for s in order(orders.steps("up"))] == ["capacity", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
+    assert [s.name for s in order(orders.steps("up"))] == [
+        "capacity", "storage", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
     needs = {s.name: set(s.needs) for s in orders.steps("up")}
-    assert needs == {"capacity": set(), "cluster": {"capacity"}, "gpu-nodegroup": {"cluster"}, "kuberay": {"cluster"},
-                     "device-plugins": {"gpu-nodegroup"}, "raycluster": {"device-plugins", "kuberay"}}
+    assert needs == {"capacity": set(), "storage": set(), "cluster": {"capacity"}, "gpu-nodegroup": {"cluster"},
+                     "kuberay": {"cluster"}, "device-plugins": {"gpu-nodegroup"},
+                     "raycluster": {"device-plugins", "kuberay", "storage"}}
     down = {s.name: set(s.needs) for s in orders.steps("down")}
     for step, ns in needs.items():  # down is the reverse: whatever up needed first goes last
         for n in ns:

@@ -61,9 +61,9 @@ def up(
         for step in plan.results:
             print(step.step, step.action, step.reason)
         assert [(s.step, s.action) for s in plan.results] == [
-            ("capacity", "none"), ("cluster", "create"), ("gpu-nodegroup", "create"),
+            ("capacity", "none"), ("storage", "create"), ("cluster", "create"), ("gpu-nodegroup", "create"),
             ("kuberay", "create"), ("device-plugins", "create"), ("raycluster", "create")]
-        assert "eksctl create cluster --config-file" in plan.to_dict()["steps"][1]["command"]
+        assert "eksctl create cluster --config-file" in plan.to_dict()["steps"][2]["command"]
     """
     from raydlc.lifecycle import orders
 
@@ -75,9 +75,13 @@ def up(
 
 def down(
     *, config: PathLike | None = None, settings: Mapping[str, Any] | None = None, keep_cluster: bool = False,
-    dry_run: bool = False, force: bool = False, kubeconfig: PathLike | None = None, reporter: Reporter | None = None,
+    delete_storage: bool = False, dry_run: bool = False, force: bool = False, kubeconfig: PathLike | None = None,
+    reporter: Reporter | None = None,
 ) -> Run:
     """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills.
+
+    The cluster's S3 bucket stays, with its checkpoints (the result lists it under `kept`), unless
+    `delete_storage`: then it is emptied and deleted after the Ray pods are gone.
 
     `keep_cluster` stops after the node groups (the control plane and system node stay); `force`
     deletes a cluster without raydlc's ownership tag (otherwise refused with an InputError before
@@ -89,7 +93,7 @@ def down(
         plan = api.down(dry_run=True)
         print(plan.to_dict())
         assert [s.step for s in plan.results] == [
-            "raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "capacity"]
+            "raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "storage", "capacity"]
         assert {s.action for s in plan.results} == {"none"}
     """
     from raydlc.lifecycle import orders
@@ -97,7 +101,8 @@ def down(
 
     cfg = with_plain_kubeconfig(load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig)))
     with aws.command_budget("down"):
-        return orders.down(cfg, keep_cluster=keep_cluster, dry_run=dry_run, force=force, reporter=reporter)
+        return orders.down(cfg, keep_cluster=keep_cluster, delete_storage=delete_storage, dry_run=dry_run, force=force,
+                           reporter=reporter)
 
 
 def status(

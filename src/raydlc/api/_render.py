@@ -44,6 +44,8 @@ def render(
     `only` picks one kind (eksctl, raycluster, rayjob, helm, netpol); `zones` are the
     Availability Zones that offer the GPU type, best first (a list, or "a,b" as the flag
     takes them). With `out`, every file is written under that directory, or none is.
+    With neither STORAGE_PATH nor STORAGE_BUCKET set, the runs go to the cluster's bucket,
+    `s3://raydlc-<account>-<region>-<cluster>/runs`: the account is read with sts:GetCallerIdentity.
 
     Example:
         import raydlc.api as api
@@ -56,13 +58,21 @@ def render(
         written = api.render(out="manifests", zones=zones, settings=settings)
         print(written.to_dict()["files"])
     """
+    from raydlc import aws
     from raydlc.files import check_output_dir
     from raydlc.render import render_all, write
+    from raydlc.render.storage import for_cluster
 
-    cfg = load(config, settings)
+    loaded = load(config, settings)
     if out is not None:
         check_output_dir(out, "--out")
     zone_list = None if not zones else [z.strip() for z in zones.split(",") if z.strip()] if isinstance(zones, str) else list(zones)
+    needs_bucket = only in (None, "eksctl", "raycluster", "rayjob")  # the Helm values and NetworkPolicies name none
+    if needs_bucket:
+        # Every error of the config itself first, before AWS is asked for the account: render with a
+        # stand-in account (that result is never shown), then with the real one.
+        render_all(for_cluster(loaded, lambda: "000000000000"), zone_list, only=only)
+    cfg = for_cluster(loaded, lambda: aws.account_id(loaded.cluster.region)) if needs_bucket else loaded
     docs = render_all(cfg, zone_list, only=only)
     if out is None:
         return Rendered(docs)

@@ -1,7 +1,8 @@
 """`up`, `down` and `status`: two dependency orders over the same resources, and a question to each.
 
     up:    capacity ─► cluster ─┬─► gpu-nodegroup ─► device-plugins ─┬─► raycluster
-                                └─► kuberay ─────────────────────────┘
+                                └─► kuberay ─────────────────────────┤
+           storage ──────────────────────────────────────────────────┘
     down:  the same graph with every arrow reversed: what `up` made last goes first.
 
 `resources()` is the one place that says which resources there are, what each needs, and which
@@ -24,6 +25,7 @@ from raydlc.lifecycle.resources.device_plugins import DevicePlugins
 from raydlc.lifecycle.resources.gpu_nodegroup import GpuNodeGroup
 from raydlc.lifecycle.resources.kuberay import KubeRay
 from raydlc.lifecycle.resources.raycluster import RayCluster
+from raydlc.lifecycle.resources.storage import Storage
 from raydlc.lifecycle.steps import Step, order, plan_all, run_all, select
 from raydlc.lifecycle.types import Goal, Reporter, Run
 
@@ -35,16 +37,21 @@ if TYPE_CHECKING:
 Graph = list[tuple[Resource, tuple[str, ...]]]
 
 
-def resources() -> Graph:
-    """A fresh set of one run's resources with what each needs, in up's order (a run's decisions are its own)."""
+def resources(*, delete_storage: bool = False) -> Graph:
+    """A fresh set of one run's resources with what each needs, in up's order (a run's decisions are its own).
+
+    The RayCluster needs the bucket its pods write to; `down` so empties a bucket only after the
+    pods that write it are gone (and keeps it unless `delete_storage`).
+    """
     capacity = Capacity()
     return [
         (capacity, ()),
+        (Storage(delete=delete_storage), ()),
         (Cluster(zones=capacity.choice), ("capacity",)),
         (GpuNodeGroup(zones=capacity.choice), ("cluster",)),
         (KubeRay(), ("cluster",)),
         (DevicePlugins(), ("gpu-nodegroup",)),
-        (RayCluster(), ("device-plugins", "kuberay")),
+        (RayCluster(), ("device-plugins", "kuberay", "storage")),
     ]
 
 
@@ -68,8 +75,12 @@ def names(goal: Goal) -> list[str]:
 
 def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | None, timings: Timings | None,
              runner: Runner | None) -> Context:
+    from raydlc import aws
+    from raydlc.render.storage import for_cluster
     from raydlc.tools import Runner
 
+    region = cfg.cluster.region
+    cfg = for_cluster(cfg, lambda: aws.account_id(region))
     return Context(cfg, runner=runner or Runner(dry_run=dry_run), reporter=reporter, timings=timings, force=force,
                    dry_run=dry_run)
 
@@ -103,10 +114,10 @@ def up(
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
     runner: Runner | None = None,
 ) -> Run:
-    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     graph = resources()
     plan = steps("up", graph)
-    selected = select(plan, only=only, from_=from_, until=until)
+    selected = select(plan, only=only, from_=from_, until=until)  # a bad step name is refused before AWS is asked
+    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     if dry_run:
         return Run("up", True, plan_all(plan, ctx, selected))
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
@@ -117,12 +128,12 @@ def up(
 
 
 def down(
-    cfg: Config, *, keep_cluster: bool = False, dry_run: bool = False, force: bool = False,
+    cfg: Config, *, keep_cluster: bool = False, delete_storage: bool = False, dry_run: bool = False, force: bool = False,
     reporter: Reporter | None = None, timings: Timings | None = None, runner: Runner | None = None,
 ) -> Run:
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     refuse_foreign(ctx)
-    graph = resources()
+    graph = resources(delete_storage=delete_storage)
     plan = steps("down", graph)
     selected = [s.name for s in order(plan) if not (keep_cluster and s.name == Cluster.name)]
     if dry_run:

@@ -61,13 +61,25 @@ class ClusterStatus:
     nodes: tuple[NodeRow, ...]
     raycluster: raycluster.RayClusterView | None
     cost: Mapping[str, Any]
+    storage: Mapping[str, Any] | None = None  # bucket, uri, objects, size_bytes, newest checkpoint per run
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster": {"name": self.name, "region": self.region, "status": self.status, "kubeconfig": self.kubeconfig},
             "steps": [asdict(s) for s in self.steps], "nodes": [asdict(n) for n in self.nodes],
             "raycluster": self.raycluster.to_dict() if self.raycluster is not None else None, "cost": dict(self.cost),
+            "storage": dict(self.storage) if self.storage is not None else None,
         }
+
+
+def _storage(cfg: Any, facts: Mapping[str, Any]) -> dict[str, Any] | None:
+    from raydlc.render.storage import bucket_of
+
+    bucket, held = bucket_of(cfg), facts.get("contents")
+    if bucket is None or held is None:
+        return None
+    return {"bucket": bucket.name, "uri": bucket.uri, "objects": held.objects, "size_bytes": held.size,
+            "newest_checkpoints": dict(held.newest)}
 
 
 def hourly_cost(instance_types: Iterable[str], clusters: int, nat_gateways: int) -> dict[str, Any]:
@@ -109,7 +121,9 @@ def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
     """Ask each resource where it stands, then list the nodes, the Ray pods and what bills."""
     cfg = ctx.cfg
     ctx.aws("eks")  # no usable credentials: one error, not six unknown steps
-    steps = [StepState(r.name, obs.state, obs.reason) for r in resources for obs in [r.status(ctx)]]
+    seen = {r.name: r.status(ctx) for r in resources}
+    steps = [StepState(name, obs.state, obs.reason) for name, obs in seen.items()]
+    storage = _storage(cfg, seen["storage"].facts) if "storage" in seen else None
     name = cfg.cluster.name
     desc = cloud.cluster(ctx.aws("eks"), name)
     kube = ctx.kube_or_none() if desc is not None else None
@@ -128,4 +142,4 @@ def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
     cost = hourly_cost([i["InstanceType"] for i in instances if i["State"]["Name"] in ("pending", "running")],
                        1 if desc is not None else 0, len(cloud.nat_gateways(ec2, name, vpcs)))
     return ClusterStatus(name, cfg.cluster.region, (desc or {}).get("status", "NOT_FOUND"), str(ctx.kubeconfig),
-                         tuple(steps), tuple(nodes), ray, cost)
+                         tuple(steps), tuple(nodes), ray, cost, storage)

@@ -116,6 +116,10 @@ class Run:
         if self.command == "down":
             notes = [n.split(" ", 1) for step in self.notes.values() for n in step]
             doc["removed"] = [what for verb, what in notes if verb in ("removed", "released", "cancelled")]
-            doc["absent"] = [r.found for r in self.results if r.action == "none" and r.outcome == "done"]
+            # the bucket outlives the cluster on purpose: kept, not absent
+            doc["kept"] = [what for verb, what in notes if verb == "kept"]
+            keeping = {step for step, ns in self.notes.items() if any(n.startswith("kept ") for n in ns)}
+            doc["absent"] = [r.found for r in self.results if r.action == "none" and r.outcome == "done"
+                             and r.step not in keeping]
             doc["absent"] += [what for verb, what in notes if verb == "absent"]
         return doc

@@ -7,16 +7,25 @@ The cluster itself needs at least two AZs (an EKS requirement), one of which is 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from raydlc.config import Config, zone_problem
 from raydlc.errors import InputError
-from raydlc.render import nodes
+from raydlc.render import nodes, storage
 
 API_VERSION = "eksctl.io/v1alpha5"
 OWNER_TAG = "raydlc.io/cluster"  # on every AWS resource of the cluster; `raydlc down` refuses clusters without it
 CORE_ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
+# EKS enforces NetworkPolicy only when the VPC CNI add-on (1.14 or newer) is told to; eksctl's
+# `version: latest` resolves to the newest add-on version for the cluster's Kubernetes version
+# (pkg/actions/addon/addon.go getLatestMatchingVersion, DescribeAddonVersions by KubernetesVersion),
+# which on every Kubernetes version raydlc accepts is well past 1.14. Without this the head's
+# NetworkPolicy (raydlc.render.netpol) would be accepted by the API server and enforced by nobody.
+ADDON_SETTINGS: dict[str, dict[str, str]] = {
+    "vpc-cni": {"version": "latest", "configurationValues": json.dumps({"enableNetworkPolicy": "true"})},
+}
 
 # eksctl installs the NVIDIA plugin itself only for AmazonLinux2 (which raydlc does not offer);
 # the flag keeps that true should eksctl's default change. See raydlc.render.helm for owners.
@@ -86,6 +95,10 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
     taints = nodes.gpu_taints(cfg)
     if taints:
         gpu["taints"] = taints
+    iam: dict[str, Any] = {"withOIDC": True}
+    if (association := storage.pod_identity(cfg)) is not None:
+        # The Ray pods' S3 access (eks-pod-identity-agent, rendered above, serves it); see raydlc.render.storage.
+        iam["podIdentityAssociations"] = [association]
     return {
         "apiVersion": API_VERSION,
         "kind": "ClusterConfig",
@@ -97,7 +110,7 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
         },
         "availabilityZones": cluster_azs,
         "vpc": {"nat": {"gateway": "Single"}},
-        "iam": {"withOIDC": True},
-        "addons": [{"name": name} for name in CORE_ADDONS],
+        "iam": iam,
+        "addons": [{"name": name, **ADDON_SETTINGS.get(name, {})} for name in CORE_ADDONS],
         "managedNodeGroups": [system, gpu],
     }

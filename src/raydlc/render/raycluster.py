@@ -21,7 +21,7 @@ from typing import Any
 from raydlc import catalog
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
-from raydlc.render import nodes
+from raydlc.render import nodes, storage
 from raydlc.render.sizing import head_size, worker_size
 
 API_VERSION = "ray.io/v1"
@@ -74,6 +74,11 @@ def worker_env(cfg: Config) -> dict[str, str]:
     return env
 
 
+def _identity(cfg: Config) -> dict[str, Any]:
+    """The service account whose pod identity may write the run prefix (raydlc.render.storage); none without a bucket."""
+    return {"serviceAccountName": storage.SERVICE_ACCOUNT} if storage.bucket_of(cfg) is not None else {}
+
+
 def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
     size = head_size(cfg.system_nodes.instance_type, cfg.total_gpus)
     container = {
@@ -94,6 +99,7 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
         "template": {
             "metadata": {"labels": {CLUSTER_LABEL: instance}},
             "spec": {
+                **_identity(cfg),
                 "nodeSelector": nodes.system_labels(),
                 "containers": [container],
                 "volumes": _volumes(),
@@ -118,6 +124,7 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
         "lifecycle": _pre_stop(),
     }
     spec: dict[str, Any] = {
+        **_identity(cfg),
         "nodeSelector": {nodes.ROLE: nodes.GPU_ROLE},
         "containers": [container],
         "volumes": _volumes(),

@@ -153,6 +153,8 @@ def print_removed(run: Run, console: Console) -> None:
         doc = run.to_dict()
         if doc["removed"]:
             console.print("removed: " + "; ".join(doc["removed"]), highlight=False)
+        if doc.get("kept"):
+            console.print("kept: " + "; ".join(doc["kept"]) + " (raydlc down --delete-storage removes it)", highlight=False)
         if doc["absent"]:
             console.print("[dim]already absent: " + "; ".join(doc["absent"]) + "[/]", highlight=False)
 
@@ -182,6 +184,20 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
         for p in rc["pods"]:
             pods.add_row(p["name"], p["type"], p["phase"], "yes" if p["ready"] else "no", p["node"] or "-")
         parts.append(pods)
+    store = doc.get("storage")
+    if store:
+        from raydlc.lifecycle.resources.storage import human
+
+        title = f"storage {store['uri']}: {store['objects']} objects, {human(store['size_bytes'])}"
+        if store["newest_checkpoints"]:
+            runs = Table(title=title)
+            for col in ("run", "newest checkpoint"):
+                runs.add_column(col, overflow="fold")
+            for run, uri in store["newest_checkpoints"].items():
+                runs.add_row(escape(run), escape(uri))
+            parts.append(runs)
+        else:
+            parts.append(Text(f"{title}; no checkpoints yet"))
     cost = doc["cost"]
     money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate)")
     for col in ("item", "count", "USD/h"):

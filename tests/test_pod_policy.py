@@ -1,0 +1,116 @@
+"""The Ray pods' S3 policy, evaluated the way IAM evaluates an identity policy, statement by statement.
+
+Not a string comparison: each request (action, resource ARN, the `s3:prefix` of a list) is run
+through every statement with IAM's matching rules — `*`/`?` wildcards in actions (case-blind)
+and resources, a `Condition` of `StringLike` whose keys must all match, an explicit Deny
+winning — so any widening (another action, a broader resource, a dropped condition) turns
+one of the denied requests below into an allowed one and fails.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import pytest
+
+from raydlc import schemas
+from raydlc.config import load_config
+from raydlc.render.eksctl import render_eksctl
+from raydlc.render.storage import SERVICE_ACCOUNT, Bucket, pod_policy, role_name
+
+B = Bucket("raydlc-123456789012-us-east-2-eks-cluster", "runs")
+ARN = f"arn:aws:s3:::{B.name}"
+
+
+def _match(pattern: str, value: str, *, case: bool = True) -> bool:
+    pattern = pattern.replace("[", "[[]")  # IAM has only * and ?; fnmatch's [...] must stay literal
+    return fnmatch.fnmatchcase(value, pattern) if case else fnmatch.fnmatchcase(value.lower(), pattern.lower())
+
+
+def _listed(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else [x]
+
+
+def _applies(stmt: dict[str, Any], action: str, resource: str, context: dict[str, str]) -> bool:
+    if not any(_match(a, action, case=False) for a in _listed(stmt.get("Action", []))):
+        return False
+    if not any(_match(r, resource) for r in _listed(stmt.get("Resource", []))):
+        return False
+    for op, keys in (stmt.get("Condition") or {}).items():
+        assert op == "StringLike", f"the evaluator knows StringLike only, got {op}"
+        for key, patterns in keys.items():
+            if key not in context or not any(_match(p, context[key]) for p in _listed(patterns)):
+                return False
+    return True
+
+
+def allowed(policy: dict[str, Any], action: str, resource: str, **context: str) -> bool:
+    """IAM's decision for one identity policy: explicit Deny > Allow > implicit deny."""
+    hits = [s["Effect"] for s in policy["Statement"] if _applies(s, action, resource, {f"s3:{k}": v for k, v in context.items()})]
+    return "Deny" not in hits and "Allow" in hits
+
+
+OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+
+
+@pytest.mark.parametrize("action", OBJECT_ACTIONS)
+@pytest.mark.parametrize("key", ["runs/r1/checkpoint_000010/model.distcp", "runs/x", "runs/a/b/c/d"])
+def test_object_actions_are_allowed_under_the_run_prefix(action: str, key: str) -> None:
+    assert allowed(pod_policy(B), action, f"{ARN}/{key}")
+
+
+@pytest.mark.parametrize("action", OBJECT_ACTIONS)
+@pytest.mark.parametrize("resource", [
+    f"{ARN}/code/raydlc.zip", f"{ARN}/runsX/r1/a", f"{ARN}/runs", f"{ARN}/other/runs/a",
+    "arn:aws:s3:::another-bucket/runs/r1/a", f"{ARN}x/runs/r1/a", ARN,
+])
+def test_object_actions_are_denied_outside_the_prefix_and_on_other_buckets(action: str, resource: str) -> None:
+    assert not allowed(pod_policy(B), action, resource)
+
+
+@pytest.mark.parametrize("prefix, ok", [
+    ("runs/", True), ("runs/r1/", True), ("runs/r1/checkpoint_000010/", True),
+    ("", False), ("code/", False), ("runsX/", False), ("other/runs/", False),
+])
+def test_listing_is_scoped_to_the_run_prefix(prefix: str, ok: bool) -> None:
+    assert allowed(pod_policy(B), "s3:ListBucket", ARN, prefix=prefix) is ok
+    assert not allowed(pod_policy(B), "s3:ListBucket", "arn:aws:s3:::another-bucket", prefix=prefix)
+
+
+def test_a_list_without_a_prefix_is_denied() -> None:
+    assert not allowed(pod_policy(B), "s3:ListBucket", ARN)
+
+
+@pytest.mark.parametrize("action", [
+    "s3:DeleteBucket", "s3:PutBucketPolicy", "s3:PutBucketAcl", "s3:PutObjectAcl", "s3:GetBucketPolicy",
+    "s3:ListAllMyBuckets", "s3:PutLifecycleConfiguration", "s3:CreateBucket", "s3:GetObjectVersion",
+    "s3:DeleteObjectVersion", "iam:PassRole", "sts:AssumeRole", "ec2:RunInstances",
+])
+def test_nothing_else_is_allowed_anywhere(action: str) -> None:
+    for resource in (ARN, f"{ARN}/runs/r1/a", "*"):
+        assert not allowed(pod_policy(B), action, resource, prefix="runs/")
+
+
+def test_the_evaluator_itself_turns_a_widened_policy_into_an_allowed_request() -> None:
+    """The tests above can fail: each widening they guard against is caught."""
+    wide_resource = pod_policy(B)
+    wide_resource["Statement"][1]["Resource"] = [f"{ARN}/*"]
+    assert allowed(wide_resource, "s3:PutObject", f"{ARN}/code/raydlc.zip")
+    wide_action = pod_policy(B)
+    wide_action["Statement"][1]["Action"] = ["s3:*"]
+    assert allowed(wide_action, "s3:PutObjectAcl", f"{ARN}/runs/r1/a")
+    no_condition = pod_policy(B)
+    del no_condition["Statement"][0]["Condition"]
+    assert allowed(no_condition, "s3:ListBucket", ARN, prefix="")
+
+
+def test_the_rendered_cluster_config_grants_this_policy_to_the_ray_pods_service_account(tmp_path) -> None:
+    cfg = load_config(env={}, overrides={"STORAGE_PATH": f"s3://{B.name}/runs"}, cwd=tmp_path)
+    cc = render_eksctl(cfg, ["us-east-2a", "us-east-2b"])
+    assert schemas.problems(cc) == []
+    (pia,) = cc["iam"]["podIdentityAssociations"]
+    assert (pia["namespace"], pia["serviceAccountName"], pia["createServiceAccount"]) == ("ray-train", SERVICE_ACCOUNT, True)
+    assert pia["roleName"] == role_name(cfg) == "raydlc-eks-cluster-us-east-2-ray" and len(pia["roleName"]) <= 64
+    assert pia["permissionPolicy"] == pod_policy(B) and "permissionPolicyARNs" not in pia and "wellKnownPolicies" not in pia
+    assert {a["name"] for a in cc["addons"]} >= {"eks-pod-identity-agent"}  # the agent that serves the association
