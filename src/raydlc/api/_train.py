@@ -38,6 +38,8 @@ class TrainResult:
     layout_note: str | None
     seq_len: int
     train_sequences: int
+    dataset: str
+    dataset_reused: bool
     eval_sequences: int
     resumed_from: str | None
     run_name: str
@@ -81,8 +83,8 @@ def train(
     `seq_len`, `batch_size`, `grad_accum`, `lr`, …; see `inspect.signature(train)`); settings
     left at their default take the local-run values, as on the command line. `address` joins a
     running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
-    receives the driver's stages (`{"stage": "preparing"}`, then `{"stage": "training",
-    "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
+    receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
+    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
     "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
 
@@ -107,12 +109,11 @@ def train(
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
-    prepared = None
-    if request.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
-        emit({"stage": "preparing"})
-        prepared = launch.prepare(request, where)  # bad input fails here, before a progress bar or a worker
-    emit({"stage": "training", "steps": request.steps})
-    return TrainResult.from_summary(launch.run(request, where, on_progress=on_progress, prepared=prepared))
+    checked = None
+    if request.num_workers > 0:  # with 0 (one per GPU) the checks wait for the cluster's size
+        checked = launch.check(request, where)  # bad input fails here, before Ray, a progress bar or a worker
+    emit({"stage": "preparing"})
+    return TrainResult.from_summary(launch.run(request, where, on_progress=emit, checked=checked))
 
 
 # Introspection shows every flag as a keyword argument, though the function takes them as **named.
