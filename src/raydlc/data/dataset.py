@@ -49,10 +49,13 @@ class Made:
 
 def plan(data: str | None, *, out: str | None, storage_root: str, model_id: str, vocab: int, recipe: Recipe) -> Plan:
     """What preparing will do; every problem found without Ray is an `InputError` now."""
-    if data is not None and S.read_manifest(data) is not None:
+    found = S.read_manifest(data) if data is not None else None
+    if data is not None and found is not None:
         if out is not None:
             raise InputError(f"{data} is already a prepared dataset", hint=f"train on it: raydlc train --data {data}")
-        return Plan(data, recipe, model_id, vocab, None, S.read_manifest(data))
+        check_use(found, data, seq_len=recipe.seq_len, tokenizer=None)
+        S.verify(data, found)
+        return Plan(data, recipe, model_id, vocab, None, found)
     source = list_source(data)
     if recipe.on_bad_record == "fail" and (problem := first_problem(source)):
         raise InputError(f"--data {problem}", hint="fix the record, or pass --on-bad-record skip to count and leave it out")
@@ -69,10 +72,11 @@ def make(p: Plan, *, on_progress: ProgressFn | None = None) -> Made:
         tok = trained_tokenizer(p.source, p.vocab) if p.vocab else model_tokenizer(p.model_id, p.recipe.chat_template)
         return Made(p.dest, run(p.source, tok, p.dest, p.recipe, on_progress=on_progress), tok, False)
     m = p.existing
-    S.verify(p.dest, m)
+    if p.source is not None:  # found again under the run's storage: checked here (a named dataset was, in `plan`)
+        check_use(m, p.dest, seq_len=p.recipe.seq_len, tokenizer=None)
+        S.verify(p.dest, m)
     if p.vocab:
         tok = _dataset_tokenizer(p.dest, m)
-        check_use(m, p.dest, seq_len=p.recipe.seq_len, tokenizer=None)
     else:
         tok = model_tokenizer(p.model_id, p.recipe.chat_template)
         check_use(m, p.dest, seq_len=p.recipe.seq_len, tokenizer=tok.identity())

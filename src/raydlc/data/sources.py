@@ -44,6 +44,12 @@ class Source:
     units: tuple[Unit, ...]
     fingerprint: str
     files: int
+    text_bytes: int | None = None  # bytes of JSONL/text files (or the bundled corpus): a bound on byte-level tokens
+
+    def max_tokens(self) -> int | None:
+        """At most this many tokens from a byte-level BPE trained here (each token is at least one byte,
+        and a record's EOS and default chat markup take fewer bytes than its JSON): twice the bytes."""
+        return None if self.text_bytes is None else 2 * self.text_bytes
 
 
 def _suffix(name: str) -> str:
@@ -54,7 +60,8 @@ def _suffix(name: str) -> str:
 def list_source(spec: str | None) -> Source:
     """The units of `spec` in order (files sorted by path); every problem is an `InputError` naming it."""
     if spec is None or spec == BUNDLED:
-        return Source(BUNDLED, (Unit(BUNDLED, BUNDLED, BUNDLED),), _bundled_fingerprint(), 0)
+        size = sum(len(r[1] or "") for r in _bundled_rows())
+        return Source(BUNDLED, (Unit(BUNDLED, BUNDLED, BUNDLED),), _bundled_fingerprint(), 0, size)
     import pyarrow.fs as pafs
 
     fs, root = storage.filesystem(spec)
@@ -82,7 +89,8 @@ def list_source(spec: str | None) -> Source:
         h.update(f"{i.path[len(root):]}\0{i.size}\0{i.mtime_ns}\n".encode())
         kind = SUFFIXES[_suffix(i.path)]
         units.extend(_parquet_units(fs, i.path, uri) if kind == "parquet" else [Unit(i.path, uri, kind)])
-    return Source(spec, tuple(units), h.hexdigest()[:16], len(infos))
+    plain = all(u.kind != "parquet" for u in units)  # Parquet's bytes are compressed: no bound from them
+    return Source(spec, tuple(units), h.hexdigest()[:16], len(infos), sum(int(i.size) for i in infos) if plain else None)
 
 
 def _uri(spec: str, root: str, path: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc import storage
-from raydlc.errors import CheckpointError
+from raydlc.errors import CheckpointError, InputError
 
 if TYPE_CHECKING:
     from raydlc.config import TrainConfig
@@ -87,6 +87,7 @@ def check(train: TrainConfig, where: Target | None = None, *, workers: int | Non
     vocab = min(model.vocab_size, 4096) if builtin and model else 0
     recipe = Recipe(train.seq_len, train.loss_on, train.chat_template, train.on_bad_record)
     plan = dataset.plan(train.data, out=None, storage_root=root, model_id=train.model_id, vocab=vocab, recipe=recipe)
+    _check_bound(train, plan, world)
     return Checked(builtin, model, root, resume_from, manifest, plan, world)
 
 
@@ -114,6 +115,26 @@ def prepare(
     )
     R.check_data(train if workers is None else train.updated(num_workers=c.world), p)
     return p
+
+
+def _check_bound(train: TrainConfig, plan: Plan, world: int) -> None:
+    """Data that cannot give one global batch is refused before Ray: by its rows when prepared, else by
+    the most rows its bytes can give (a tokenizer trained here)."""
+    from raydlc.train import resolve as R
+
+    need = R.global_sequences(train.updated(num_workers=world)) + world
+    if plan.existing is not None:
+        most = plan.existing.rows
+    elif plan.vocab and plan.source is not None and plan.source.max_tokens() is not None:
+        most = int(plan.source.max_tokens() or 0) // train.seq_len
+    else:
+        return
+    if most < need:
+        raise InputError(
+            f"the data gives at most {most} sequences of {train.seq_len} tokens; this run needs at least {need} "
+            f"(one global batch of {need - world} plus one eval sequence per worker)",
+            hint="add data, or lower --seq-len, the batch size, GRAD_ACCUM or --workers",
+        )
 
 
 def _default_target() -> Target:
