@@ -113,7 +113,7 @@ def test_sources_list_in_order_fingerprint_and_report_the_first_bad_record(tmp_p
     with pytest.raises(InputError, match="no such file"):
         sources.list_source(str(tmp_path / "gone.jsonl"))
     (tmp_path / "d.csv").write_text("a,b\n")
-    with pytest.raises(InputError, match="unsupported file type '.csv'"):
+    with pytest.raises(InputError, match=r"unsupported file type '\.csv'"):
         sources.list_source(str(tmp_path / "d.csv"))
 
 
@@ -211,17 +211,17 @@ def test_rows_are_read_by_index_across_shards_and_a_bad_checksum_is_refused_by_n
     raw = bytearray((tmp_path / "ds" / "shard-00001.bin").read_bytes())
     raw[0] ^= 1
     (tmp_path / "ds" / "shard-00001.bin").write_bytes(bytes(raw))
-    with pytest.raises(InputError, match="shard shard-00001.bin fails its checksum"):
+    with pytest.raises(InputError, match=r"shard shard-00001\.bin fails its checksum"):
         shards.verify(dest, m)
     (tmp_path / "ds" / "shard-00000.bin").unlink()
-    with pytest.raises(InputError, match="shard shard-00000.bin is missing"):
+    with pytest.raises(InputError, match=r"shard shard-00000\.bin is missing"):
         shards.verify(dest, m)
 
 
 def test_a_dataset_without_its_manifest_is_never_used_and_a_source_is_prepared_instead(tmp_path: Path) -> None:
     dest, m = small_dataset(tmp_path)
     assert shards.read_manifest(dest) is None  # shards written, manifest not yet: an interrupted prepare
-    with pytest.raises(InputError, match="holds no .jsonl"):
+    with pytest.raises(InputError, match=r"holds no \.jsonl"):
         dataset.plan(dest, out=None, storage_root=str(tmp_path), model_id="tiny", vocab=300, recipe=pipeline.Recipe(4, "assistant", "model", "fail"))
     shards.write_text(dest, "manifest.json", m.to_json())
     p = dataset.plan(dest, out=None, storage_root=str(tmp_path), model_id="tiny", vocab=300, recipe=pipeline.Recipe(4, "assistant", "model", "fail"))

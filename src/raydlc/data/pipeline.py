@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -106,6 +107,7 @@ def run(source: Source, tok: TokenizerSpec, dest: str, recipe: Recipe, *, on_pro
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
     S.remove(dest, NAME)  # an older dataset here is never mixed with this one: no manifest until the end
     fs, root = storage.filesystem(dest)
     fs.create_dir(root, recursive=True)
@@ -113,10 +115,16 @@ def run(source: Source, tok: TokenizerSpec, dest: str, recipe: Recipe, *, on_pro
                         batch_size=BATCH_ROWS, batch_format="numpy")
     packer = Packer(dest, recipe.seq_len, skip=recipe.on_bad_record == "skip")
     t0 = time.perf_counter()
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-        packer.add(batch)
-        if on_progress is not None:
-            on_progress({"records": packer.read, "tokens": packer.tokens + packer.pending, "elapsed_s": time.perf_counter() - t0})
+    quiet = logging.getLogger("ray.data")  # its plan and timing lines are Ray's logs, not the user's output
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+            packer.add(batch)
+            if on_progress is not None:
+                on_progress({"records": packer.read, "tokens": packer.tokens + packer.pending, "elapsed_s": time.perf_counter() - t0})
+    finally:
+        quiet.setLevel(level)
     counts, written = packer.finish()
     if not written:
         raise InputError(f"--data {source.spec} gives fewer than {recipe.seq_len} tokens: not one sequence", hint="add text or lower --seq-len")
