@@ -102,8 +102,8 @@ def prepare(
     from raydlc.train.tokenizer import TokenizerInfo
 
     c = checked or check(train, where, workers=workers)
-    where_ = where or _default_target()
-    with rayedge.connected(where_.address, workers=c.world, log_to_driver=where_.log_to_driver, env=where_.env):
+    address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
+    with rayedge.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
     t = made.tokenizer
     info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained)
@@ -135,12 +135,6 @@ def _check_bound(train: TrainConfig, plan: Plan, world: int) -> None:
             f"(one global batch of {need - world} plus one eval sequence per worker)",
             hint="add data, or lower --seq-len, the batch size, GRAD_ACCUM or --workers",
         )
-
-
-def _default_target() -> Target:
-    from raydlc.train.launch import Target
-
-    return Target()
 
 
 def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manifest | None]:
