@@ -315,7 +315,7 @@ DATA = [
     r("data-show-missing-shard", "data show ds", 2, "shard shard-00000.bin is missing", files={"ds": DIR, "ds/manifest.json": _dataset()}),
     r("train-data-prepared-other-seq-len", "train --data ds --seq-len 64", 2, "prepared with sequences of 4 tokens", files=DATASET),
     r("train-data-prepared-bad-checksum", "train --data ds --seq-len 4", 2, "fails its checksum", files=DATASET, sub=True),
-    r("train-data-bad-record-later", "train --data d.jsonl --on-bad-record nope", 2, "ON_BAD_RECORD", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("train-on-bad-record-unknown", "train --data d.jsonl --on-bad-record nope", 2, "ON_BAD_RECORD", files={"d.jsonl": '{"text": "x"}\n'}),
     r("train-loss-on-unknown", "train --loss-on everything", 2, "LOSS_ON"),
 ]
 

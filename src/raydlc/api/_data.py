@@ -72,6 +72,7 @@ def data_prepare(
     Ray cluster. `on_progress` receives `{"records", "tokens", "elapsed_s"}` as batches are packed.
 
     Example:
+        >>> # slow: it starts a local Ray for Ray Data
         >>> import json, pathlib, tempfile
         >>> import raydlc.api as api
         >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -116,6 +117,7 @@ def data_show(dest: str | os.PathLike[str], *, examples: int = 3) -> DatasetShow
     shown between ⟦ and ⟧.
 
     Example:
+        >>> # slow: it prepares the bundled corpus on a local Ray first
         >>> import tempfile
         >>> import raydlc.api as api
         >>> d = tempfile.mkdtemp()
