@@ -4,6 +4,7 @@ packing, shards and their checksums, the manifest's rules, and rows by index."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +248,8 @@ def test_reuse_needs_the_same_source_tokenizer_and_recipe(tmp_path: Path) -> Non
     assert pipeline.matches(m, src, "bpe-4096", recipe)
     assert not pipeline.matches(m, src, "bpe-4096", pipeline.Recipe(32, "assistant", "model", "fail"))
     assert not pipeline.matches(m, src, "org/model", recipe)
+    assert pipeline.matches(replace(m, chat_template="default"), src, "bpe-4096", recipe)  # the tokenizer has no template of its own
+    assert not pipeline.matches(m, src, "bpe-4096", pipeline.Recipe(64, "assistant", "default", "fail"))
     write_jsonl(tmp_path / "d.jsonl", TEXT[:6])
     changed = sources.list_source(str(tmp_path / "d.jsonl"))
     assert not pipeline.matches(m, changed, "bpe-4096", recipe)

@@ -52,9 +52,14 @@ def dataset_key(source: Source, tokenizer_name: str, recipe: Recipe) -> str:
 
 
 def matches(m: Manifest, source: Source, tok_name: str, recipe: Recipe) -> bool:
-    """An existing dataset can be reused: the same source (unchanged), tokenizer and recipe."""
-    return (m.source.get("fingerprint"), m.source.get("spec"), m.tokenizer.get("name"), m.seq_len, m.loss_on, m.chat_template) == (
-        source.fingerprint, source.spec, tok_name, recipe.seq_len, recipe.loss_on, recipe.chat_template
+    """An existing dataset can be reused: the same source (unchanged), tokenizer and recipe.
+
+    The manifest names the template used: `default` also answers a request for the model's own
+    when the (same) tokenizer has none.
+    """
+    template_ok = m.chat_template in (recipe.chat_template, "default")
+    return template_ok and (m.source.get("fingerprint"), m.source.get("spec"), m.tokenizer.get("name"), m.seq_len, m.loss_on) == (
+        source.fingerprint, source.spec, tok_name, recipe.seq_len, recipe.loss_on
     )
 
 
