@@ -128,7 +128,7 @@ def test_train_on_a_prepared_chat_dataset_reads_it_by_index(ray_and_s3: str, tmp
     ds = api.data_prepare(str(tmp_path / "chat.jsonl"), out=str(tmp_path / "prepared"), seq_len=32, model="tiny")
     assert not ds.reused and 0 < ds.loss_share < 0.6
     shown = api.data_show(ds.dest)
-    assert len(shown.examples) == 3 and "⟦<|im_start|>user" in "".join(shown.examples)
+    assert len(shown.examples) == 3 and "⟦<|im_start|>system\nAnswer with a number.<|im_end|>\n<|im_start|>user\nWhat is 0 plus 0?" in shown.examples[0]
     result = api.train(data=ds.dest, steps=4, seq_len=32, batch_size=4, workers=2, checkpoint_every=0, lr=3e-3, out=str(tmp_path / "runs"),
                        log_to_driver=False)
     assert result.dataset == ds.dest and result.dataset_reused and result.steps == 4
