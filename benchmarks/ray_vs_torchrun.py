@@ -199,7 +199,7 @@ def main() -> None:
         spec = resolve(train, where, replace(p, run_name=name), Granted.local(train))  # what the local Ray run resolves
         spec = spec.model_validate({**spec.model_dump(), "run_dir": str(run_dir)})
         cfg_path = tmp / "cfg.pkl"
-        cfg_path.write_bytes(pickle.dumps({"run": spec.to_wire(), "data": p.arrays}))
+        cfg_path.write_bytes(pickle.dumps({"run": spec.to_wire(), "data": p.data.to_dict()}))
         t0 = time.time()
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}", __file__, "--worker", str(cfg_path)],

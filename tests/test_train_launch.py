@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from raydlc.config import FIELDS, LOCAL_DEFAULTS, TrainConfig, load_config
@@ -153,7 +154,8 @@ def test_prepare_packs_prompt_response_data_with_masks(tmp_path: Path) -> None:
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} plus {i}?", "response": f" It is {2 * i}."}) + "\n" for i in range(300)))
     p = L.prepare(LOCAL.updated(data=str(qa), seq_len=32, batch_size=2, num_workers=2, storage_path=str(tmp_path)))
-    labels = p.arrays["train_labels"]
+    ids, labels = p.data.open().take(np.arange(p.data.rows))
+    assert len(ids) == p.n_train + p.n_eval
     masked = (labels == -100).mean()
     assert 0.3 < masked < 0.9  # prompts are masked, responses are not
     assert p.n_eval % 2 == 0 and p.n_train >= 4

@@ -20,7 +20,7 @@ G6 = Target(address="127.0.0.1:6379", instance_type="g6.12xlarge")
 
 def prepared(model: str | None = "qwen2.5-1.5b", n_train: int = 100_000, **kw: object) -> Prepared:
     base: dict[str, object] = dict(
-        builtin=model, model=SPECS[model] if model else None, arrays={}, tokenizer=TokenizerInfo(eos_id=0, vocab_size=10, tokenizer_json="{}"),
+        builtin=model, model=SPECS[model] if model else None, data=None, tokenizer=TokenizerInfo(eos_id=0, vocab_size=10, tokenizer_json="{}"),
         storage="s3://bucket/runs", run_name="run-x", resume_from=None, n_train=n_train, n_eval=64, data_digest="abc",
     )
     return Prepared(**(base | kw))  # type: ignore[arg-type]

@@ -295,9 +295,11 @@ def test_a_run_from_a_model_directory_starts_from_its_weights(ray_local: Any, tm
     assert summary["steps"] == 2 and summary["model"] == str(directory)
 
     p = prepare(train)
-    ids = np.asarray(p.arrays["train_input_ids"])
-    labels = np.asarray(p.arrays["train_labels"])
-    batch = D.global_batch(1, len(ids), train.batch_size * train.num_workers, train.seed)
+    from raydlc.data.index import train_rows
+
+    gidx = D.global_batch(1, p.n_train, train.batch_size * train.num_workers, train.seed)
+    ids, labels = p.data.open().take(train_rows(gidx, np.asarray(p.data.eval_rows)))
+    batch = np.arange(len(ids))
     ref = full_load(directory)
     with torch.no_grad():
         total, n = loss_sum(ref, *to_batch(ids[batch], labels[batch], torch.device("cpu")))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from raydlc.api import _data as data_use_case
 from raydlc.api import _plan as plan_use_case
 from raydlc.api import _train as train_use_case
 from raydlc.errors import InputError, RaydlcError, Stopped
@@ -341,6 +342,65 @@ def train(
         emit_json(result.to_dict())
     else:
         print_summary(result.to_dict())
+
+
+data_app = typer.Typer(help="Training datasets: prepare once with Ray Data (shards + manifest), show one.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+@with_options(data_use_case.OPTIONS)
+def data_prepare(
+    ctx: typer.Context,
+    source: str = typer.Argument(..., help="A .jsonl/.parquet/.txt file, a directory of them, an s3:// prefix, or 'bundled'."),
+    out: str | None = typer.Option(None, "--out", help="Where the shards and manifest go (a dir or s3://); default: ./raydlc-out/datasets/<key>."),
+    address: str | None = typer.Option(None, "--address", help="Prepare on this Ray cluster (host:port of its head) instead of a local Ray."),
+    json_: bool = typer.Option(False, "--json", help="Print the result and its manifest as one JSON object."),
+    *,
+    named: dict[str, Any],
+) -> None:
+    """Tokenize and pack documents into fixed-length blocks (shards + manifest) that `raydlc train --data DEST` reads."""
+    from raydlc.train.progress import preparing_line
+
+    status = None if json_ else err_console.status("preparing data", spinner="dots")
+    if status is not None:
+        status.start()
+    try:
+        result = data_use_case.data_prepare(
+            None if source == "bundled" else source, out=out, address=address,
+            on_progress=(lambda rec: status.update(preparing_line(rec))) if status is not None else None, **_config_args(ctx), **named,
+        )
+    finally:
+        if status is not None:
+            status.stop()
+    if json_:
+        emit_json(result.to_dict())
+        return
+    c = result.manifest["counts"]
+    said = "found (reused)" if result.reused else f"prepared in {result.wall_s:.1f} s"
+    console.print(f"{result.dest}: {said}; {result.rows:,} blocks of {result.seq_len} tokens, "
+                  f"{c['records_used']:,} records used, {c['records_skipped']:,} skipped, {result.loss_share:.0%} of tokens carry the loss")
+    console.print(f"train on it: raydlc train --data {result.dest} --seq-len {result.seq_len}")
+
+
+@data_app.command("show")
+def data_show(
+    dest: str = typer.Argument(..., help="A prepared dataset (its folder or s3:// prefix)."),
+    json_: bool = typer.Option(False, "--json", help="Print the manifest, counts and decoded examples as one JSON object."),
+) -> None:
+    """A prepared dataset's manifest, token count, share of tokens with loss, and three decoded blocks."""
+    from rich.markup import escape
+
+    shown = data_use_case.data_show(dest)
+    if json_:
+        emit_json(shown.to_dict())
+        return
+    m = shown.manifest
+    console.print(f"{shown.dest}: {shown.rows:,} blocks of {m['seq_len']} tokens from {m['source']['spec']} "
+                  f"(tokenizer {m['tokenizer']['name']}, template {m['chat_template']}, loss on {m['loss_on']})")
+    console.print(f"{shown.tokens:,} tokens, {shown.loss_share:.1%} carry the loss; counts: {m['counts']}", highlight=False)
+    for i, ex in enumerate(shown.examples, 1):
+        console.print(f"[bold]example {i}[/] (no loss between ⟦ ⟧):\n{escape(ex)}", highlight=False)
 
 
 _STEP_HELP = "capacity, storage, cluster, gpu-nodegroup, kuberay, device-plugins, raycluster"

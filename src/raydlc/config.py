@@ -277,8 +277,21 @@ class TrainConfig(_Section):
     learning_rate: Annotated[float, Above(0)] = _env("LEARNING_RATE", "AdamW learning rate", default=2e-5, flag=Flag("--lr", "AdamW learning rate"))
     num_workers: NonNegative = _env("NUM_WORKERS", "Ray Train workers; 0 = one per GPU in the cluster", default=0, flag=Flag("--workers", "Ray Train workers"))
     data: Unset = _env(
-        "DATA", "training data: .txt/.jsonl file or dir, or a dataset id; empty = bundled corpus", default=None,
-        flag=Flag("--data", ".txt/.jsonl file or dir, or a dataset id", default="bundled stdlib-docstring corpus"),
+        "DATA", "training data: a prepared dataset (raydlc data prepare), or .jsonl/.parquet/.txt file, dir or s3:// prefix to prepare first; "
+        "empty = bundled corpus", default=None,
+        flag=Flag("--data", "Prepared dataset, or .jsonl/.parquet/.txt file, dir or s3:// prefix (prepared first)", default="bundled stdlib-docstring corpus"),
+    )
+    loss_on: Literal["assistant", "all"] = _env(
+        "LOSS_ON", "which tokens carry the loss: assistant turns and responses only, or all", default="assistant",
+        flag=Flag("--loss-on", "Loss on assistant turns and responses only, or on all tokens: assistant | all"),
+    )
+    on_bad_record: Literal["fail", "skip"] = _env(
+        "ON_BAD_RECORD", "a record that cannot be used stops the preparation (fail) or is counted and left out (skip)", default="fail",
+        flag=Flag("--on-bad-record", "A malformed record stops the preparation, or is skipped and counted: fail | skip"),
+    )
+    chat_template: Literal["model", "default"] = _env(
+        "CHAT_TEMPLATE", "conversations rendered with the model tokenizer's chat template where it has one (model), or raydlc's default", default="model",
+        flag=Flag("--chat-template", "Render conversations with the model's chat template (when it has one) or the default: model | default"),
     )
     checkpoint_every: NonNegative = _env(
         "CHECKPOINT_EVERY", "steps between sharded checkpoints; 0 = only at the end", default=0,

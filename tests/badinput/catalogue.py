@@ -386,7 +386,47 @@ JOBS = [
     r("bench-no-ray", "bench-transport --address {refused}", 1, "no Ray dashboard answers"),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *LIFECYCLE, *JOBS]
+def _dataset(seq_len: int = 4, **over: object) -> str:
+    """A prepared dataset's manifest with one shard of one row (its checksum deliberately wrong)."""
+    doc: dict[str, object] = {
+        "format": "raydlc-prepared/1", "seq_len": seq_len, "shards": [{"name": "shard-00000.bin", "rows": 1, "sha256": SHA, "bytes": 8 * seq_len}],
+        "tokenizer": {"name": "bpe-4096", "sha256": SHA, "eos_id": 0, "vocab_size": 4096}, "chat_template": "model", "loss_on": "assistant",
+        "source": {"spec": "x.jsonl", "fingerprint": "f", "files": 1}, "counts": {"records_read": 1},
+    }
+    doc.update(over)
+    return json.dumps(doc)
+
+
+DATASET = {"ds": DIR, "ds/manifest.json": _dataset(), "ds/shard-00000.bin": b"\x01" * 32}
+BAD_CHAT = json.dumps({"messages": [{"role": "bot", "content": "hi"}]}) + "\n"
+
+DATA = [
+    r("data-prepare-missing", "data prepare nope.jsonl", 2, "nope.jsonl: no such file", sub=True),
+    r("data-prepare-not-json", "data prepare d.jsonl", 2, "d.jsonl:1: not valid JSON", files={"d.jsonl": "{not json}\n"}),
+    r("data-prepare-unknown-role", "data prepare chat.jsonl", 2, "chat.jsonl:1: turn 0: unknown role 'bot'", files={"chat.jsonl": BAD_CHAT}),
+    r("data-prepare-no-fields", "data prepare q.jsonl", 2, "no 'text', 'prompt'/'response' or 'messages'", files={"q.jsonl": '{"question": "q"}\n'}),
+    r("data-prepare-csv", "data prepare d.csv", 2, "unsupported file type '.csv'", files={"d.csv": "a,b\n"}),
+    r("data-prepare-empty-dir", "data prepare dir", 2, "holds no .jsonl", files={"dir": DIR, "dir/readme.md": "x"}),
+    r("data-prepare-not-parquet", "data prepare p.parquet", 2, "not a readable Parquet file", files={"p.parquet": "not parquet"}),
+    r("data-prepare-loss-on-unknown", "data prepare d.jsonl --loss-on prompts", 2, "LOSS_ON", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("data-prepare-on-bad-record-unknown", "data prepare d.jsonl --on-bad-record ignore", 2, "ON_BAD_RECORD", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("data-prepare-chat-template-unknown", "data prepare d.jsonl --chat-template chatml", 2, "CHAT_TEMPLATE", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("data-prepare-model-unknown", "data prepare d.jsonl --model nosuch", 2, "nosuch", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("data-prepare-seq-len-zero", "data prepare d.jsonl --seq-len 0", 2, "SEQ_LEN", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("data-prepare-onto-prepared", "data prepare ds --out other", 2, "already a prepared dataset", files=DATASET),
+    r("data-show-nothing-there", "data show nowhere", 2, "no prepared dataset here", sub=True),
+    r("data-show-bad-manifest", "data show ds", 2, "not a usable dataset manifest", files={"ds": DIR, "ds/manifest.json": "{}"}),
+    r("data-show-shards-mismatch", "data show ds", 2, "does not match its row counts", files={"ds": DIR, "ds/manifest.json": _dataset(seq_len=8, shards=[
+        {"name": "shard-00000.bin", "rows": 1, "sha256": SHA, "bytes": 5}])}),
+    r("data-show-bad-checksum", "data show ds", 2, "shard shard-00000.bin fails its checksum", files=DATASET),
+    r("data-show-missing-shard", "data show ds", 2, "shard shard-00000.bin is missing", files={"ds": DIR, "ds/manifest.json": _dataset()}),
+    r("train-data-prepared-other-seq-len", "train --data ds --seq-len 64", 2, "prepared with sequences of 4 tokens", files=DATASET),
+    r("train-data-prepared-bad-checksum", "train --data ds --seq-len 4", 2, "fails its checksum", files=DATASET, sub=True),
+    r("train-on-bad-record-unknown", "train --data d.jsonl --on-bad-record nope", 2, "ON_BAD_RECORD", files={"d.jsonl": '{"text": "x"}\n'}),
+    r("train-loss-on-unknown", "train --loss-on everything", 2, "LOSS_ON"),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *DATA, *LIFECYCLE, *JOBS]
 
 
 def command_of(args: tuple[str, ...]) -> str:
@@ -394,4 +434,4 @@ def command_of(args: tuple[str, ...]) -> str:
     rest = list(args)
     while rest and rest[0].startswith("-"):
         rest = rest[2:] if rest[0] in ("--config", "-c", "--set") else rest[1:]
-    return " ".join(rest[:2]) if rest and rest[0] in ("config", "job") else (rest[0] if rest else "")
+    return " ".join(rest[:2]) if rest and rest[0] in ("config", "job", "data") else (rest[0] if rest else "")

@@ -39,6 +39,8 @@ class TrainResult:
     layout_note: str | None
     seq_len: int
     train_sequences: int
+    dataset: str
+    dataset_reused: bool
     eval_sequences: int
     resumed_from: str | None
     run_name: str
@@ -82,8 +84,8 @@ def train(
     `seq_len`, `batch_size`, `grad_accum`, `lr`, …; see `inspect.signature(train)`); settings
     left at their default take the local-run values, as on the command line. `address` joins a
     running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
-    receives the driver's stages (`{"stage": "preparing"}`, then `{"stage": "training",
-    "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
+    receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
+    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
     "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
 
@@ -97,7 +99,7 @@ def train(
     """
     from raydlc import storage
     from raydlc.train import launch
-    from raydlc.train.prepare import DEFAULT_OUT
+    from raydlc.train.prepare import DEFAULT_OUT, new_run_name
 
     cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="train"))
     request = launch.settings(cfg, local=True)
@@ -108,38 +110,35 @@ def train(
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
-    prepared = None
+    request = replace(request, run_name=request.run_name or new_run_name())  # named now, so Ctrl-C can say what it kept
+    checked = None
     with interrupts.watch() as sigint:
         try:
-            if request.num_workers > 0:  # with 0 (one per GPU) the data waits for the cluster's size
-                emit({"stage": "preparing"})
-                prepared = launch.prepare(request, where)  # bad input fails here, before a progress bar or a worker
-            emit({"stage": "training", "steps": request.steps})
-            summary = launch.run(request, where, on_progress=on_progress, prepared=prepared)
+            if request.num_workers > 0:  # with 0 (one per GPU) the checks wait for the cluster's size
+                checked = launch.check(request, where)  # bad input fails here, before Ray, a progress bar or a worker
+            emit({"stage": "preparing"})
+            summary = launch.run(request, where, on_progress=emit, checked=checked)
         except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)
             if isinstance(e, KeyboardInterrupt) or sigint.interrupted:
-                raise _stopped(prepared, out) from None
+                raise _stopped(request.run_name, out) from None
             raise
         if sigint.interrupted:  # an aborted run can return as if it had ended
-            raise _stopped(prepared, out)
+            raise _stopped(request.run_name, out)
     return TrainResult.from_summary(summary)
 
 
-def _stopped(prepared: Any, out: str) -> Stopped:
+def _stopped(name: str, out: str) -> Stopped:
     """What Ctrl-C stopped and what is kept: the run's checkpoints, which `--resume` continues from."""
     from raydlc.train.checkpoint import latest
 
-    if prepared is None:
-        return Stopped("training stopped by Ctrl-C before it started; nothing was written")
-    name = prepared.run_name
     try:
-        last = latest(prepared.storage)  # what --resume would pick: the newest run's newest checkpoint
+        last = latest(out)  # what --resume would pick: the newest run's newest checkpoint
     except (OSError, RaydlcError):
         last = None
     if last is None or f"/{name}/" not in last.replace("\\", "/") + "/":
         return Stopped(f"training run {name} stopped by Ctrl-C before its first checkpoint; nothing to resume from")
     return Stopped(f"training run {name} stopped by Ctrl-C; its last checkpoint {last} is kept and --resume continues from it",
-                   hint=f"raydlc train --resume --out {prepared.storage}")
+                   hint=f"raydlc train --resume --out {out}")
 
 
 # Introspection shows every flag as a keyword argument, though the function takes them as **named.

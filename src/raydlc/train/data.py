@@ -1,9 +1,10 @@
-"""Training data: read documents, tokenize, pack into fixed-length blocks, split, shard per rank.
+"""Training data in one process: the bundled corpus, the data order, and the in-driver packing.
 
-Everything here runs in the driver before any worker starts, so bad `--data` stops the run
-with an `InputError` while nothing has been spent. Workers only receive the packed arrays and
-index them with `global_batch`/`rank_batch`, which depend on the step and the global batch, not
-on the number of workers: 1 worker × 2B sequences and 2 workers × B see the same tokens.
+Runs read prepared datasets (raydlc.data: Ray Data packs them, workers read rows by index);
+`read_local`, `pack` and `split` are the in-driver path they replaced, kept as the reference the
+prepared blocks are tested against bit for bit. `global_batch`/`rank_slice` depend on the step and
+the global batch, not on the number of workers: 1 worker × 2B sequences and 2 workers × B see the
+same tokens.
 
 The bundled corpus is real English: the docstrings of the Python standard library, parsed
 (never imported) from the running interpreter's source files, in a fixed order.

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from raydlc import rayedge, storage
 from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.errors import TrainError
-from raydlc.train.prepare import Prepared, prepare
+from raydlc.train.prepare import Checked, Prepared, check, prepare
 from raydlc.train.resolve import Granted, resolve, resolve_resources
 from raydlc.train.runspec import Crash, RunSpec
 
@@ -86,18 +86,25 @@ def target(cfg: Config, *, local: bool, address: str | None = None) -> Target:
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-def run(train: TrainConfig, where: Target | None = None, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
-    """Prepare, start (or join) Ray, resolve the run on what it grants, train, and summarise.
+def run(
+    train: TrainConfig, where: Target | None = None, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None,
+    checked: Checked | None = None,
+) -> dict[str, Any]:
+    """Check, start (or join) Ray, prepare the dataset on it, resolve the run on what it grants, train, and summarise.
 
     With a known worker count the inputs are checked before Ray starts at all; with `0` (one
-    per GPU) they wait for the cluster's resources, still before any worker.
+    per GPU) they wait for the cluster's resources. The dataset is prepared (Ray Data) or found
+    before any worker starts.
     """
     where = where or Target()
-    p = prepared or (prepare(train, where) if train.num_workers > 0 else None)
+    if prepared is None and checked is None and train.num_workers > 0:
+        checked = check(train, where)  # before Ray starts
     with rayedge.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         resources = rayedge.cluster_resources()
         workers = resolve_resources(train, resources)
-        p = p or prepare(train, where, workers=workers.num_workers)
+        p = prepared or prepare(train, where, workers=workers.num_workers, checked=checked, on_progress=on_progress)
+        if on_progress is not None:
+            on_progress({"stage": "training", "steps": train.steps})
         slots = rayedge.node_capacities(
             "GPU" if workers.use_gpu else "CPU", at_least=workers.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
         )
@@ -126,7 +133,6 @@ def _preflight(spec: RunSpec, where: Target, storage_path: str) -> dict[str, Any
 
 
 def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | None) -> dict[str, Any]:
-    import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -139,7 +145,7 @@ def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | No
     t0 = time.perf_counter()
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"run": spec.to_wire(), "data": ray.put(p.arrays), "progress": box},
+        train_loop_config={"run": spec.to_wire(), "data": p.data.to_dict(), "progress": box},
         scaling_config=ScalingConfig(num_workers=spec.mesh.world_size, use_gpu=spec.use_gpu),
         run_config=RunConfig(
             name=spec.run_name,
@@ -214,6 +220,8 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "layout_note": spec.layout_note,
         "seq_len": spec.train.seq_len,
         "train_sequences": p.n_train,
+        "dataset": p.data.dest,
+        "dataset_reused": p.dataset_reused,
         "eval_sequences": p.n_eval,
         "resumed_from": p.resume_from,
         "run_name": spec.run_name,

@@ -458,13 +458,15 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
 
 
 def train_func(config: dict[str, Any]) -> None:
-    """Ray Train's entry point: the RunSpec as JSON, the data's object ref, the progress mailbox."""
+    """Ray Train's entry point: the RunSpec as JSON, where the prepared dataset is, the progress mailbox."""
     run_loop(RunSpec.from_wire(config["run"]), RaySession(config.get("progress")), config["data"])
 
 
 def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     import torch
 
+    from raydlc.data.dataset import TrainData
+    from raydlc.data.index import train_rows
     from raydlc.train import metrics as mx
     from raydlc.train.data import global_batch, rank_slice
     from raydlc.train.layout import check_placement
@@ -481,9 +483,10 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     steps, batch, seq_len = s.steps, s.batch_size, s.seq_len
     global_size = run.global_batch
 
-    arrays = session.fetch(data)
-    train_ids, train_labels = arrays["train_input_ids"], arrays["train_labels"]
-    eval_ids, eval_labels = arrays["eval_input_ids"], arrays["eval_labels"]
+    # The prepared dataset by index: this rank reads its own rows of each step, and the eval rows once.
+    view = TrainData.from_dict(session.fetch(data))
+    rows, held = view.open(), np.asarray(view.eval_rows, dtype=np.int64)
+    eval_ids, eval_labels = rows.take(held)
 
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
     start_step, history = restore(t, run, session, rank)
@@ -508,9 +511,9 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
         if unread is None:
             unread = Unread([], time.perf_counter())
         lr = lr_at(step, s.learning_rate, s.warmup_steps)
-        gidx = global_batch(step, len(train_ids), global_size, s.seed)
-        mine = rank_slice(gidx, rank, world)
-        out = train_step(t, micro_batches(train_ids, train_labels, mine, batch, device), lr)
+        gidx = global_batch(step, view.n_train, global_size, s.seed)
+        ids, labels = rows.take(train_rows(rank_slice(gidx, rank, world), held))
+        out = train_step(t, micro_batches(ids, labels, np.arange(len(ids)), batch, device), lr)
         unread.steps.append((step, lr, batch_fingerprint(gidx), out))
         last = step == steps
         is_ckpt = last or (s.checkpoint_every > 0 and step % s.checkpoint_every == 0)

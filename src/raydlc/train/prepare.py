@@ -1,16 +1,17 @@
-"""What the driver prepares before any worker starts: the model's source, the packed data and its
-tokenizer, the storage and the checkpoint to continue.
+"""What the driver prepares before any worker starts: the model's source, the prepared dataset and
+its tokenizer, the storage and the checkpoint to continue.
 
 `Prepared` holds facts about the inputs, none of the settings: those are resolved once, into the
-RunSpec (train.resolve). Every bad input fails here with its own message, before Ray starts a
-worker: the rules are train.resolve's, checked on the step as requested; `resolve` checks them
-again on the step Ray's grant decides.
+RunSpec (train.resolve). Every bad input that needs no Ray fails in `check`, before Ray starts;
+the dataset is prepared (or found) with Ray Data in `prepare`, before any worker: the rules are
+train.resolve's, checked on the step as requested; `resolve` checks them again on the step Ray's
+grant decides.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from raydlc.errors import CheckpointError, InputError
 
 if TYPE_CHECKING:
     from raydlc.config import TrainConfig
+    from raydlc.data.dataset import Plan, TrainData
     from raydlc.models import ModelSpec
     from raydlc.train.checkpoint import Manifest
     from raydlc.train.launch import Target
@@ -39,7 +41,7 @@ class Prepared:
 
     builtin: str | None  # a built-in spec (random init), or None: from_pretrained(MODEL_ID)
     model: ModelSpec | None  # the architecture, when known
-    arrays: dict[str, Any]  # the packed train and eval blocks, for Ray's object store
+    data: TrainData  # where the workers read their rows: the prepared dataset, never its rows
     tokenizer: TokenizerInfo
     storage: str  # STORAGE_PATH, resolved
     run_name: str
@@ -48,18 +50,32 @@ class Prepared:
     n_eval: int
     data_digest: str
     resume_meta: dict[str, Any] | None = None
+    dataset_reused: bool = False
 
 
-def prepare(train: TrainConfig, where: Target | None = None, *, workers: int | None = None) -> Prepared:
-    """Check and build everything the workers need; raises `InputError`/`CheckpointError`.
+@dataclass(frozen=True)
+class Checked:
+    """What the driver found before Ray starts: the model's source, the storage, the checkpoint, the data's plan."""
+
+    builtin: str | None
+    model: ModelSpec | None
+    root: str
+    resume_from: str | None
+    manifest: Manifest | None
+    plan: Plan
+    world: int
+
+
+def check(train: TrainConfig, where: Target | None = None, *, workers: int | None = None) -> Checked:
+    """Every input problem that needs no Ray: raises `InputError`/`CheckpointError`.
 
     `workers` is the world size the eval split is made for, when NUM_WORKERS=0 was resolved from
     the cluster's GPUs. A local Ray is one node, so there the layout is checked now, before Ray
     starts.
     """
-    from raydlc.train import data as D
+    from raydlc.data import dataset
+    from raydlc.data.pipeline import Recipe
     from raydlc.train import resolve as R
-    from raydlc.train import tokenizer as T
 
     world = train.num_workers if workers is None else workers
     R.check_request(train, world)
@@ -68,35 +84,57 @@ def prepare(train: TrainConfig, where: Target | None = None, *, workers: int | N
         R.plan_layout(train, [world], model=model, instance_type=None)
     root = storage.resolve(train.storage_path or DEFAULT_OUT)
     resume_from, manifest = _resume_checkpoint(train, root)
-
-    docs = D.load_documents(train.data)
     vocab = min(model.vocab_size, 4096) if builtin and model else 0
-    info, tok = T.for_model(train.model_id, [d.text for d in docs], vocab, has_own=builtin is None)
-    R.check_tokenizer(info, model)
-    packed = D.pack(docs, T.encoder(tok), info.eos_id, train.seq_len)
-    if len(packed) == 0:
-        raise InputError(f"--data gives fewer than {train.seq_len} tokens: not one sequence", hint="add text or lower --seq-len")
-    s = D.split(packed, eval_fraction=train.eval_fraction, world_size=world, seed=train.seed)
-    arrays = {
-        "train_input_ids": s.train.input_ids,
-        "train_labels": s.train.labels,
-        "eval_input_ids": s.eval.input_ids,
-        "eval_labels": s.eval.labels,
-    }
+    recipe = Recipe(train.seq_len, train.loss_on, train.chat_template, train.on_bad_record)
+    plan = dataset.plan(train.data, out=None, storage_root=root, model_id=train.model_id, vocab=vocab, recipe=recipe)
+    _check_bound(train, plan, world)
+    return Checked(builtin, model, root, resume_from, manifest, plan, world)
+
+
+def prepare(
+    train: TrainConfig, where: Target | None = None, *, workers: int | None = None, checked: Checked | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> Prepared:
+    """Check, then prepare (or find) the dataset with Ray Data on the Ray this run uses, and split it by index."""
+    from raydlc import rayedge
+    from raydlc.data import dataset
+    from raydlc.train import resolve as R
+    from raydlc.train.tokenizer import TokenizerInfo
+
+    c = checked or check(train, where, workers=workers)
+    address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
+    with rayedge.connected(address, workers=c.world, log_to_driver=log, env=env):
+        made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
+    t = made.tokenizer
+    info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained)
+    R.check_tokenizer(info, c.model)
+    data = dataset.TrainData.of(made, eval_fraction=train.eval_fraction, world_size=c.world, seed=train.seed)
     p = Prepared(
-        builtin, model, arrays, info, root, train.run_name or new_run_name(), resume_from, len(s.train), len(s.eval), _digest(arrays),
-        manifest.meta if manifest is not None and resume_from is not None else None,
+        c.builtin, c.model, data, info, c.root, train.run_name or new_run_name(), c.resume_from, data.n_train, data.n_eval, data.digest,
+        c.manifest.meta if c.manifest is not None and c.resume_from is not None else None, made.reused,
     )
-    R.check_data(train if workers is None else train.updated(num_workers=world), p)
+    R.check_data(train if workers is None else train.updated(num_workers=c.world), p)
     return p
 
 
-def _digest(arrays: dict[str, Any]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(arrays):
-        h.update(k.encode())
-        h.update(arrays[k].tobytes())
-    return h.hexdigest()[:16]
+def _check_bound(train: TrainConfig, plan: Plan, world: int) -> None:
+    """Data that cannot give one global batch is refused before Ray: by its rows when prepared, else by
+    the most rows its bytes can give (a tokenizer trained here)."""
+    from raydlc.train import resolve as R
+
+    need = R.global_sequences(train.updated(num_workers=world)) + world
+    if plan.existing is not None:
+        most = plan.existing.rows
+    elif plan.vocab and plan.source is not None and plan.source.max_tokens() is not None:
+        most = int(plan.source.max_tokens() or 0) // train.seq_len
+    else:
+        return
+    if most < need:
+        raise InputError(
+            f"the data gives at most {most} sequences of {train.seq_len} tokens; this run needs at least {need} "
+            f"(one global batch of {need - world} plus one eval sequence per worker)",
+            hint="add data, or lower --seq-len, the batch size, GRAD_ACCUM or --workers",
+        )
 
 
 def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manifest | None]:
