@@ -66,11 +66,11 @@ def names(goal: Goal) -> list[str]:
 
 
 def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | None, timings: Timings | None,
-             runner: Runner | None) -> Context:
+             runner: Runner | None, yes: bool = False) -> Context:
     from raydlc.tools import Runner
 
     return Context(cfg, runner=runner or Runner(dry_run=dry_run), reporter=reporter, timings=timings, force=force,
-                   dry_run=dry_run)
+                   dry_run=dry_run, yes=yes)
 
 
 def _require_tools(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
@@ -82,9 +82,9 @@ def _require_tools(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
 def up(
     cfg: Config, *, only: str | None = None, from_: str | None = None, until: str | None = None,
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
-    runner: Runner | None = None,
+    runner: Runner | None = None, yes: bool = False,
 ) -> Run:
-    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
+    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner, yes=yes)
     graph = resources()
     plan = steps("up", graph)
     selected = select(plan, only=only, from_=from_, until=until)
