@@ -192,6 +192,18 @@ def test_bench_transport_on_the_local_target_says_there_is_nothing_to_compare(tm
 # ---- two nodes: the job's own worker logs, per node -----------------------------------------------
 
 
+def _nodes(head: heads.HeadRecord, wait_s: float = 60.0) -> list[dict[str, Any]]:
+    """The head's node list; a head that has just started may drop the first connections while its dashboard comes up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return list(get(f"{head.dashboard_url}/api/v0/nodes")["data"]["result"]["result"])
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1)
+
+
 @contextlib.contextmanager
 def _raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory, tag: str) -> Iterator[tuple[str, LocalHead]]:
     """A raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
@@ -210,7 +222,7 @@ def _raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory, ta
     (fi_bin / "fi_info").chmod(0o755)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
            "PATH": f"{fi_bin}{os.pathsep}{ray_bin.parent}{os.pathsep}{os.environ['PATH']}"}
-    before = {n["node_id"] for n in get(f"{head.dashboard_url}/api/v0/nodes")["data"]["result"]["result"]}
+    before = {n["node_id"] for n in _nodes(head)}
     with log.open("wb") as out:
         proc = subprocess.Popen([str(ray_bin), "start", f"--address={head.address}", "--block", "--node-ip-address=127.0.0.1",
                                  "--num-cpus=2", "--num-gpus=4", "--disable-usage-stats", f"--temp-dir={temp}",
@@ -220,7 +232,7 @@ def _raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory, ta
     try:
         deadline = time.monotonic() + 120
         while True:
-            nodes = get(f"{head.dashboard_url}/api/v0/nodes")["data"]["result"]["result"]
+            nodes = _nodes(head)
             new = [n for n in nodes if n["state"] == "ALIVE" and not n["is_head_node"] and n["node_id"] not in before]
             if new:
                 break
