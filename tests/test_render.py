@@ -467,6 +467,8 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
     rc = render_all(cfg, ZONES, only="raycluster")[FILES["raycluster"]]["spec"]
     strip = lambda s: json.loads(json.dumps(s).replace(cfg.ray.job_name, cfg.ray.cluster_name))
+    # the same cluster but for upgradeStrategy, which KubeRay v1.7.0 refuses on a RayJob's cluster (ValidateRayClusterUpgradeOptions)
+    assert rc.pop("upgradeStrategy") == {"type": "Recreate"} and "upgradeStrategy" not in job["rayClusterSpec"]
     assert strip(job["rayClusterSpec"]) == rc
 
 

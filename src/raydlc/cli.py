@@ -424,6 +424,7 @@ def up(
     until: str | None = typer.Option(None, "--until", help="Run this step and every step it needs."),
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="Where raydlc writes and reads the cluster's kubeconfig [KUBECONFIG]."),
     force: bool = typer.Option(False, "--force", help="Use an existing cluster that raydlc did not create."),
+    yes: bool = typer.Option(False, "--yes", help="Recreate the Ray pods when their templates changed (stops running jobs) without asking."),
 ) -> None:
     """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
     from raydlc import api
@@ -431,7 +432,7 @@ def up(
 
     layers = _layers(ctx)
     run = lambda reporter: api.up(**layers, only=only, from_=from_, until=until, dry_run=dry_run, force=force,
-                                  kubeconfig=kubeconfig, reporter=reporter)
+                                  kubeconfig=kubeconfig, reporter=reporter, yes=yes)
     raise typer.Exit(view.execute("up", run, json_=json_, dry_run=dry_run))
 
 

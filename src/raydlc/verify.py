@@ -71,7 +71,9 @@ class Facts:
     fabric: list[Fabric] | None = None  # the GPU nodes' fi_info answers; None: not probed
     fabric_note: str | None = None  # why there is no answer to judge
     nccl: NcclReport | None = None
-    nccl_files: dict[str, list[str]] = field(default_factory=dict)  # node -> the job's worker files read there
+    nccl_files: dict[str, list[str]] = field(default_factory=dict)  # node -> the job's training workers' files read there
+    nccl_workers: dict[str, list[int]] | None = None  # node -> the PIDs of the job's training workers; None: not looked up
+    nccl_lost: dict[str, str] = field(default_factory=dict)  # node -> why some of its workers show no NCCL line
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class KubeFacts:
 
 def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect: str = "efa") -> Facts:
     """Every fact the gate judges, read once: the job (the named one, else the newest), Kubernetes'
-    nodes and pods on a cluster, the job's own worker logs per node, and fi_info on the GPU nodes."""
+    nodes and pods on a cluster, the job's training workers' logs per node, and fi_info on the GPU nodes."""
     from raydlc import jobs
 
     dash, target = reached.dashboard, reached.target.kind
@@ -103,6 +105,7 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
         gpus_per_node=cfg.gpu_nodes.gpus_per_node if kube else None, gpu_node_count=cfg.gpu_nodes.count if kube else None,
         kube_nodes=kube.nodes if kube else None, pods=kube.pods if kube else None, fabric=fabric, fabric_note=note,
         nccl=logs.report if logs else None, nccl_files=logs.files if logs else {},
+        nccl_workers=logs.workers if logs else None, nccl_lost=logs.lost if logs else {},
     )
 
 
@@ -256,39 +259,68 @@ def _fi_info(f: Facts) -> Row:
 
 
 def _nccl(f: Facts) -> Row:
+    """Judged per node that held a training worker of the job (the head holds the controller and the
+    driver, which print no NCCL line, and is not judged unless a worker ran there)."""
     expect = f.expect
     if f.target == "local":
         return _row("nccl", NA, _local_nccl_evidence(f), expect=expect)
     if f.job is None or f.job.job_id is None:
         return _row("nccl", FAIL, ["no job whose workers' logs could be read (the job never connected to Ray)"], expect=expect)
     if not f.nccl_files or f.nccl is None:
-        return _row("nccl", FAIL, [f"no worker log file of job {f.job.job_id} on any node"], expect=expect)
+        return _row("nccl", FAIL, [f"no Ray Train worker (RayTrainWorker actor) of job {f.job.job_id} in the head's state API"], expect=expect)
     report = f.nccl
     hosts = {h.host: h for h in report.hosts}
     evidence, failed = [], []
     for node, files in sorted(f.nccl_files.items()):
-        h = hosts.get(node)
-        if h is None:
-            failed.append(node)
-            evidence.append(f"{node}: no NCCL lines in {len(files)} worker log files (NCCL_DEBUG=INFO unset?)")
-            continue
-        ranks = f"{len(h.ranks)} ranks" if h.ranks else "ranks not numbered"
-        if h.inter_node == expect and h.proof == "carried":
-            evidence.append(f"{node}: {expect}, carried by channel lines ({ranks}, {len(files)} files)")
-        else:
-            failed.append(node)
+        h, lost = hosts.get(node), f.nccl_lost.get(node)
+        if h is None or lost:
+            evidence.append(f"{node}: {lost or f'no NCCL lines in {len(files)} worker log files (NCCL_DEBUG=INFO unset?)'}")
+        if h is not None and (h.inter_node != expect or h.proof != "carried"):
             what = h.inter_node or "no inter-node transport"
             proof = {"selected": "only selected, no channel line shows traffic", None: "no proof"}.get(h.proof, h.proof or "")
-            evidence.append(f"{node}: {what} ({proof}; {ranks})" + (f" — {h.why[0]}" if h.why and h.told_by != "caller" else ""))
+            evidence.append(f"{node}: {what} ({proof}; {_ranks(h)})" + (f" — {h.why[0]}" if h.why and h.told_by != "caller" else ""))
+        elif h is not None and not lost:
+            evidence.append(f"{node}: {expect}, carried by channel lines ({_ranks(h)}, {len(files)} files)")
+            continue
+        failed.append(node)
+    missing = _missing_ranks(f)
+    if missing:
+        evidence.append(f"ranks {_span(missing)} of 0..{_world(f) - 1} appear in no NCCL line of the workers' logs")
     if report.fallback:
         evidence.append(f"NCCL fell back from {report.fallback_from or 'the selected network'}")
     if report.errors:
         evidence.append(f"{len(report.errors)} NCCL errors, first: {report.errors[0].text[:160]}")
-    ok = not failed and not report.fallback and not report.errors
+    ok = not failed and not missing and not report.fallback and not report.errors
     if ok and len(f.nccl_files) < 2:
         evidence.append("one node: no inter-node traffic to prove")
         ok = False
     return _row("nccl", PASS if ok else FAIL, evidence, failed, expect=expect)
+
+
+def _ranks(h: Any) -> str:
+    return f"{len(h.ranks)} ranks" if h.ranks else "ranks not numbered"
+
+
+def _world(f: Facts) -> int:
+    return sum(len(p) for p in (f.nccl_workers or {}).values())
+
+
+def _missing_ranks(f: Facts) -> list[int]:
+    """The ranks 0..W-1 (W: the job's training workers) that no NCCL line of a W-rank communicator numbers.
+
+    Only lines that number ranks within a communicator of W ranks count (`comm … rank r nRanks W`):
+    a sub-communicator numbers its own ranks from 0. When no such line exists there is nothing to
+    count, and each worker's own NCCL lines (`nccl_lost`) are the check.
+    """
+    world = _world(f)
+    if f.nccl is None or world == 0:
+        return []
+    seen = {r.rank for r in f.nccl.ranks if r.rank is not None and r.nranks == world}
+    return sorted(set(range(world)) - seen) if seen else []
+
+
+def _span(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:16])) + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
 
 
 def _local_nccl_evidence(f: Facts) -> list[str]:

@@ -312,6 +312,7 @@ LIFECYCLE = [
     r("up-only-unknown", "up --only nope --dry-run", 2, "--only 'nope': no such step", sub=True),
     r("up-only-and-from", "up --only kuberay --from cluster", 2, "cannot be combined"),
     r("up-from-after-until", "up --from raycluster --until capacity", 2, "covers no step"),
+    r("up-yes-takes-no-value", "up --yes=maybe", 2, "--yes"),
     r("up-no-credentials", "up", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
     r("up-black-hole", "up --dry-run --json", 1, "{black_hole}", reaches_aws=True),
     r("up-kubeconfig-a-directory", "up --dry-run --kubeconfig kc", 2, "kc is a directory", files={"kc": DIR}, sub=True),

@@ -1,4 +1,10 @@
-"""A recorded double of helm 3: status, get values, upgrade --install, uninstall — for two charts.
+"""A recorded double of helm 3: status, get values, get metadata, upgrade --install, uninstall — for two charts.
+
+`helm status -o json` prints the release with its chart stripped (helm v3.14–v3.19
+cmd/helm/status.go: `rel.Chart = nil`, and `chart` is `omitempty` in pkg/release/release.go), so
+a chart version is only read through `helm get metadata NAME -o json` (cmd/helm/get_metadata.go,
+pkg/action/get_metadata.go `Metadata`: name, chart, version, appVersion, namespace, revision,
+status, deployedAt, of the release's last revision).
 
 It logs its argv, refuses flags helm does not have, checks the values file it is given (a
 mapping whose keys the chart knows: nodeSelector of strings, tolerations of the Kubernetes
@@ -84,6 +90,14 @@ def store(kube: Kube, rel: dict[str, Any]) -> None:
                      "labels": {"owner": "helm", "name": name, "status": rel["info"]["status"], "version": str(rev)}},
         "data": {"release": base64.b64encode(json.dumps(rel).encode()).decode()},
     })
+
+
+def metadata(rel: dict[str, Any]) -> dict[str, Any]:
+    """What `helm get metadata -o json` prints for a release (pkg/action/get_metadata.go `Metadata`)."""
+    chart = rel["chart"]["metadata"]
+    return {"name": rel["name"], "chart": chart["name"], "version": chart["version"], "appVersion": chart.get("appVersion", ""),
+            "namespace": rel["namespace"], "revision": rel["version"], "status": rel["info"]["status"],
+            "deployedAt": rel["info"].get("last_deployed", "")}
 
 
 def schedulable_node(kube: Kube, spec: dict[str, Any]) -> str | None:
@@ -199,7 +213,12 @@ def main(argv: list[str]) -> int:
             history = releases(kube, args.rest[0], args.namespace)
             if not history:
                 fail("Error: release: not found")
-            say(json.dumps(decode(history[-1])))
+            say(json.dumps({k: v for k, v in decode(history[-1]).items() if k != "chart"}))
+        elif args.verb == "get" and args.rest[:1] == ["metadata"]:
+            history = releases(kube, args.rest[1], args.namespace)
+            if not history:
+                fail("Error: release: not found")
+            say(json.dumps(metadata(decode(history[-1]))))
         elif args.verb == "get" and args.rest[:1] == ["values"]:
             history = releases(kube, args.rest[1], args.namespace)
             if not history:

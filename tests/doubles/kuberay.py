@@ -8,10 +8,22 @@ binds each to a node the way kube-scheduler would (nodeSelector, taints and tole
 requests against allocatable minus what is already bound), leaving it Pending with a
 FailedScheduling event naming the shortfall otherwise; sets the RayCluster's status; and
 deletes the pods of a RayCluster that is gone (owner-reference garbage collection).
+
+Pods are made from the group's template once and never changed after (KubeRay v1.7.0 does not
+patch running pods). With `spec.upgradeStrategy.type: Recreate` it does what
+`raycluster_controller.go` does: every head pod carries the annotation
+`ray.io/upgrade-strategy-recreate-hash`, a hash of the spec with replicas, min/max replicas,
+workersToDelete, tolerations, scheduling gates and the upgrade strategy muted
+(`utils.GenerateHashWithoutReplicasAndWorkersToDelete`), and `ray.io/kuberay-version`; when the
+head pod's hash is set and differs from the spec's, `shouldRecreatePodsForUpgrade` says so and
+`reconcilePods` deletes every pod of the cluster, to be created again from the new templates.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import threading
 import time
 from typing import Any
@@ -19,6 +31,21 @@ from typing import Any
 from world import Kube, quantity, selector_matches, tolerated
 
 RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "vpc.amazonaws.com/efa")
+HASH_KEY, VERSION_KEY, KUBERAY_VERSION = "ray.io/upgrade-strategy-recreate-hash", "ray.io/kuberay-version", "v1.7.0"
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """The spec's hash with what does not call for new pods muted (GenerateHashWithoutReplicasAndWorkersToDelete)."""
+    s = copy.deepcopy(spec)
+    for tmpl in [(s.get("headGroupSpec") or {}).get("template") or {}] + [(g.get("template") or {}) for g in s.get("workerGroupSpecs") or []]:
+        for key in ("tolerations", "schedulingGates"):
+            (tmpl.get("spec") or {}).pop(key, None)
+    for g in s.get("workerGroupSpecs") or []:
+        for key in ("replicas", "minReplicas", "maxReplicas"):
+            g.pop(key, None)
+        (g.get("scaleStrategy") or {}).pop("workersToDelete", None)
+    s.pop("upgradeStrategy", None)
+    return hashlib.sha1(json.dumps(s, sort_keys=True).encode()).hexdigest()
 
 
 def _requests(spec: dict[str, Any]) -> dict[str, float]:
@@ -92,6 +119,10 @@ class Operator:
         spec = rc["spec"]
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("ray.io/cluster") == name
                 and p["metadata"]["namespace"] == ns]
+        if self._should_recreate(spec, mine):
+            for p in mine:
+                self.kube.delete("Pod", p["metadata"]["name"], ns)
+            return
         wanted = [("head", "headgroup", f"{name}-head", spec["headGroupSpec"]["template"])]
         for g in spec.get("workerGroupSpecs") or []:
             for i in range(int(g.get("replicas", 0))):
@@ -101,9 +132,10 @@ class Operator:
             if pname not in have:
                 labels = {**(template.get("metadata", {}).get("labels") or {}),
                           "ray.io/cluster": name, "ray.io/node-type": kind, "ray.io/group": group}
+                annotations = {HASH_KEY: spec_hash(spec), VERSION_KEY: KUBERAY_VERSION} if kind == "head" else {}
                 have[pname] = self.kube.create({
                     "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": pname, "namespace": ns, "labels": labels,
+                    "metadata": {"name": pname, "namespace": ns, "labels": labels, "annotations": annotations,
                                  "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name}]},
                     "spec": template.get("spec") or {}, "status": {"phase": "Pending"},
                 })
@@ -116,6 +148,19 @@ class Operator:
         state = "ready" if head_ready and running == want_workers else ""
         self.kube.patch("RayCluster", name, {"status": {"state": state or None, "readyWorkerReplicas": running,
                                                         "desiredWorkerReplicas": want_workers}}, ns, sub="status")
+
+    @staticmethod
+    def _should_recreate(spec: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+        """shouldRecreatePodsForUpgrade: Recreate asked for, and the head pod's hash set and not the spec's."""
+        if ((spec.get("upgradeStrategy") or {}).get("type")) != "Recreate":
+            return False
+        heads = [p for p in pods if (p["metadata"].get("labels") or {}).get("ray.io/node-type") == "head"]
+        if not heads:
+            return False
+        notes = heads[0]["metadata"].get("annotations") or {}
+        if notes.get(VERSION_KEY, "") not in ("", KUBERAY_VERSION):
+            return False  # another operator version made it: KubeRay only re-annotates the head pod
+        return bool(notes.get(HASH_KEY)) and notes[HASH_KEY] != spec_hash(spec)
 
     def _head_service(self, ns: str, name: str) -> None:
         """KubeRay's `<cluster>-head-svc`: ClusterIP, selecting the head pod, GCS/dashboard/client ports."""

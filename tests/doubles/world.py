@@ -27,7 +27,7 @@ LOG_ENV = "DOUBLES_LOG"
 SCENARIO_ENV = "DOUBLES_SCENARIO"
 KUBE_URL_ENV = "DOUBLES_KUBE_URL"
 
-EFA_DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"
+EFA_DAEMONSET = "aws-efa-k8s-device-plugin"  # eksctl v0.230.0 pkg/addons/assets/efa-device-plugin.yaml
 NVIDIA_DAEMONSET = "nvidia-device-plugin"
 PLUGIN_RESOURCES = {EFA_DAEMONSET: "vpc.amazonaws.com/efa", NVIDIA_DAEMONSET: "nvidia.com/gpu"}
 
@@ -246,6 +246,7 @@ def reconcile_daemonsets(kube: Kube) -> None:
     pod goes.
     """
     missing = scenario().get("plugin_missing") or {}
+    stuck = scenario().get("plugin_stuck") or {}  # {daemonset: {node pattern: kubelet state}}: its pod there never starts
     nodes = kube.list("Node")
     gpu_nodes = sorted(n["metadata"]["name"] for n in nodes if (n["metadata"].get("labels") or {}).get("role") == "gpu-worker")
     dss = {d["metadata"]["name"]: d for d in kube.list("DaemonSet", "kube-system")}
@@ -265,7 +266,13 @@ def reconcile_daemonsets(kube: Kube) -> None:
             have = next((p for p in pods if p["metadata"]["name"] == pname), None)
             if fits:
                 desired += 1
-            if fits and not skip:
+            state = next((s for pat, s in (stuck.get(ds_name) or {}).items() if _names(pat, nname, gpu_nodes)), None)
+            if fits and state is not None:
+                skip = True
+                if have is None:
+                    _stuck_pod(kube, pname, nname, {"name": ds_name}, spec, ("DaemonSet", ds_name), state)
+                have = None  # kept, as the DaemonSet controller keeps a pod that never starts
+            elif fits and not skip:
                 ready += 1
                 if have is None:
                     kube.create(running_pod(pname, "kube-system", nname, {"name": ds_name}, spec, ("DaemonSet", ds_name)))
@@ -279,6 +286,33 @@ def reconcile_daemonsets(kube: Kube) -> None:
         if ds is not None:
             kube.patch("DaemonSet", ds_name, {"status": {"desiredNumberScheduled": desired, "numberReady": ready,
                                                          "currentNumberScheduled": ready}}, "kube-system")
+
+
+# What the kubelet reports for a container that cannot start: the waiting reason (pkg/kubelet/images/types.go,
+# kuberuntime) with its message, or, for a volume, a FailedMount event on a pod left Pending.
+KUBELET_STATES = {
+    "ImagePullBackOff": 'Back-off pulling image "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.6"',
+    "CrashLoopBackOff": "back-off 5m0s restarting failed container",
+    "CreateContainerConfigError": 'secret "hf-token" not found',
+}
+
+
+def _stuck_pod(kube: Kube, name: str, node: str, labels: dict[str, str], spec: dict[str, Any], owner: tuple[str, str],
+               state: str) -> None:
+    pod = running_pod(name, "kube-system", node, labels, spec, owner)
+    container = ((spec.get("containers") or [{}])[0]).get("name", "main")
+    status: dict[str, Any] = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+    if state in KUBELET_STATES:
+        status["containerStatuses"] = [{"name": container, "ready": False, "restartCount": 5 if state == "CrashLoopBackOff" else 0,
+                                        "state": {"waiting": {"reason": state, "message": KUBELET_STATES[state]}}}]
+    pod["status"] = status
+    kube.create(pod)
+    if state == "FailedMount":
+        kube.create({"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{name}.failedmount", "namespace": "kube-system"},
+                     "involvedObject": {"kind": "Pod", "name": name, "namespace": "kube-system"}, "reason": "FailedMount",
+                     "type": "Warning", "lastTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "message": 'MountVolume.SetUp failed for volume "infiniband-volume" : hostPath type check failed: '
+                                "/dev/infiniband is not a directory"})
 
 
 def _names(pattern: str, node: str, gpu_nodes: list[str]) -> bool:

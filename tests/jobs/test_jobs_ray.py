@@ -9,6 +9,7 @@ subprocesses. Order matters and is the file's: the second raylet joins after the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,24 +42,37 @@ for i in range(n):
 print("done", flush=True)
 """
 
-# Workers on each node print that node's NCCL log, as NCCL's INFO output lands in their worker-*.out.
+# A run laid out as Ray Train v2 lays it out (Ray 2.58.0 train/v2/api/data_parallel_trainer.py pins its
+# TrainController, num_cpus=0, to the driver's node, and a Jobs-API driver runs on the head, job_manager.py):
+# the controller on the head prints no NCCL line; one RayTrainWorker per GPU node prints that node's NCCL log,
+# as NCCL's INFO output lands in the worker's worker-*.out. Arguments: `<short node id>=<log file>` pairs.
 NCCL_PRINTER = """import sys
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 ray.init(address="auto")
-head_log, other_log = sys.argv[1], sys.argv[2]
+
+def on(node_id):
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 @ray.remote(num_cpus=0)
-class Rank:
+class TrainController:
+    def run(self):
+        print("controller: starting a worker group of", len(sys.argv) - 1, flush=True)
+
+@ray.remote(num_cpus=0)
+class RayTrainWorker:
     def run(self, text):
         print(text, flush=True)
         return ray.get_runtime_context().get_node_id()
 
-nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: not n["Resources"].get("node:__internal_head__"))
-logs = [open(head_log).read(), open(other_log).read()]
-ranks = [Rank.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote() for n in nodes]
-print(ray.get([r.run.remote(text) for r, text in zip(ranks, logs)]))
+alive = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+head = next(i for i, n in alive.items() if n["Resources"].get("node:__internal_head__"))
+ray.get(TrainController.options(scheduling_strategy=on(head)).remote().run.remote())
+pairs = [arg.split("=", 1) for arg in sys.argv[1:]]
+workers = [(RayTrainWorker.options(scheduling_strategy=on(next(i for i in alive if i.startswith(short)))).remote(), open(path).read())
+           for short, path in pairs]
+print(ray.get([w.run.remote(text) for w, text in workers]))
 """
 
 
@@ -178,9 +192,21 @@ def test_bench_transport_on_the_local_target_says_there_is_nothing_to_compare(tm
 # ---- two nodes: the job's own worker logs, per node -----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def second_raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
-    """A second raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
+def _nodes(head: heads.HeadRecord, wait_s: float = 60.0) -> list[dict[str, Any]]:
+    """The head's node list; a head that has just started may drop the first connections while its dashboard comes up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return list(get(f"{head.dashboard_url}/api/v0/nodes")["data"]["result"]["result"])
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1)
+
+
+@contextlib.contextmanager
+def _raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory, tag: str) -> Iterator[tuple[str, LocalHead]]:
+    """A raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
     logs are its own, as on another machine. It declares 4 GPUs and has the fi_info double on its
     PATH: a GPU node with an EFA device, as far as Ray and the probe can tell. Ended by its PID."""
     import tempfile
@@ -188,14 +214,15 @@ def second_raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFacto
     ray_bin = Path(sys.executable).with_name("ray")
     ports = {n: rayedge.free_port() for n in ("node-manager-port", "object-manager-port", "metrics-export-port",
                                              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")}
-    temp = Path(tempfile.mkdtemp(prefix="raydlc-n2-", dir="/tmp"))
-    log = tmp_path_factory.mktemp("node2") / "node.log"
+    temp = Path(tempfile.mkdtemp(prefix=f"raydlc-{tag}-", dir="/tmp"))
+    log = tmp_path_factory.mktemp(tag) / "node.log"
     fi_bin = log.parent / "bin"
     fi_bin.mkdir()
     (fi_bin / "fi_info").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "doubles" / "fi_info.py"}" "$@"\n')
     (fi_bin / "fi_info").chmod(0o755)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
            "PATH": f"{fi_bin}{os.pathsep}{ray_bin.parent}{os.pathsep}{os.environ['PATH']}"}
+    before = {n["node_id"] for n in _nodes(head)}
     with log.open("wb") as out:
         proc = subprocess.Popen([str(ray_bin), "start", f"--address={head.address}", "--block", "--node-ip-address=127.0.0.1",
                                  "--num-cpus=2", "--num-gpus=4", "--disable-usage-stats", f"--temp-dir={temp}",
@@ -205,15 +232,34 @@ def second_raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFacto
     try:
         deadline = time.monotonic() + 120
         while True:
-            nodes = get(f"{head.dashboard_url}/api/v0/nodes")["data"]["result"]["result"]
-            others = [n for n in nodes if n["state"] == "ALIVE" and not n["is_head_node"]]
-            if others:
+            nodes = _nodes(head)
+            new = [n for n in nodes if n["state"] == "ALIVE" and not n["is_head_node"] and n["node_id"] not in before]
+            if new:
                 break
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
             time.sleep(1)
-        yield f"{others[0]['node_ip']}/{others[0]['node_id'][:8]}", node  # how raydlc names a Ray node: IP and short id
+        yield f"{new[0]['node_ip']}/{new[0]['node_id'][:8]}", node  # how raydlc names a Ray node: IP and short id
     finally:
         node.stop()
+
+
+@pytest.fixture(scope="module")
+def second_raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
+    with _raylet(head, tmp_path_factory, "node2") as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def third_raylet(head: heads.HeadRecord, second_raylet: tuple[str, LocalHead],
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
+    """The second GPU node: with it the head holds only the driver and the controller, as on a cluster."""
+    with _raylet(head, tmp_path_factory, "node3") as node:
+        yield node
+
+
+@pytest.fixture
+def third_node(third_raylet: tuple[str, LocalHead]) -> str:
+    return third_raylet[0]
 
 
 @pytest.fixture
@@ -221,12 +267,15 @@ def second_node(second_raylet: tuple[str, LocalHead]) -> str:
     return second_raylet[0]
 
 
-def nccl_job(url: str, workdir: Path, head_log: Path, other_log: Path, name: str) -> str:
+def nccl_job(url: str, workdir: Path, logs: dict[str, Path], name: str) -> str:
+    """Submit the printer with one training worker per node (`logs`: raydlc's node name -> the NCCL log it prints)."""
     workdir.mkdir()
     (workdir / "print_nccl.py").write_text(NCCL_PRINTER)
-    for p in (head_log, other_log):
-        (workdir / p.name).write_bytes(p.read_bytes())
-    p = cli("submit", "print_nccl.py", "--address", url, "--name", name, "--json", "--", head_log.name, other_log.name, cwd=workdir)
+    args = []
+    for i, (node, log) in enumerate(logs.items()):
+        (workdir / f"{i}-{log.name}").write_bytes(log.read_bytes())
+        args.append(f"{node.split('/')[1]}={i}-{log.name}")
+    p = cli("submit", "print_nccl.py", "--address", url, "--name", name, "--json", "--", *args, cwd=workdir)
     assert p.returncode == 0, p.stderr[-3000:]
     return str(last_json(p)["job_id"])
 
@@ -235,21 +284,26 @@ def nccl_row(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return next(r for r in last_json(p)["criteria"] if r["criterion"] == "nccl")
 
 
-def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: heads.HeadRecord, second_node: str, tmp_path: Path) -> None:
-    """Two jobs on the same two nodes, one with a node on sockets, one with EFA on both: each verdict
-    reads only its own job's worker files, so neither leaks into the other."""
+def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: heads.HeadRecord, second_node: str, third_node: str,
+                                                                   tmp_path: Path) -> None:
+    """Two jobs on the same two GPU nodes, one with a node on sockets, one with EFA on both: each verdict
+    reads only its own job's training workers' files, so neither leaks into the other, and the head, which
+    holds the driver and the TrainController's worker files of each job, is never judged."""
     url = head.dashboard_url
-    mixed = nccl_job(url, tmp_path / "a", NCCL / "mixed_composed_efa_and_socket" / "node-a.log",
-                     NCCL / "mixed_composed_efa_and_socket" / "node-b.log", "nccl-mixed")
-    efa = nccl_job(url, tmp_path / "b", NCCL / "mixed_composed_efa_and_socket" / "node-a.log", NCCL / "efa_nccl527_noprefix_gdr.log", "nccl-efa")
+    mixed = nccl_job(url, tmp_path / "a", {second_node: NCCL / "mixed_composed_efa_and_socket" / "node-b.log",
+                                           third_node: NCCL / "mixed_composed_efa_and_socket" / "node-a.log"}, "nccl-mixed")
+    efa = nccl_job(url, tmp_path / "b", {second_node: NCCL / "mixed_composed_efa_and_socket" / "node-a.log",
+                                         third_node: NCCL / "efa_nccl527_noprefix_gdr.log"}, "nccl-efa")
     v = cli("verify", "--address", url, "--job", mixed, "--json", cwd=tmp_path)
     assert v.returncode == 3, v.stderr[-2000:]
     row = nccl_row(v)
     assert row["status"] == "fail" and row["failed_nodes"] == [second_node]
     assert any(e.startswith(f"{second_node}: socket") for e in row["evidence"])
-    assert any("(head): efa, carried" in e for e in row["evidence"]) and len(row["evidence"]) == 2
+    assert any(e.startswith(f"{third_node}: efa, carried") for e in row["evidence"]) and len(row["evidence"]) == 2
+    assert not any("(head)" in e for e in row["evidence"])
     good = nccl_row(cli("verify", "--address", url, "--job", efa, "--json", cwd=tmp_path))
     assert good["status"] == "pass" and len(good["evidence"]) == 2, good
+    assert not any("(head)" in e for e in good["evidence"])
 
 
 # ---- the cluster target: kmock holds nodes and pods, kubectl's port-forward reaches the head ------------
@@ -304,7 +358,7 @@ def forwards(log: Path) -> list[dict[str, Any]]:
 
 
 def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
-    head: heads.HeadRecord, second_node: str, cluster: dict[str, Any], tmp_path: Path
+    head: heads.HeadRecord, second_node: str, third_node: str, cluster: dict[str, Any], tmp_path: Path
 ) -> None:
     listed = cli("job", "list", "--json", cwd=tmp_path, env=cluster["env"])
     assert listed.returncode == 0, listed.stderr[-2000:]
@@ -320,8 +374,8 @@ def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
     assert "ip-10-0-2-7: vpc.amazonaws.com/efa allocatable 0" in rows["gpu-nodes"]["evidence"]
     assert rows["pods"]["status"] == "pass"
     assert rows["nccl"]["failed_nodes"] == [second_node]
-    assert rows["fi-info"]["status"] == "pass" and rows["fi-info"]["evidence"] == [  # the GPU node's fi_info, through a pinned task
-        f"{second_node}: fi_info -p efa lists FI_EP_RDM on rdmap0s31-rdm"]
+    assert rows["fi-info"]["status"] == "pass" and sorted(rows["fi-info"]["evidence"]) == sorted(  # the GPU nodes' fi_info, through pinned tasks
+        f"{n}: fi_info -p efa lists FI_EP_RDM on rdmap0s31-rdm" for n in (second_node, third_node))
     assert rows["job"]["status"] == "pass"
 
 
@@ -356,7 +410,7 @@ _world = _lifecycle_world()
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 
-def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str, world: Any, tmp_path: Path) -> None:
+def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str, third_node: str, world: Any, tmp_path: Path) -> None:
     """`up` against moto, kmock and the doubles; the job runs on the local head standing in for the
     cluster's, reached through the kubectl double's port-forward; the gate passes on every criterion."""
     from raydlc import lifecycle
@@ -365,13 +419,13 @@ def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str,
     fast = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
     assert lifecycle.up(world.config(), timings=fast).ok
     world.scenario(forward={"ray-train/ray-train-cluster-head-svc:8265": head.dashboard_url.removeprefix("http://")})
-    efa = NCCL / "mixed_composed_efa_and_socket" / "node-a.log"
     work = tmp_path / "job"
     work.mkdir()
     (work / "print_nccl.py").write_text(NCCL_PRINTER)
-    (work / "efa_a.log").write_bytes(efa.read_bytes())
+    (work / "efa_a.log").write_bytes((NCCL / "mixed_composed_efa_and_socket" / "node-a.log").read_bytes())
     (work / "efa_b.log").write_bytes((NCCL / "efa_nccl527_noprefix_gdr.log").read_bytes())
-    p = cli("submit", "print_nccl.py", "--name", "reference-path", "--json", "--", "efa_a.log", "efa_b.log", cwd=work)
+    args = [f"{second_node.split('/')[1]}=efa_a.log", f"{third_node.split('/')[1]}=efa_b.log"]
+    p = cli("submit", "print_nccl.py", "--name", "reference-path", "--json", "--", *args, cwd=work)
     assert p.returncode == 0 and last_json(p)["target"] == "cluster", p.stderr[-3000:]
     v = cli("verify", "--job", "reference-path", "--json", cwd=tmp_path)
     doc = last_json(v)
@@ -386,8 +440,9 @@ def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str,
 
 
 def test_down_local_ends_the_head_and_everything_it_started(head: heads.HeadRecord, second_raylet: tuple[str, LocalHead],
-                                                              tmp_path: Path) -> None:
-    second_raylet[1].stop()  # the worker node leaves first, as a cluster's worker pods do
+                                                              third_raylet: tuple[str, LocalHead], tmp_path: Path) -> None:
+    for node in (second_raylet, third_raylet):
+        node[1].stop()  # the worker nodes leave first, as a cluster's worker pods do
     p = cli("down", "--local", "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True}

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,48 @@ def test_fresh_up_runs_every_step_in_dependency_order_and_a_second_acts_on_nothi
     assert again.ok
     assert {r.step: r.action for r in again.results} == dict.fromkeys(UP_ORDER, "none")
     looked = world.calls()[before_calls:]
-    assert looked, "the second up still looks (helm status, versions)"
+    assert looked, "the second up still looks (helm get metadata, versions)"
     assert all(a[0] in ("version", "status", "get") for a in looked), looked
+    assert ["get", "metadata"] in [a[:2] for a in looked] and not any(a[0] == "upgrade" for a in looked)  # no helm upgrade
     assert inventory(world) == FULL
+
+
+def _kube(world: Any) -> Any:
+    from world import Kube
+
+    return Kube(world.kube.url)
+
+
+def _edit_release(world: Any, name: str, ns: str, edit: Any) -> None:
+    """Change what helm's last stored revision of a release says, as a `helm upgrade` by hand would."""
+    secret = _kube(world).get("Secret", f"sh.helm.release.v1.{name}.v1", ns)
+    rel = json.loads(base64.b64decode(secret["data"]["release"]))
+    edit(rel)
+    _kube(world).patch("Secret", secret["metadata"]["name"], {"data": {"release": base64.b64encode(json.dumps(rel).encode()).decode()}}, ns)
+
+
+def test_status_reports_helm_drift_only_when_the_version_or_the_values_differ(world, capsys) -> None:
+    """`helm status -o json` prints no chart (the double strips it as helm does): the version is read with
+    `helm get metadata`, so an unchanged release is ready, and only a changed version or values is drift."""
+    from raydlc.cli import main
+
+    assert lifecycle.up(world.config(), timings=FAST).ok
+
+    def steps() -> dict[str, Any]:
+        assert main(["status", "--json"]) == 0
+        return {s["step"]: s for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
+
+    assert steps()["kuberay"]["state"] == "ready"
+    _edit_release(world, "kuberay-operator", "kuberay-operator", lambda r: r["chart"]["metadata"].update(version="1.6.0"))
+    got = steps()["kuberay"]
+    assert got["state"] == "degraded" and "has chart 1.6.0, the config pins 1.7.0" in got["reason"], got
+    _edit_release(world, "kuberay-operator", "kuberay-operator",
+                  lambda r: (r["chart"]["metadata"].update(version="1.7.0"), r["config"].update(replicas=3)))
+    got = steps()["kuberay"]
+    assert got["state"] == "degraded" and "has other values than" in got["reason"], got
+    before = len(world.calls("helm"))
+    assert lifecycle.up(world.config(), timings=FAST).ok  # the drift is repaired by one upgrade, and only that one
+    assert [a[:3] for a in world.calls("helm")[before:] if a[0] == "upgrade"] == [["upgrade", "--install", "kuberay-operator"]]
 
 
 @pytest.mark.parametrize("step", UP_ORDER[:-1])
@@ -159,7 +199,7 @@ def test_ctrl_c_during_helm_leaves_a_pending_release_that_up_resolves(world) -> 
 
 
 def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(world) -> None:
-    world.scenario(plugin_missing={"aws-efa-k8s-device-plugin-daemonset": ["gpu:1"]})
+    world.scenario(plugin_missing={"aws-efa-k8s-device-plugin": ["gpu:1"]})
     run = lifecycle.up(world.config(), timings=FAST)
     steps = by_step(run)
     gpu_nodes = sorted(o["metadata"]["name"] for k, o in world.kube.snapshot().items()
@@ -168,7 +208,7 @@ def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(wor
     reason = steps["device-plugins"].reason
     assert f"node {gpu_nodes[1]}" in reason and gpu_nodes[0] not in reason
     assert "vpc.amazonaws.com/efa 0 (want >= 1)" in reason
-    assert "no aws-efa-k8s-device-plugin-daemonset pod on this node" in reason
+    assert "no aws-efa-k8s-device-plugin pod on this node" in reason
     assert steps["raycluster"].outcome == "skipped" and "device-plugins" in steps["raycluster"].reason
     assert steps["kuberay"].outcome == "done"  # independent of the failed branch
 
@@ -564,3 +604,53 @@ def test_status_and_dry_runs_on_a_running_cluster(world, capsys) -> None:
     assert "--delete-storage removes it" in down["storage"]["reason"]
     assert down["cluster"]["command"].startswith(f"eksctl delete cluster --name {CLUSTER} --region us-east-2 --wait")
     assert "helm uninstall kuberay-operator --namespace kuberay-operator" in down["kuberay"]["command"]
+
+
+def test_a_changed_pod_template_recreates_the_ray_pods_only_when_agreed(world) -> None:
+    """KubeRay v1.7.0 keeps the old pods of a changed RayCluster unless `upgradeStrategy: Recreate` (rendered);
+    `up` names what changed and that running jobs stop, refuses without --yes, and with it waits for the new pods."""
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    kube = _kube(world)
+    for p in kube.list("Pod", "ray-train"):  # kmock gives no uid: a label tells the old pods from new ones
+        kube.patch("Pod", p["metadata"]["name"], {"metadata": {"labels": {"test/old": "yes"}}}, "ray-train")
+    old = sorted(p["metadata"]["name"] for p in kube.list("Pod", "ray-train"))
+    image = "763104351884.dkr.ecr.us-east-2.amazonaws.com/ray:2.58.0-gpu-py312-cu130-ubuntu22.04-ec2-v2"
+    changed = world.config(RAYDLC_DLC_IMAGE=image, RAYDLC_NCCL_NET="Socket")
+
+    plan = {s.step: s for s in lifecycle.up(changed, dry_run=True).results}["raycluster"]
+    assert plan.action == "replace" and "running jobs will stop" in plan.reason
+    assert "gpu-workers/ray-worker: image " in plan.reason and f"-> {image}" in plan.reason
+    assert "gpu-workers/ray-worker: env NCCL_NET Libfabric -> Socket" in plan.reason
+    assert "headgroup/ray-head: image " in plan.reason
+
+    refused = by_step(lifecycle.up(changed, timings=FAST))["raycluster"]
+    assert refused.outcome == "failed" and "stops the running jobs, so nothing was changed" in refused.reason
+    kept = kube.list("Pod", "ray-train")
+    assert sorted(p["metadata"]["name"] for p in kept) == old and all(p["metadata"]["labels"].get("test/old") for p in kept)
+
+    agreed = lifecycle.up(changed, timings=FAST, yes=True)
+    assert agreed.ok, [(r.step, r.reason) for r in agreed.failed]
+    pods = kube.list("Pod", "ray-train")
+    assert len(pods) == 3 and not any(p["metadata"]["labels"].get("test/old") for p in pods)  # every Ray pod is new
+    assert {c["image"] for p in pods for c in p["spec"]["containers"]} == {image}
+    assert {s.step: s.action for s in lifecycle.up(changed, dry_run=True).results}["raycluster"] == "none"
+
+
+def test_the_kuberay_double_keeps_old_pods_without_the_recreate_strategy(world) -> None:
+    """The double's side of KubeRay's rule: a spec change without `upgradeStrategy: Recreate` leaves the pods as they are."""
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    kube = _kube(world)
+    rc = kube.get("RayCluster", "ray-train-cluster", "ray-train")
+    assert rc["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    head = next(p for p in kube.list("Pod", "ray-train") if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+    assert head["metadata"]["annotations"]["ray.io/kuberay-version"] == "v1.7.0"
+    for p in kube.list("Pod", "ray-train"):
+        kube.patch("Pod", p["metadata"]["name"], {"metadata": {"labels": {"test/old": "yes"}}}, "ray-train")
+    spec = rc["spec"]
+    spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = "other:1"
+    spec["upgradeStrategy"] = {"type": "None"}
+    kube.patch("RayCluster", "ray-train-cluster", {"spec": spec}, "ray-train")
+    time.sleep(1.0)  # ten ticks of the operator
+    pods = kube.list("Pod", "ray-train")
+    assert len(pods) == 3 and all(p["metadata"]["labels"].get("test/old") for p in pods)
+    assert "other:1" not in {c["image"] for p in pods for c in p["spec"]["containers"]}

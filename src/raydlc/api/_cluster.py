@@ -44,14 +44,16 @@ def _check_kubeconfig_target(cfg: Any) -> None:
 def up(
     *, config: PathLike | None = None, settings: Mapping[str, Any] | None = None, only: str | None = None,
     from_: str | None = None, until: str | None = None, dry_run: bool = False, force: bool = False,
-    kubeconfig: PathLike | None = None, reporter: Reporter | None = None,
+    kubeconfig: PathLike | None = None, reporter: Reporter | None = None, yes: bool = False,
 ) -> Run:
     """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster.
 
     Steps whose needs are met run at the same time; each looks first and acts only on the
     difference, so a second call on a finished cluster changes nothing. `only`, `from_`, `until`
     pick steps as `--only/--from/--until` do; `dry_run` plans without changing anything (the
-    result's `to_dict()` is `raydlc up --dry-run --json`). A failed step is in `result.failed`
+    result's `to_dict()` is `raydlc up --dry-run --json`). A RayCluster whose running pods differ
+    from the rendered templates is recreated (stopping its running jobs) only with `yes`, or when
+    the reporter's `confirm` says so; otherwise the step fails saying what changed. A failed step is in `result.failed`
     and skips what needs it; Ctrl-C raises `raydlc.lifecycle.Interrupted` with the results so far.
 
     Example:
@@ -70,7 +72,7 @@ def up(
     cfg = load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig))
     _check_kubeconfig_target(cfg)
     with aws.command_budget("up"):
-        return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter)
+        return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter, yes=yes)
 
 
 def down(

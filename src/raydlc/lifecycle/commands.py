@@ -75,8 +75,10 @@ def uninstall(ctx: Context, r: Release) -> Command:
     return command("helm", "uninstall", r.name, "--namespace", r.namespace, "--kubeconfig", str(ctx.kubeconfig), "--wait")
 
 
-def _status(ctx: Context, r: Release) -> Command:
-    return command("helm", "status", r.name, "--namespace", r.namespace, "--kubeconfig", str(ctx.kubeconfig),
+def _metadata(ctx: Context, r: Release) -> Command:
+    """`helm get metadata` (Helm >= 3.13): the release's status and chart version. `helm status -o json` cannot
+    say the version: it prints the release with its chart stripped (cmd/helm/status.go, `rel.Chart = nil`)."""
+    return command("helm", "get", "metadata", r.name, "--namespace", r.namespace, "--kubeconfig", str(ctx.kubeconfig),
                    "--output", "json", mutates=False)
 
 
@@ -112,8 +114,9 @@ class ReleaseState:
 
 
 def release_state(ctx: Context, r: Release) -> ReleaseState:
-    """What helm says about a release (a read: it runs in a dry run too)."""
-    res = ctx.runner.run(_status(ctx, r), check=False)  # a read: its "not found" is no news for the display
+    """What helm says about a release (a read: it runs in a dry run too): its status and chart version from
+    `helm get metadata`, and, once deployed, the values it was given from `helm get values`."""
+    res = ctx.runner.run(_metadata(ctx, r), check=False)  # a read: its "not found" is no news for the display
     if res.returncode != 0:
         if "not found" in res.output:
             return ReleaseState("absent")
@@ -121,8 +124,8 @@ def release_state(ctx: Context, r: Release) -> ReleaseState:
 
         raise ToolFailed(f"`{res.command}` failed: {res.output.strip()[-300:]}", returncode=res.returncode, lines=res.lines)
     doc = _json(res.output)
-    status = str((doc.get("info") or {}).get("status", "unknown"))
-    version = ((doc.get("chart") or {}).get("metadata") or {}).get("version")
+    status = str(doc.get("status") or "unknown")
+    version = doc.get("version") or None
     values: dict[str, Any] | None = None
     if status == "deployed":
         got = ctx.runner.run(_values(ctx, r), check=False)

@@ -41,6 +41,7 @@ class Timings:
     nodes_s: float = 10 * 60
     plugins_s: float = 10 * 60
     pods_s: float = 15 * 60  # the DLC image is large: first pulls take minutes
+    stuck_s: float = 120.0  # how long a FailedMount/FailedScheduling may last with no node joining (lifecycle.stuck)
 
 
 def cluster_dir(cfg: Config) -> Path:
@@ -72,6 +73,7 @@ class Context:
         timings: Timings | None = None,
         force: bool = False,
         dry_run: bool = False,
+        yes: bool = False,
     ) -> None:
         self.cfg = cfg
         self.runner = runner or Runner(dry_run=dry_run)
@@ -79,6 +81,7 @@ class Context:
         self.timings = timings or Timings()
         self.force = force
         self.dry_run = dry_run
+        self.yes = yes  # the user agreed beforehand to what stops running work (`up --yes`)
         self.dir = cluster_dir(cfg)
         self.kubeconfig = kubeconfig_path(cfg)
         self._lock = threading.RLock()
@@ -143,12 +146,23 @@ class Context:
 
     def wait(
         self, step: str, fetch: Callable[[], T], done: Callable[[T], bool], *, timeout: float, what: str,
-        explain: Callable[[T], str] | None = None,
+        explain: Callable[[T], str] | None = None, stuck: Callable[[T], str | None] | None = None,
+        hint: str | None = None,
     ) -> T:
+        """Poll until `done`; `stuck(value)` returning a line ends the wait early as the step's failure (with `hint`)."""
         from raydlc.kube import wait_until
+        from raydlc.lifecycle.types import StepFailed
+
+        def finished(value: T) -> bool:
+            if done(value):
+                return True
+            line = stuck(value) if stuck is not None else None
+            if line:
+                raise StepFailed(f"{line} (waiting for {what})", hint=hint)
+            return False
 
         self.reporter.line(step, f"waiting for {what}")
-        return wait_until(fetch, done, timeout=timeout, interval=self.timings.poll_s, what=what, explain=explain,
+        return wait_until(fetch, finished, timeout=timeout, interval=self.timings.poll_s, what=what, explain=explain,
                           cancel=self.cancel)
 
     def note(self, step: str, text: str) -> None:

@@ -74,7 +74,7 @@ def names(goal: Goal) -> list[str]:
 
 
 def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | None, timings: Timings | None,
-             runner: Runner | None) -> Context:
+             runner: Runner | None, yes: bool = False) -> Context:
     from raydlc import aws
     from raydlc.render.storage import for_cluster
     from raydlc.tools import Runner
@@ -82,7 +82,7 @@ def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | No
     region = cfg.cluster.region
     cfg = for_cluster(cfg, lambda: aws.account_id(region))
     return Context(cfg, runner=runner or Runner(dry_run=dry_run), reporter=reporter, timings=timings, force=force,
-                   dry_run=dry_run)
+                   dry_run=dry_run, yes=yes)
 
 
 def _require_tools(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
@@ -112,12 +112,12 @@ def _check_token(ctx: Context) -> None:
 def up(
     cfg: Config, *, only: str | None = None, from_: str | None = None, until: str | None = None,
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
-    runner: Runner | None = None,
+    runner: Runner | None = None, yes: bool = False,
 ) -> Run:
     graph = resources()
     plan = steps("up", graph)
     selected = select(plan, only=only, from_=from_, until=until)  # a bad step name is refused before AWS is asked
-    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
+    ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner, yes=yes)
     if dry_run:
         return Run("up", True, plan_all(plan, ctx, selected))
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step

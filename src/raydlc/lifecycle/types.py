@@ -77,6 +77,10 @@ class Reporter:
 
     def finished(self, result: StepResult) -> None: ...
 
+    def confirm(self, step: str, question: str) -> bool:
+        """Ask the person at the terminal; False where there is none to ask (plain lines, JSON, the API)."""
+        return False
+
 
 class Interrupted(Stopped):
     """Ctrl-C: the run stopped; `up` or `down` resumes from what exists."""

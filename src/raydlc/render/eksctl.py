@@ -1,7 +1,10 @@
 """The eksctl ClusterConfig (eksctl.io/v1alpha5): VPC, add-ons and the two managed node groups.
 
 The GPU node group lives in exactly one Availability Zone: EFA traffic cannot cross AZs, and
-eksctl's `efaEnabled` also creates the EFA security group and a cluster placement group for it.
+eksctl's `efaEnabled` also gives it a cluster placement group and EFA network interfaces. For a
+managed node group on Kubernetes 1.33 or newer eksctl creates no separate EFA security group: the
+cluster's default security group carries EFA's traffic (eksctl v0.230.0 pkg/utils/efa/efa.go
+`ProcessSecurityGroup`/`IsBuiltInSupported`); older versions get eksctl's own "EFA-enabled" group.
 The cluster itself needs at least two AZs (an EKS requirement), one of which is the GPU AZ.
 """
 

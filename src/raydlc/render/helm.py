@@ -9,10 +9,12 @@ One owner per device plugin, never two DaemonSets advertising one device:
   eksctl's DaemonSet tolerates it (see raydlc.render.nodes); the config refuses
   EFA_DEVICE_PLUGIN_VERSION (`raydlc.config.RETIRED`) rather than ignore it.
 - NVIDIA (`nvidia.com/gpu`): **raydlc**, through the `nvdp/nvidia-device-plugin` chart pinned
-  to NVIDIA_DEVICE_PLUGIN_VERSION, on AmazonLinux2023 nodes. eksctl installs that plugin only for
-  AmazonLinux2 node groups (and is also told `--install-nvidia-plugin=false`); the AL2023 NVIDIA
-  AMI ships the driver but not the plugin. On Bottlerocket the plugin is built into the AMI, so
-  raydlc renders no NVIDIA release there.
+  to NVIDIA_DEVICE_PLUGIN_VERSION, on AmazonLinux2023 nodes. eksctl would apply its own copy of
+  that plugin for NVIDIA instance types on AmazonLinux2 *and* AmazonLinux2023 node groups
+  (eksctl v0.230.0 pkg/eks/tasks.go `ClusterTasksForNodeGroups`), so raydlc tells it
+  `--install-nvidia-plugin=false`: one owner, the pinned chart. The AL2023 NVIDIA AMI ships the
+  driver but not the plugin. On Bottlerocket the plugin is built into the AMI, so raydlc renders
+  no NVIDIA release there.
 - The KubeRay operator: **raydlc**, pinned to KUBERAY_VERSION, on the system node.
 """
 

@@ -153,12 +153,16 @@ def cluster_spec(cfg: Config, instance: str) -> dict[str, Any]:
 
 
 def render_raycluster(cfg: Config) -> dict[str, Any]:
+    """The RayCluster `up` applies. `upgradeStrategy: Recreate` makes KubeRay (v1.7.0 raycluster_controller.go,
+    `shouldRecreatePodsForUpgrade`) delete every pod when the spec's hash (replicas and tolerations muted) no
+    longer matches the head pod's, so a changed image or env reaches the pods; without it the old pods run on.
+    A RayJob's cluster spec never carries it: KubeRay refuses the field on a RayCluster a RayJob creates."""
     name = cfg.ray.cluster_name
     return {
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
-        "spec": cluster_spec(cfg, name),
+        "spec": {**cluster_spec(cfg, name), "upgradeStrategy": {"type": "Recreate"}},
     }
 
 

@@ -100,6 +100,25 @@ class LiveReporter(Reporter):
         self._show()
 
 
+    def confirm(self, step: str, question: str) -> bool:
+        """Pause the table, ask on the terminal (only when stdin is one), and go on."""
+        import sys
+
+        if not sys.stdin.isatty():
+            return False
+        with self._starting:
+            if self._live is not None:
+                self._live.stop()
+            try:
+                answer = self.console.input(f"[bold]{escape(step)}[/]: {escape(question)} [y/N] ")
+            except EOFError:
+                answer = ""
+            finally:
+                if self._live is not None:
+                    self._live.start()
+        return answer.strip().lower() in ("y", "yes")
+
+
 class LineReporter(Reporter):
     """Plain timestamped lines (a log file, CI, `--json` runs): one per event, tool lines included."""
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc import kube as k8s
 from raydlc.lifecycle.releases import HelmRelease
+from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
 from raydlc.render import helm as helm_render
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from raydlc.config import Config
     from raydlc.lifecycle.context import Context
 
-EFA_DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"  # eksctl's, in kube-system
+EFA_DAEMONSET = "aws-efa-k8s-device-plugin"  # eksctl v0.230.0's, in kube-system (pkg/addons/assets/efa-device-plugin.yaml)
 
 
 def node_devices(node: dict[str, Any]) -> tuple[int, int]:
@@ -82,10 +83,19 @@ class DevicePlugins(HelmRelease):
         cfg = ctx.cfg
         kube = ctx.kube()
         gpus = cfg.gpu_nodes.gpus_per_node
+        r = self.release(cfg)
+        daemonsets = (EFA_DAEMONSET + "-", *((r.name + "-",) if r is not None else ()))
+        watch = StuckWatch(ctx.timings.stuck_s)
+
+        def stuck(gpu_nodes: list[dict[str, Any]]) -> str | None:
+            pods = [p for p in kube.pods("kube-system") if k8s.name_of(p).startswith(daemonsets)]
+            return watch.verdict(pods, kube.events("kube-system"), kube.nodes())
+
         try:
             nodes = ctx.wait(self.name, lambda: kube.nodes({ROLE: GPU_ROLE}),
                              lambda ns: len(ns) >= cfg.gpu_nodes.count and not short_nodes(ns, gpus),
-                             timeout=ctx.timings.plugins_s, what=f"{GPU_RESOURCE} and {EFA_RESOURCE} on every GPU node")
+                             timeout=ctx.timings.plugins_s, what=f"{GPU_RESOURCE} and {EFA_RESOURCE} on every GPU node",
+                             stuck=stuck, hint=f"kubectl -n kube-system describe pods --kubeconfig {ctx.kubeconfig}")
         except k8s.KubeTimeout as e:
             raise StepFailed(
                 "device plugins: " + " | ".join(self._diagnosis(ctx, kube) or [e.message]),

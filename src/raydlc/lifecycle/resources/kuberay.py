@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc import kube as k8s
 from raydlc.lifecycle.releases import HelmRelease
+from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, StepFailed
 from raydlc.render import helm as helm_render
 from raydlc.render.nodes import ROLE, SYSTEM_ROLE
@@ -42,8 +43,12 @@ class KubeRay(HelmRelease):
     def kept(self, ctx: Context) -> str:
         cfg = ctx.cfg
         kube = ctx.kube()
+        ns, watch = cfg.ray.operator_namespace, StuckWatch(ctx.timings.stuck_s)
         ctx.wait(self.name, lambda: _operator(kube, cfg), k8s.deployment_available, timeout=ctx.timings.helm_s,
                  what="Deployment kuberay-operator to be Available",
+                 stuck=lambda _: watch.verdict([p for p in kube.pods(ns) if k8s.name_of(p).startswith("kuberay-operator-")],
+                                               kube.events(ns), kube.nodes()),
+                 hint=f"kubectl -n {ns} describe pods --kubeconfig {ctx.kubeconfig}",
                  explain=lambda d: f"{(d or {}).get('status', {}).get('availableReplicas', 0)} available" if d else "no Deployment")
         ctx.wait(self.name, lambda: [kube.get(*CRD, c) for c in CRDS],
                  lambda crds: all(k8s.crd_established(c) for c in crds), timeout=ctx.timings.helm_s,

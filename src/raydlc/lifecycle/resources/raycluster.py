@@ -1,7 +1,10 @@
 """The RayCluster and what it needs in its namespace: the namespace, the HF token Secret, the NetworkPolicies.
 
 `up` applies them (create or merge-patch) and is done when the head is Ready and every worker
-Running, naming the scheduler's reason for each pod that is not. `down` deletes them (and any
+Running, naming the scheduler's reason for each pod that is not. When the running pods differ from
+the templates it would apply (image, env, resources, node selector), applying makes KubeRay
+recreate every Ray pod (the rendered `upgradeStrategy: Recreate`), which stops running jobs: `up`
+says what changed and goes ahead only with `--yes` or a "yes" on the terminal. `down` deletes them (and any
 RayJob), waits until no Ray pod is left, and removes the namespace when raydlc made it.
 """
 
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc import kube as k8s
 from raydlc.lifecycle.resource import Resource, gone, kube_if_cluster, look_inside
+from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
 from raydlc.render import FILES
 from raydlc.render.eksctl import OWNER_TAG
@@ -110,6 +114,67 @@ def view(ctx: Context, kube: k8s.Kube) -> RayClusterView | None:
     )
 
 
+def _groups(rc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each group's pod template spec by the `ray.io/group` label KubeRay gives its pods (the head's is `headgroup`)."""
+    spec = rc.get("spec") or {}
+    out = {"headgroup": ((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}}
+    for g in spec.get("workerGroupSpecs") or []:
+        out[g["groupName"]] = (g.get("template") or {}).get("spec") or {}
+    return out
+
+
+def _short(v: Any) -> str:
+    """A value as a change line shows it: env values and resources cut short (images are never cut)."""
+    text = str(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _container_changes(where: str, want: dict[str, Any], have: dict[str, Any]) -> list[str]:
+    out = []
+    if want.get("image") != have.get("image"):
+        out.append(f"{where}: image {have.get('image')} -> {want.get('image')}")
+    running = {e["name"]: e for e in have.get("env") or []}  # KubeRay adds its own variables: only ours are compared
+    for e in want.get("env") or []:
+        old = running.get(e["name"])
+        if old is None:
+            out.append(f"{where}: env {e['name']} added")
+        elif k8s.differences({k: v for k, v in e.items() if k != "name"}, old):
+            out.append(f"{where}: env {e['name']} {_short(old.get('value', '(from a reference)'))} -> "
+                       f"{_short(e.get('value', '(from a reference)'))}")
+    gone = sorted(set(running) - {e["name"] for e in want.get("env") or []} - set(_kuberay_env(have)))
+    out += [f"{where}: env {n} removed" for n in gone]
+    if k8s.differences(want.get("resources") or {}, have.get("resources") or {}):
+        out.append(f"{where}: resources {_short(have.get('resources'))} -> {_short(want.get('resources'))}")
+    return out
+
+
+def _kuberay_env(container: dict[str, Any]) -> list[str]:
+    """The variables KubeRay v1.7.0 sets in the Ray container itself (common/pod.go `setContainerEnvVars`, names in
+    utils/constant.go: RAY_*, KUBERAY_GEN_*, FQ_RAY_IP), never ours to compare."""
+    return [e["name"] for e in container.get("env") or [] if e["name"].startswith(("RAY_", "KUBERAY_")) or e["name"] == "FQ_RAY_IP"]
+
+
+def template_changes(rc: dict[str, Any], pods: Pods) -> list[str]:
+    """What applying `rc` would change in the running Ray pods (one pod per group is enough: KubeRay makes
+    them all from the group's template), as short lines: "gpu-workers/ray-worker: image a -> b"."""
+    head, workers = pods
+    seen: set[str] = set()
+    out: list[str] = []
+    for pod in head + workers:
+        group = k8s.labels_of(pod).get("ray.io/group", "")
+        want = _groups(rc).get(group)
+        if want is None or group in seen:
+            continue
+        seen.add(group)
+        have_spec = pod.get("spec") or {}
+        if k8s.differences(want.get("nodeSelector") or {}, have_spec.get("nodeSelector") or {}):
+            out.append(f"{group}: nodeSelector {_short(have_spec.get('nodeSelector'))} -> {_short(want.get('nodeSelector'))}")
+        running = {c["name"]: c for c in have_spec.get("containers") or []}
+        for c in want.get("containers") or []:
+            out += _container_changes(f"{group}/{c['name']}", c, running.get(c["name"], {}))
+    return out
+
+
 def _namespace_ours(kube: k8s.Kube, ctx: Context) -> bool:
     ns = kube.get("v1", "Namespace", ctx.cfg.cluster.namespace)
     return ns is not None and k8s.labels_of(ns).get(OWNER_TAG) == ctx.cfg.cluster.name
@@ -141,6 +206,10 @@ class RayCluster(Resource):
                 differ.append(_describe(doc))
         if missing and any(m.startswith("RayCluster ") for m in missing):
             return Observation("absent", f"not created yet: {', '.join(missing)}", {"apply": True})
+        changes = template_changes(desired_objects(ctx)[-1], ray_pods(kube, ctx))
+        if changes:
+            return Observation("degraded", f"the running Ray pods differ from the rendered templates: {'; '.join(changes)}",
+                               {"apply": True, "recreate": changes})
         if missing or differ:
             return Observation("degraded", "; ".join(filter(None, [
                 f"missing: {', '.join(missing)}" if missing else "",
@@ -158,12 +227,23 @@ class RayCluster(Resource):
         what = ", ".join(_describe(d) for d in desired_objects(ctx))
         secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
         cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
+        if obs.facts.get("recreate"):
+            return Plan("replace", f"{obs.reason}; KubeRay recreates every Ray pod: running jobs will stop (asks first; --yes agrees)",
+                        (cmd, "KubeRay deletes the Ray pods and creates them from the new templates"))
         if obs.facts.get("apply") or obs.state in ("absent", "unknown"):
             return Plan("create" if obs.state in ("absent", "unknown") else "repair", obs.reason, (cmd,))
         return Plan("wait", obs.reason, ("pods ray.io/cluster=" + ctx.cfg.ray.cluster_name + ": head Ready, workers Running",))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
         kube = ctx.kube()
+        changes = list(obs.facts.get("recreate") or [])
+        if changes:
+            what = "; ".join(changes)
+            question = f"the Ray pods will be recreated ({what}); running jobs on RayCluster {ctx.cfg.ray.cluster_name} will stop. Go on?"
+            if not (ctx.yes or ctx.reporter.confirm(self.name, question)):
+                raise StepFailed(f"the running Ray pods differ from the rendered templates ({what}); applying them recreates "
+                                 "every Ray pod and stops the running jobs, so nothing was changed", hint="raydlc up --yes")
+            ctx.reporter.line(self.name, f"recreating the Ray pods: {what}")
         for doc in desired_objects(ctx):
             for applied in kube.apply(doc):
                 if applied.action != "unchanged":
@@ -173,7 +253,12 @@ class RayCluster(Resource):
         cfg = ctx.cfg
         kube = ctx.kube()
         try:
-            ctx.wait(self.name, lambda: ray_pods(kube, ctx), lambda p: self._pods_ok(ctx, p), timeout=ctx.timings.pods_s,
+            desired = desired_objects(ctx)[-1]
+            watch = StuckWatch(ctx.timings.stuck_s)
+            ns = cfg.cluster.namespace
+            ctx.wait(self.name, lambda: ray_pods(kube, ctx), lambda p: self._pods_ok(ctx, p) and not template_changes(desired, p),
+                     timeout=ctx.timings.pods_s, stuck=lambda p: watch.verdict(p[0] + p[1], kube.events(ns), kube.nodes()),
+                     hint=f"kubectl -n {ns} describe pods -l ray.io/cluster={cfg.ray.cluster_name} --kubeconfig {ctx.kubeconfig}",
                      what=f"RayCluster {cfg.ray.cluster_name}: head Ready and {cfg.gpu_nodes.count} workers Running")
         except k8s.KubeTimeout as e:
             raise StepFailed(f"RayCluster {cfg.ray.cluster_name} not up: " + " | ".join(self._diagnosis(ctx, kube) or [e.message]),
