@@ -416,7 +416,7 @@ def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str,
     from raydlc import lifecycle
     from raydlc.lifecycle import Timings
 
-    fast = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
+    fast = Timings(poll_s=0.1, cluster_s=120, nodegroup_s=120, stack_s=120, helm_s=120, nodes_s=60, plugins_s=60, pods_s=90)  # limits matter only under load
     assert lifecycle.up(world.config(), timings=fast).ok
     world.scenario(forward={"ray-train/ray-train-cluster-head-svc:8265": head.dashboard_url.removeprefix("http://")})
     work = tmp_path / "job"

@@ -15,7 +15,7 @@ from raydlc.lifecycle import Timings
 pytestmark = pytest.mark.slow
 
 # Budgets, not speed targets: a wait ends as soon as its condition holds; a loaded machine needs the room.
-FAST = Timings(poll_s=0.1, cluster_s=60, nodegroup_s=60, stack_s=60, helm_s=60, nodes_s=30, plugins_s=1.5, pods_s=20)
+FAST = Timings(poll_s=0.1, cluster_s=60, nodegroup_s=60, stack_s=60, helm_s=60, nodes_s=30, plugins_s=60, pods_s=90)
 CLUSTER = "eks-cluster"
 REFUSED = "us-east-1e"  # use1-az3 in moto's us-east-1
 

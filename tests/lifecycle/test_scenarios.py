@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,11 @@ from raydlc.lifecycle.types import Interrupted, Plan
 
 pytestmark = pytest.mark.slow  # each runs up and/or down end to end: seconds, not milliseconds
 
-FAST = Timings(poll_s=0.1, cluster_s=10, nodegroup_s=10, stack_s=10, helm_s=10, nodes_s=5, plugins_s=1.5, pods_s=3)
+# Success paths end as soon as the doubles are done, so their limits only matter on a loaded machine
+# (CI's two cores): generous. A test that wants a wait to expire shortens just that wait.
+FAST = Timings(poll_s=0.1, cluster_s=120, nodegroup_s=120, stack_s=120, helm_s=120, nodes_s=60, plugins_s=60, pods_s=90)
+PLUGINS_EXPIRE = replace(FAST, plugins_s=1.5)
+PODS_EXPIRE = replace(FAST, pods_s=3)
 UP_ORDER = ["capacity", "storage", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
 DOWN_ORDER = ["raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "storage", "capacity"]
 CLUSTER = "eks-cluster"
@@ -200,7 +205,7 @@ def test_ctrl_c_during_helm_leaves_a_pending_release_that_up_resolves(world) -> 
 
 def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(world) -> None:
     world.scenario(plugin_missing={"aws-efa-k8s-device-plugin": ["gpu:1"]})
-    run = lifecycle.up(world.config(), timings=FAST)
+    run = lifecycle.up(world.config(), timings=PLUGINS_EXPIRE)
     steps = by_step(run)
     gpu_nodes = sorted(o["metadata"]["name"] for k, o in world.kube.snapshot().items()
                        if k.startswith("/v1/nodes/") and o["metadata"]["labels"].get("role") == "gpu-worker")
@@ -355,7 +360,7 @@ def test_head_pending_for_insufficient_cpu_is_named_with_the_schedulers_reason(w
     system = next(o for k, o in world.kube.snapshot().items()
                   if k.startswith("/v1/nodes/") and o["metadata"]["labels"].get("role") == "system")
     kube.patch("Node", system["metadata"]["name"], {"status": {"allocatable": {"cpu": "1500m"}}})
-    run = lifecycle.up(world.config(), timings=FAST)
+    run = lifecycle.up(world.config(), timings=PODS_EXPIRE)
     rc = by_step(run)["raycluster"]
     assert rc.outcome == "failed"
     assert "pod ray-train-cluster-head (head) is Pending: FailedScheduling: 0/3 nodes are available" in rc.reason

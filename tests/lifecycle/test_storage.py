@@ -140,7 +140,7 @@ def test_up_gives_the_ray_pods_a_pod_identity_and_down_leaves_the_bucket_and_not
     from raydlc.lifecycle import Timings
     from raydlc.render.storage import Bucket, pod_policy, role_name
 
-    slow = Timings(poll_s=0.1, cluster_s=240, nodegroup_s=240, stack_s=240, helm_s=60, nodes_s=30, plugins_s=5, pods_s=30)
+    slow = Timings(poll_s=0.1, cluster_s=240, nodegroup_s=240, stack_s=240, helm_s=60, nodes_s=30, plugins_s=60, pods_s=90)
     cfg = world.config()
     for part in ({"until": "cluster"}, {"only": "storage"}):
         run = lifecycle.up(cfg, timings=slow, **part)
