@@ -49,18 +49,19 @@ def test_bf16_mixed_stores_fp32_shards_which_are_the_master_and_all_gathers_bf16
     assert mixed["total"] > pure["total"]
 
 
-def test_root_unit_is_what_apply_fsdp_leaves_outside_the_blocks() -> None:
+def test_the_units_cover_the_model_once_and_a_block_is_a_layer() -> None:
     for spec in (SPECS["tiny"], ModelSpec("untied", 128, 2, 4, 2, 344, 1000, False)):
         model = build_model(spec, device="meta")
-        in_blocks = {id(p) for layer in model.model.layers for p in layer.parameters()}
-        root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
-        assert root == planner.root_unit_params(spec)
-        assert sum(p.numel() for p in model.model.layers[0].parameters()) == spec.layer_params()
+        u = planner.fsdp_units(spec)
+        assert u["root"] + u["embeddings"] + u["head"] + spec.num_layers * u["block"] == spec.param_count()
+        assert sum(p.numel() for p in model.model.layers[0].parameters()) == spec.layer_params() == u["block"]
+        assert planner.kept_params(spec) == u["root"] + u["head"] + u["block"]
 
 
 def test_unsharded_root_and_overhead_are_counted() -> None:
     spec = get_spec("qwen2.5-1.5b")
     b = planner.plan(W(spec, policy="pure-bf16"), G6).per_gpu_bytes
+    assert spec.tie_embeddings  # the shared weight is the root unit's, held all step with the final norm
     assert b["unsharded_params"] == 2 * (spec.embedding_params() + spec.hidden_size + 2 * spec.layer_params())
     assert b["overhead"] >= 1 << 30
     assert b["total"] == sum(v for k, v in b.items() if k != "total")
@@ -71,7 +72,7 @@ def test_fsdp_traffic_formula_and_hsdp_crosses_nodes_less() -> None:
     p = planner.plan(W(spec, policy="bf16-mixed"), G6)
     f, h = p.strategies["fsdp"].traffic_bytes_per_step, p.strategies["hsdp"].traffic_bytes_per_step
     # Every unit gathered in forward and again in backward, but the root and the last block once.
-    assert f["all_gather"] == int(7 / 8 * (2 * P15 - spec.layer_params() - planner.root_unit_params(spec)) * 2)
+    assert f["all_gather"] == int(7 / 8 * (2 * P15 - planner.kept_params(spec)) * 2)
     assert f["reduce_scatter"] == int(7 / 8 * P15 * 4)
     assert f["cross_node_per_node"] == f["per_gpu"] and f["all_reduce"] == 0
     assert h["all_reduce"] == int(2 * 1 / 2 * -(-P15 // 4) * 4)
@@ -139,7 +140,8 @@ def test_saved_activations_match_what_autograd_keeps(checkpointing: bool) -> Non
         ids = torch.randint(0, spec.vocab_size, (2, 128))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids, labels=ids)
-        want = planner.activation_parts(W(spec, seq_len=128, micro_batch=2, activation_checkpointing=checkpointing))["saved"]
+        w = W(spec, seq_len=128, micro_batch=2, activation_checkpointing=checkpointing, loss_chunk=0)
+        want = planner.activation_parts(w)["saved"] + planner.logits_parts(w)["saved"]  # transformers' own loss keeps the log-softmax
         assert sum(saved.values()) == pytest.approx(want, rel=0.02), spec.name
 
 
