@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             got = measure(a.model, a.layers, a.seq_len, chunk)
             row |= {"measured": got, "ratio": round(got["step"] / want["without_overhead"], 3)}
         doc["variants"][name] = row
-        gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+        gb = lambda n: f"{n / 1e9:.2f} GB"
         seen = gb(row["measured"]["step"]) if row["measured"] else "- (plan only)"
         print(f"{name:12s} loss_chunk {chunk:5d}: planned {gb(want['without_overhead'])} "
               f"(unsharded {gb(want['unsharded_params'] + want['unsharded_grads'])}, logits {gb(want['logits'])}), measured peak {seen}")

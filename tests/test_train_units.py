@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.test_train_step import world_of_one
 
 from raydlc import plan as planner
 from raydlc.models import SPECS, ModelSpec
@@ -15,7 +16,6 @@ from raydlc.train.loop import loss_sum
 from raydlc.train.loss import use_chunked_loss
 from raydlc.train.memprobe import LiveBytes
 from raydlc.train.model import apply_fsdp, build_model
-from tests.test_train_step import world_of_one
 
 UNTIED = ModelSpec("untied", 64, 2, 4, 2, 172, 5003, False, max_position_embeddings=512)
 
