@@ -6,7 +6,9 @@
 # 1. nvidia-smi; 2. the efficiency benchmark (benchmarks/gpu_efficiency.py: raydlc's step vs the
 # reference loop, MFU); 3. a 1-GPU `python -m raydlc.train` of qwen2.5-0.5b in bf16 on NCCL with
 # gradient accumulation; 4. the planner's prediction for that same run beside its measured step
-# time. Every figure lands under OUTDIR (default ./gpu-check-<UTC time>), and a final table is
+# time; 5. a 7B-shaped memory check (benchmarks/memory_7b.py: Qwen2.5-7B's width and vocabulary,
+# 4 layers, seq 2048, checkpointing + chunked loss + bf16 reduction, then unchunked): measured peak
+# beside the planner's terms, in OUTDIR/memory_7b.json. Every figure lands under OUTDIR (default ./gpu-check-<UTC time>), and a final table is
 # printed (OUTDIR/summary.txt, summary.json).
 #
 # It installs nothing and needs no network: it runs the repository's own code (PYTHONPATH=src)
@@ -25,6 +27,8 @@ REPORT_EVERY=5
 EFFICIENCY_ARGS=(--model qwen2.5-1.5b --variants compile --max-seq 2048 --max-batch 16 --steps 20 --warmup 3)
 EFFICIENCY_TIMEOUT_S=300
 TRAIN_TIMEOUT_S=180
+MEMORY_ARGS=(--model qwen2.5-7b --layers 4 --seq-len 2048)
+MEMORY_TIMEOUT_S=180
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 fail() { echo "error: $1" >&2; [ $# -gt 1 ] && echo "  hint: $2" >&2; exit "${3:-2}"; }
@@ -82,16 +86,21 @@ TRAIN=("$PY" -m raydlc.train --local --model "$MODEL" --workers 1 --steps "$STEP
        --grad-accum "$GRAD_ACCUM" --bf16 --out "$OUT/train"
        --set USE_GPU=true --set CHECKPOINT_EVERY=0 --set REPORT_EVERY="$REPORT_EVERY" --set LEARNING_RATE=2e-5 --set WARMUP_STEPS=5)
 EFFICIENCY=("$PY" benchmarks/gpu_efficiency.py "${EFFICIENCY_ARGS[@]}" --out "$OUT/efficiency.json")
+MEMORY=("$PY" benchmarks/memory_7b.py "${MEMORY_ARGS[@]}" --out "$OUT/memory_7b.json")
 {
   echo "# benchmarks/gpu_check.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ), GPU '$GPU'; run from $ROOT with PYTHONPATH=$PYTHONPATH"
   echo "nvidia-smi > $OUT/nvidia-smi.txt"
   echo "timeout $EFFICIENCY_TIMEOUT_S ${EFFICIENCY[*]}"
   echo "timeout $TRAIN_TIMEOUT_S ${TRAIN[*]}"
+  echo "timeout $MEMORY_TIMEOUT_S ${MEMORY[*]}"
 } > "$OUT/commands.sh"
 
 echo "== planner: $MODEL, micro-batch $MICRO_BATCH x $GRAD_ACCUM accumulated, seq $SEQ_LEN, 1 x $GPU"
 "$PY" benchmarks/gpu_check_report.py predict --out "$OUT" --gpu "$GPU" --model "$MODEL" --seq-len "$SEQ_LEN" \
   --micro-batch "$MICRO_BATCH" --grad-accum "$GRAD_ACCUM"
+
+echo "== planner: 7B-shaped memory check (${MEMORY_ARGS[*]})"
+"${MEMORY[@]}" --plan-only | sed '$d'
 
 if [ "$DRY_RUN" = 1 ]; then
   echo "== dry run: the commands it would run (also in $OUT/commands.sh)"
@@ -115,6 +124,7 @@ phase() {  # name, timeout, command...: output to OUTDIR/<name>.txt, the time it
 }
 phase efficiency "$EFFICIENCY_TIMEOUT_S" "${EFFICIENCY[@]}"
 phase train "$TRAIN_TIMEOUT_S" "${TRAIN[@]}"
+phase memory_7b "$MEMORY_TIMEOUT_S" "${MEMORY[@]}"
 grep -E '^\{' "$OUT/train.txt" | tail -1 > "$OUT/train.json" || true
 echo "== table"
 "$PY" benchmarks/gpu_check_report.py table --out "$OUT" || STATUS=1

@@ -72,3 +72,20 @@ def test_without_a_gpu_the_real_check_refuses_before_running_anything(tmp_path: 
     r = check([str(tmp_path / "out")], tmp_path)
     assert r.returncode == 1 and "sees no CUDA GPU" in r.stderr, r.stderr
     assert not (tmp_path / "out" / "plan.json").exists()
+
+
+def test_dry_run_plans_the_7b_shaped_memory_check(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    out = tmp_path / "out"
+    r = check(["--dry-run", "--gpu", "h200", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "memory_7b.json").read_text())
+    spec = replace(get_spec("qwen2.5-7b"), num_layers=4)
+    for name, chunk in (("recommended", 1024), ("unchunked", 0)):
+        row = doc["variants"][name]
+        want = planner.memory_bytes(planner.Workload(spec, seq_len=2048, activation_checkpointing=True, loss_chunk=chunk, reduce_dtype="bf16"), 1)
+        assert row["planned"]["total"] == want["total"] and row["measured"] is None  # a dry run measures nothing
+    assert doc["variants"]["unchunked"]["planned"]["logits"] == 12 * spec.vocab_size * 2048
+    memory = next(line for line in (out / "commands.sh").read_text().splitlines() if "memory_7b.py" in line)
+    assert "--model qwen2.5-7b --layers 4 --seq-len 2048" in memory and "planned" in r.stdout

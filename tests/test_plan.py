@@ -49,18 +49,19 @@ def test_bf16_mixed_stores_fp32_shards_which_are_the_master_and_all_gathers_bf16
     assert mixed["total"] > pure["total"]
 
 
-def test_root_unit_is_what_apply_fsdp_leaves_outside_the_blocks() -> None:
+def test_the_units_cover_the_model_once_and_a_block_is_a_layer() -> None:
     for spec in (SPECS["tiny"], ModelSpec("untied", 128, 2, 4, 2, 344, 1000, False)):
         model = build_model(spec, device="meta")
-        in_blocks = {id(p) for layer in model.model.layers for p in layer.parameters()}
-        root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
-        assert root == planner.root_unit_params(spec)
-        assert sum(p.numel() for p in model.model.layers[0].parameters()) == spec.layer_params()
+        u = planner.fsdp_units(spec)
+        assert u["root"] + u["embeddings"] + u["head"] + spec.num_layers * u["block"] == spec.param_count()
+        assert sum(p.numel() for p in model.model.layers[0].parameters()) == spec.layer_params() == u["block"]
+        assert planner.kept_params(spec) == u["root"] + u["head"] + u["block"]
 
 
 def test_unsharded_root_and_overhead_are_counted() -> None:
     spec = get_spec("qwen2.5-1.5b")
     b = planner.plan(W(spec, policy="pure-bf16"), G6).per_gpu_bytes
+    assert spec.tie_embeddings  # the shared weight is the root unit's, held all step with the final norm
     assert b["unsharded_params"] == 2 * (spec.embedding_params() + spec.hidden_size + 2 * spec.layer_params())
     assert b["overhead"] >= 1 << 30
     assert b["total"] == sum(v for k, v in b.items() if k != "total")
@@ -71,7 +72,7 @@ def test_fsdp_traffic_formula_and_hsdp_crosses_nodes_less() -> None:
     p = planner.plan(W(spec, policy="bf16-mixed"), G6)
     f, h = p.strategies["fsdp"].traffic_bytes_per_step, p.strategies["hsdp"].traffic_bytes_per_step
     # Every unit gathered in forward and again in backward, but the root and the last block once.
-    assert f["all_gather"] == int(7 / 8 * (2 * P15 - spec.layer_params() - planner.root_unit_params(spec)) * 2)
+    assert f["all_gather"] == int(7 / 8 * (2 * P15 - planner.kept_params(spec)) * 2)
     assert f["reduce_scatter"] == int(7 / 8 * P15 * 4)
     assert f["cross_node_per_node"] == f["per_gpu"] and f["all_reduce"] == 0
     assert h["all_reduce"] == int(2 * 1 / 2 * -(-P15 // 4) * 4)
@@ -139,7 +140,8 @@ def test_saved_activations_match_what_autograd_keeps(checkpointing: bool) -> Non
         ids = torch.randint(0, spec.vocab_size, (2, 128))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids, labels=ids)
-        want = planner.activation_parts(W(spec, seq_len=128, micro_batch=2, activation_checkpointing=checkpointing))["saved"]
+        w = W(spec, seq_len=128, micro_batch=2, activation_checkpointing=checkpointing, loss_chunk=0)
+        want = planner.activation_parts(w)["saved"] + planner.logits_parts(w)["saved"]  # transformers' own loss keeps the log-softmax
         assert sum(saved.values()) == pytest.approx(want, rel=0.02), spec.name
 
 
@@ -302,3 +304,46 @@ def test_plan_grad_accum_auto_shows_the_recommended_layouts_figures(clean_env: o
     fixed = cli_json(["plan", "--model", "qwen2.5-1.5b", "--grad-accum", "4", "--micro-batch", "2", "--sync", "every", "--json"])
     assert (fixed["grad_accum"], fixed["micro_batch"], fixed["strategies"]["hsdp"]["sync"]) == (4, 2, "every")
     assert fixed["traffic_bytes_per_step"]["micro_batches"] == 4
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-7b", "llama-3.1-8b"])
+def test_acceptance_7b_and_8b_fit_the_seeds_cluster_with_what_they_need(model: str, clean_env: object) -> None:
+    doc = cli_json(["plan", "--model", model, "--nodes", "2", "--gpus-per-node", "4", "--seq-len", "2048", "--json"])
+    rec, cap = doc["recommendation"], doc["gpu_memory_bytes"]
+    assert not doc["fits"]  # as given (no checkpointing, fp32 reduction) it does not
+    assert rec["per_gpu_bytes"] is not None and rec["per_gpu_bytes"] <= cap
+    assert rec["needs"] == {"activation_checkpointing": True, "reduce_dtype": "bf16"} and rec["loss_chunk"] == 1024
+    assert "REDUCE_DTYPE=bf16" in rec["reason"] and "rounded" in rec["reason"]
+    items = rec["per_gpu_bytes_itemised"]
+    assert items["total"] == rec["per_gpu_bytes"] and {"unsharded_params", "unsharded_grads", "logits"} <= set(items)
+    spec = get_spec(model)
+    assert items["logits"] == 8 * spec.vocab_size * 1024  # one chunk's fp32 logits and softmax
+    assert items["unsharded_grads"] == 2 * (spec.embedding_params() + spec.hidden_size)  # the head unit's bf16 gradient, no fp32 copy
+    assert doc["logits_bytes"]["unchunked"] == 12 * spec.vocab_size * 2048 > 10 * doc["logits_bytes"]["chunked"] / 8
+
+
+def test_the_root_units_term_of_qwen_7b_drops_to_what_the_new_units_hold() -> None:
+    spec = get_spec("qwen2.5-7b")
+    w = W(spec, seq_len=2048)
+    u = planner.fsdp_units(spec)
+    assert u["root"] == 0 and u["embeddings"] == spec.embedding_params() and u["head"] == spec.embedding_params() + spec.hidden_size
+    old_root = 2 * spec.embedding_params() + spec.hidden_size  # embeddings, norm and head, one unit held all step
+    old_term = (old_root + 2 * u["block"]) * 2 + old_root * (2 + 4)  # gathered bf16 with two blocks, plus its bf16 and fp32 gradients
+    assert round(old_term / 1e9, 2) == 9.65
+    new = planner.unsharded_parts(w)
+    assert new["unsharded_params"] == (u["head"] + 2 * u["block"]) * 2 and new["unsharded_grads"] == u["head"] * 6
+    assert planner.unsharded_parts(w.at(reduce_dtype="bf16"))["unsharded_grads"] == u["head"] * 2
+    assert sum(new.values()) < old_term * 0.6
+
+
+def test_seq_len_reaches_every_term_and_the_reduce_dtype_the_traffic() -> None:
+    spec = get_spec("qwen2.5-7b")
+    short, long = (planner.memory_bytes(W(spec, seq_len=n, loss_chunk=0), 8) for n in (128, 2048))
+    assert long["activations"] == 16 * short["activations"] and long["logits"] == 16 * short["logits"]
+    chunked = planner.memory_bytes(W(spec, seq_len=2048), 8)
+    assert chunked["logits"] == long["logits"] * 8 // 12 // 2  # one chunk of 1024 tokens of the 2048, 8 B not 12
+    f32, b16 = (planner.traffic_bytes(W(spec, reduce_dtype=d), "fsdp", G6) for d in ("fp32", "bf16"))
+    assert b16["reduce_scatter"] * 2 == pytest.approx(f32["reduce_scatter"], rel=1e-6) and b16["all_gather"] == f32["all_gather"]
+    scans = {n: cli_json(["plan", "--model", "qwen2.5-1.5b", "--scan-nodes", "1,2", "--seq-len", str(n), "--json"]) for n in (128, 2048)}
+    assert scans[2048]["seq_len"] == 2048 and [r["micro_batch"] for r in scans[2048]["rows"]] != [r["micro_batch"] for r in scans[128]["rows"]]
+    assert [r["tokens_per_s"] for r in scans[2048]["rows"]] != [r["tokens_per_s"] for r in scans[128]["rows"]]

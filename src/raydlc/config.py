@@ -320,12 +320,20 @@ class TrainConfig(_Section):
     report_every: Count = _env("REPORT_EVERY", "steps between ray.train.report calls (each is a barrier)", default=10)
     hsdp_replicas: NonNegative = _env("HSDP_REPLICAS", "HSDP replica groups; 0 = one per node", default=0)
     bf16: MaybeBool = _env(
-        "BF16", "bf16 compute with fp32 master weights and reduction; empty = on GPUs only", default=None,
+        "BF16", "bf16 compute with fp32 master weights (the reduction: REDUCE_DTYPE); empty = on GPUs only", default=None,
         flag=Flag("--bf16/--fp32", "Compute dtype", default="bf16 on GPUs, fp32 on CPUs"),
     )
     activation_checkpointing: bool = _env(
         "ACTIVATION_CHECKPOINTING", "recompute decoder blocks in backward", default=False,
         flag=Flag("--activation-checkpointing", "Recompute decoder blocks in backward"),
+    )
+    loss_chunk: NonNegative = _env(
+        "LOSS_CHUNK", "tokens per chunk of the cross-entropy over the vocabulary (the full logits never exist); 0 = all at once", default=1024,
+        le=1 << 20, why="a chunk beyond a million tokens is the unchunked loss", flag=Flag("--loss-chunk", "Tokens per chunk of the cross-entropy; 0 = unchunked"),
+    )
+    reduce_dtype: Literal["fp32", "bf16"] = _env(
+        "REDUCE_DTYPE", "dtype of the gradient reduction (FSDP2's reduce_dtype): bf16 halves its bytes and rounds every sum", default="fp32",
+        flag=Flag("--reduce-dtype", "Gradient reduction dtype: fp32 or bf16"),
     )
     compile: bool = _env("COMPILE", "torch.compile each decoder block", default=False)
     use_gpu: MaybeBool = _env("USE_GPU", "one GPU per worker; empty = when the Ray cluster has GPUs", default=None)

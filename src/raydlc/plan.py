@@ -39,6 +39,10 @@ GB = 1e9
 # 128 Ki tokens sits between, so accumulation can amortise the gradient traffic without the
 # planner winning by a batch no fine-tune would use.
 DEFAULT_MAX_GLOBAL_BATCH = 131072
+# Tokens per chunk of the chunked cross-entropy (train.loss), as TrainConfig.loss_chunk defaults.
+DEFAULT_LOSS_CHUNK = 1024
+REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+REDUCE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,14 @@ class Workload:
     policy: str = "bf16-mixed"
     activation_checkpointing: bool = False
     max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH
+    loss_chunk: int = DEFAULT_LOSS_CHUNK  # tokens per chunk of the cross-entropy; 0 = the full logits at once
+    reduce_dtype: str | None = None  # "fp32" or "bf16"; None = the policy's own (bf16 only under pure-bf16)
 
     def __post_init__(self) -> None:
+        if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
+            raise InputError(f"unknown reduction dtype {self.reduce_dtype!r}", hint=f"use one of: {', '.join(REDUCE_DTYPES)}")
+        if self.loss_chunk < 0:
+            raise InputError(f"the loss chunk must be 0 (off) or a number of tokens, got {self.loss_chunk}", hint="pass --loss-chunk 1024 (or 0)")
         if self.policy not in PRECISION:
             raise InputError(f"unknown precision policy {self.policy!r}", hint=f"use one of: {', '.join(POLICIES)}")
         if self.sync != "auto" and self.sync not in SYNCS["hsdp"]:
@@ -143,7 +153,9 @@ class Workload:
 
     @property
     def precision(self) -> PrecisionBytes:
-        return PRECISION[self.policy]
+        """The policy's bytes, with the gradient reduction in `reduce_dtype` when one is chosen."""
+        pb = PRECISION[self.policy]
+        return pb if self.reduce_dtype is None else replace(pb, reduce=REDUCE_BYTES[self.reduce_dtype])
 
     @property
     def accum(self) -> int:
@@ -250,16 +262,35 @@ class Plan:
     fits: bool
     strategies: dict[str, StrategyPlan]
     recommendation: dict[str, Any]
+    loss_chunk: int = DEFAULT_LOSS_CHUNK
+    reduce_dtype: str = "fp32"
+    logits_bytes: dict[str, int] = field(default_factory=dict)
+    fsdp_units: dict[str, int] = field(default_factory=dict)  # parameters per unit (fsdp_units)
     assumptions: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def root_unit_params(spec: ModelSpec) -> int:
-    """The root FSDP unit: embeddings, the final norm and an untied head."""
-    head = 0 if spec.tie_embeddings else spec.embedding_params()
-    return spec.embedding_params() + spec.hidden_size + head
+def fsdp_units(spec: ModelSpec) -> dict[str, int]:
+    """Parameters of each FSDP unit as `train.model.apply_fsdp` builds them (torchtitan's units).
+
+    Untied: the embeddings (resharded after forward, gathered again for their backward, the
+    last one), each decoder block, `[final norm, head]` (kept from the end of forward through
+    its backward, the first) and a root that holds nothing else. Tied, the one weight is
+    both embedding and head: it stays in the root unit with the final norm, gathered all step.
+    """
+    emb, h = spec.embedding_params(), spec.hidden_size
+    if spec.tie_embeddings:
+        return {"embeddings": 0, "head": 0, "root": emb + h, "block": spec.layer_params()}
+    return {"embeddings": emb, "head": emb + h, "root": 0, "block": spec.layer_params()}
+
+
+def kept_params(spec: ModelSpec) -> int:
+    """Parameters gathered once per micro-batch (kept unsharded from forward into backward): the
+    root, the head unit and the last block; every other unit is gathered in forward and again in backward."""
+    u = fsdp_units(spec)
+    return u["root"] + u["head"] + u["block"]
 
 
 def _ring(n: int) -> float:
@@ -267,32 +298,64 @@ def _ring(n: int) -> float:
 
 
 def activation_parts(w: Workload) -> dict[str, int]:
-    """Activation bytes of one micro-batch at its peak (the start of backward), in three parts.
+    """Activation bytes of the decoder of one micro-batch at its peak (the start of backward).
 
     `saved` is what autograd keeps after forward (measured on CPU with saved_tensors_hooks:
     tests/test_plan.py). Per token and Qwen2 block with SDPA (no s x s matrix): each of the two
     RMSNorms keeps its fp32 input (4h), its bf16 output and the weighted copy fed to the linear
     (2h + 2h); attention keeps q (2h), k and v (2kv each) and its output (2h); the MLP keeps
     gate, up, silu(gate) and their product (4 x 2i): 20h + 4kv + 8i bytes. The final norm
-    keeps 8h, and the loss the fp32 log-softmax of the logits (4 B per vocab entry).
-    With per-block checkpointing only each block's bf16 input (2h) is kept, and one block is
-    rebuilt during backward (`recompute`). `loss_backward` is the transient fp32 and bf16
-    gradient of the logits (6 B per vocab entry) while everything saved is still held.
+    keeps 8h. With per-block checkpointing only each block's bf16 input (2h) is kept, and one
+    block is rebuilt during backward (`recompute`). The logits are `logits_bytes`.
     """
     spec, checkpointing, tokens = w.spec, w.activation_checkpointing, w.tokens
-    h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    h, i = spec.hidden_size, spec.intermediate_size
     kv = spec.num_kv_heads * spec.head_dim
     block = 20 * h + 4 * kv + 8 * i
-    per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h + 4 * v
-    return {
-        "saved": per_token * tokens,
-        "recompute": block * tokens if checkpointing else 0,
-        "loss_backward": 6 * v * tokens,
-    }
+    per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h
+    return {"saved": per_token * tokens, "recompute": block * tokens if checkpointing else 0}
 
 
 def activation_bytes(w: Workload) -> int:
     return sum(activation_parts(w).values())
+
+
+def logits_parts(w: Workload) -> dict[str, int]:
+    """The loss's own bytes over the vocabulary, at their peak (measured: tests/test_train_loss.py).
+
+    Unchunked (`loss_chunk=0`): the fp32 log-softmax (4 B per token and vocabulary entry) is
+    kept from forward into backward, where the gradient of the loss and of the log-softmax
+    input (4 + 4 B) join it: 12 B per entry at the peak; the forward's bf16 logits and fp32
+    copy (2 + 4 + 4) stay below that. Chunked (train.loss): nothing is kept, and one chunk's
+    fp32 logits and softmax or log-softmax (4 + 4 B per entry) are alive at a time.
+    """
+    v, tokens = w.spec.vocab_size, w.tokens
+    if w.loss_chunk <= 0:
+        return {"saved": 4 * v * tokens, "peak": 12 * v * tokens}
+    return {"saved": 0, "peak": 8 * v * min(w.loss_chunk, tokens)}
+
+
+def logits_bytes(w: Workload) -> int:
+    return logits_parts(w)["peak"]
+
+
+def unsharded_parts(w: Workload) -> dict[str, int]:
+    """Unsharded (all-gathered) parameters and their full gradients, at their peaks.
+
+    Parameters, in the compute dtype: the largest of the head unit (from the end of forward
+    through the head's backward) and the embeddings (forward, and their backward at the end),
+    with the last block kept and the next one prefetched beside it; a tied model's root (the
+    shared weight) is held all step. Gradients: one unit's full gradient in the compute dtype
+    and, while FSDP2 copies it into the reduce-scatter buffer, in the reduce dtype when that
+    differs (`reduce_dtype=bf16` under bf16 compute removes that copy).
+    """
+    pb, u = w.precision, fsdp_units(w.spec)
+    largest = max(u["root"], u["head"], u["embeddings"])
+    copy = pb.reduce if pb.reduce != pb.compute else 0
+    return {
+        "unsharded_params": (largest + 2 * u["block"]) * pb.compute,
+        "unsharded_grads": max(largest, u["block"]) * (pb.compute + copy),
+    }
 
 
 def default_sync(strategy: str, grad_accum: int = 2) -> str:
@@ -318,7 +381,6 @@ def memory_bytes(w: Workload, shard_size: int, a: Assumptions = DEFAULT_ASSUMPTI
     pb, spec = w.precision, w.spec
     p = spec.param_count()
     local = math.ceil(p / shard_size)
-    root, block = root_unit_params(spec), spec.layer_params()
     accumulated = 0
     if w.accum > 1 and w.sync == "once":
         accumulated = p * pb.reduce
@@ -329,13 +391,10 @@ def memory_bytes(w: Workload, shard_size: int, a: Assumptions = DEFAULT_ASSUMPTI
         "grads": local * pb.grad,
         "optimizer": local * pb.optimizer,
         "fp32_master": local * pb.master,
-        # The root unit (embeddings) is unsharded around all of forward and again all of backward;
-        # one block is in use and the next prefetched.
-        "unsharded_params": (root + 2 * block) * pb.compute,
-        # A unit's full gradient before reduce-scatter, plus its reduce_dtype copy when that differs.
-        "unsharded_grads": max(root, block) * (pb.compute + (pb.reduce if pb.reduce != pb.compute else 0)),
+        **unsharded_parts(w),
         "accumulated_grads": accumulated,
         "activations": activation_bytes(w),
+        "logits": logits_bytes(w),
     }
     subtotal = sum(out.values())
     out["overhead"] = a.overhead_fixed_bytes + int(subtotal * a.overhead_fraction)
@@ -371,7 +430,7 @@ def _micro_batch_bytes(w: Workload, strategy: str, layout: Layout) -> tuple[floa
     """(all-gather, reduce-scatter, all-reduce) bytes each GPU receives for one micro-batch that reduces."""
     pb, spec = w.precision, w.spec
     p = spec.param_count()
-    resharded = p - spec.layer_params() - root_unit_params(spec)
+    resharded = p - kept_params(spec)
     shard, replicate = _layout_groups(strategy, layout)
     f = _ring(shard)
     ag = f * (p + resharded) * pb.compute
@@ -390,9 +449,9 @@ def _reductions(grad_accum: int, sync: str) -> tuple[int, int]:
 def traffic_bytes(w: Workload, strategy: str, layout: Layout) -> dict[str, Any]:
     """Bytes each GPU receives per optimizer step (ring collectives), and what crosses each node's NIC.
 
-    FSDP: every unit is all-gathered in forward and again in backward, except the root unit
-    and the last block, which apply_fsdp keeps unsharded from forward into backward (measured:
-    one all-gather each per step); every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
+    FSDP: every unit is all-gathered in forward and again in backward, except the root, the
+    head unit and the last block, which apply_fsdp keeps unsharded from forward into backward
+    (`kept_params`; measured: one all-gather each per micro-batch); every gradient is reduce-scattered, all over one ring of N x G ranks. A ring's cross-node link carries as
     much as each intra-node link, so a node's NIC moves one GPU's full share.
     HSDP: the same three collectives inside the node, then an all-reduce of each GPU's
     gradient shard with its peers on the other nodes; G such all-reduces share the node's NIC.
@@ -424,11 +483,14 @@ def traffic_bytes(w: Workload, strategy: str, layout: Layout) -> dict[str, Any]:
 
 
 def flops_per_step(w: Workload) -> float:
-    """Per GPU and micro-batch: 6 x params per token (8 with the forward recomputed) plus attention scores."""
+    """Per GPU and micro-batch: 6 x params per token (8 with the forward recomputed) plus attention scores
+    (and the head's matmul once more with the chunked loss)."""
     spec = w.spec
     passes = 8 if w.activation_checkpointing else 6
     attention = (passes * 2) * spec.num_layers * spec.hidden_size * w.seq_len
-    return float(w.tokens * (passes * spec.param_count() + attention))
+    # The chunked loss computes the head's logits again in backward (train.loss).
+    rehead = 2 * spec.vocab_size * spec.hidden_size if w.loss_chunk > 0 else 0
+    return float(w.tokens * (passes * spec.param_count() + attention + rehead))
 
 
 def step_time(w: Workload, strategy: str, layout: Layout, a: Assumptions = DEFAULT_ASSUMPTIONS) -> dict[str, Any]:
@@ -683,22 +745,78 @@ def layout_for(
     )
 
 
-def plan(w: Workload, layout: Layout, *, strategy: str | None = None, assumptions: Assumptions = DEFAULT_ASSUMPTIONS) -> Plan:
+# What `plan` may turn on when the workload as given fits nowhere, cheapest first, with its price.
+REMEDIES: dict[str, tuple[Any, str]] = {
+    "loss_chunk": (DEFAULT_LOSS_CHUNK, f"the chunked cross-entropy (LOSS_CHUNK={DEFAULT_LOSS_CHUNK}): one more head matmul per step for one chunk's logits instead of the sequence's"),
+    "activation_checkpointing": (True, "activation checkpointing (ACTIVATION_CHECKPOINTING=true): each block's forward runs again in backward, ~1/3 more compute"),
+    "reduce_dtype": ("bf16", "gradient reduction in bf16 (REDUCE_DTYPE=bf16): no fp32 copy of each unit's gradient and half the reduce-scatter bytes, "
+                             "but every cross-rank sum is rounded to bf16's 8-bit mantissa (fp32 is exact to 24 bits)"),
+}
+
+
+def _remedy_sets(w: Workload, free: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Changes to try, in order: none, then the chunked loss and checkpointing, and bf16 reduction only after both."""
+    def needed(name: str) -> bool:
+        value = REMEDIES[name][0]
+        if name == "reduce_dtype":
+            return name in free and w.precision.reduce != REDUCE_BYTES[value]
+        return name in free and getattr(w, name) != value
+
+    out: list[dict[str, Any]] = []
+    for reduce in (False, True):
+        for ac in (False, True):
+            for chunk in (False, True):
+                names = [n for n, on in (("loss_chunk", chunk), ("activation_checkpointing", ac), ("reduce_dtype", reduce)) if on]
+                if all(needed(n) for n in names):
+                    out.append({n: REMEDIES[n][0] for n in names})
+    return out
+
+
+def fitting(w: Workload, layout: Layout, free: tuple[str, ...] = (), a: Assumptions = DEFAULT_ASSUMPTIONS) -> tuple[Workload, Recommendation, dict[str, Any]]:
+    """The workload with the first of `REMEDIES` (among those `free` to change) that makes a layout fit,
+    its recommendation, and the changes made ({} when it fits as given or nothing helps)."""
+    first: tuple[Workload, Recommendation] | None = None
+    for changes in _remedy_sets(w, free):
+        tried = w.at(**changes)
+        rec = recommend(tried, layout, assumptions=a)
+        first = first or (tried, rec)
+        if rec.best is not None:
+            return tried, rec, changes
+    assert first is not None
+    return first[0], first[1], {}
+
+
+def plan(
+    w: Workload, layout: Layout, *, strategy: str | None = None, free: tuple[str, ...] = (), assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
+) -> Plan:
     """Both strategies' figures for the workload's step, and the recommended layout.
 
     `grad_accum="auto"` fills the figures with the recommendation's strategy (unless
-    `strategy` is given), micro-batch, accumulation and sync mode.
+    `strategy` is given), micro-batch, accumulation and sync mode. When nothing fits, the
+    recommendation turns on what `free` allows of `REMEDIES` (names of Workload fields) and
+    says which and at what price (`needs`); with `grad_accum="auto"` the figures are of that too.
     """
     if strategy is not None and strategy not in STRATEGIES:
         raise InputError(f"unknown sharding strategy {strategy!r}", hint=f"use one of: {', '.join(STRATEGIES)}")
-    rec = recommend(w, layout, assumptions=assumptions)
+    remedied, rec, needs = fitting(w, layout, free, assumptions)
+    b = rec.best
     if w.grad_accum == "auto":
-        b = rec.best
-        w = w.at(micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync) if b is not None else w.at(grad_accum=1)
+        w = remedied.at(micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync) if b is not None else w.at(grad_accum=1)
         strategy = strategy or (b.strategy if b is not None else None)
     strategy = strategy or "fsdp"
     plans = {s: _strategy_plan(w, s, layout, assumptions) for s in STRATEGIES}
     sel = plans[strategy]
+    recommendation = rec.to_dict()
+    if needs:
+        recommendation["reason"] = "needs " + "; and ".join(REMEDIES[n][1] for n in needs) + " -- " + recommendation["reason"]
+    best_w = remedied.at(micro_batch=b.micro_batch, grad_accum=b.grad_accum, sync=b.sync) if b is not None else None
+    recommendation |= {
+        "needs": needs,
+        "loss_chunk": remedied.loss_chunk,
+        "reduce_dtype": _reduce_name(remedied),
+        "activation_checkpointing": remedied.activation_checkpointing,
+        "per_gpu_bytes_itemised": memory_bytes(best_w, _layout_groups(b.strategy, layout)[0], assumptions) if best_w and b else None,
+    }
     return Plan(
         model=w.spec.name,
         params=w.spec.param_count(),
@@ -721,9 +839,18 @@ def plan(w: Workload, layout: Layout, *, strategy: str | None = None, assumption
         max_micro_batch=sel.max_micro_batch,
         fits=sel.fits,
         strategies=plans,
-        recommendation=rec.to_dict(),
+        recommendation=recommendation,
+        loss_chunk=w.loss_chunk,
+        reduce_dtype=_reduce_name(w),
+        logits_bytes={"unchunked": logits_bytes(w.at(loss_chunk=0)), "chunked": logits_bytes(w.at(loss_chunk=w.loss_chunk or DEFAULT_LOSS_CHUNK))}
+        | logits_parts(w),
+        fsdp_units=fsdp_units(w.spec),
         assumptions=asdict(assumptions) | {"precision_bytes": asdict(w.precision), "shard_size": sel.shard_size},
     )
+
+
+def _reduce_name(w: Workload) -> str:
+    return "bf16" if w.precision.reduce == 2 else "fp32"
 
 
 def recommend_sharding(w: Workload, layout: Layout) -> str:

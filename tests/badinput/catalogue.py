@@ -254,6 +254,8 @@ PLAN = [
     r("plan-grad-accum-word", "plan --grad-accum many", 2, "whole number of micro-batches or auto", sub=True),
     r("plan-sync-unknown", "plan --sync sometimes", 2, "GRAD_SYNC"),
     r("plan-max-global-batch-zero", "plan --max-global-batch 0", 2, "MAX_GLOBAL_BATCH"),
+    r("plan-loss-chunk-negative", "plan --loss-chunk -1", 2, "LOSS_CHUNK"),
+    r("plan-reduce-dtype-unknown", "plan --reduce-dtype fp8", 2, "REDUCE_DTYPE"),
 ]
 
 PREFLIGHT = [
@@ -278,6 +280,8 @@ TRAIN = [
     r("train-steps-zero", "train --steps 0", 2, "STEPS"),
     r("train-sharding-unknown", "train --sharding zero3", 2, "SHARDING"),
     r("train-grad-accum-negative", "train --grad-accum -2", 2, "GRAD_ACCUM"),
+    r("train-loss-chunk-word", "train --loss-chunk big", 2, "--loss-chunk"),
+    r("train-reduce-dtype-unknown", "train --reduce-dtype fp16", 2, "REDUCE_DTYPE"),
     r("train-all-reduce-once-without-hsdp", "train --sharding fsdp --grad-accum 2", 2, "needs HSDP", env={"RAYDLC_GRAD_SYNC": "all-reduce-once"}),
     r("train-grad-accum-beyond-data", "train --model tiny --grad-accum 100000", 2, "one global batch", sub=True),
     r("train-model-unknown", "train --model nosuch", 2, "nosuch"),

@@ -27,9 +27,13 @@ OPTIONS = [
     flags.option("GRAD_ACCUM", Flag("--grad-accum", "Micro-batches per optimizer step, or auto: the figures of the recommended layout")),
     flags.option("GRAD_SYNC"),
     flags.option("MAX_GLOBAL_BATCH"),
+    flags.option("LOSS_CHUNK"),
+    flags.option("REDUCE_DTYPE"),
     flags.option("GPU_NODE_TYPE", Flag("--instance-type", "GPU instance type whose catalogue facts to plan with")),
 ]
 SEARCHED = ("micro_batch", "grad_accum", "sync")  # the step a scan searches: settings only, no arguments of `scan`
+# What `plan` may turn on when nothing fits (raydlc.plan.REMEDIES), unless the caller set it.
+FREE = {"loss_chunk": "LOSS_CHUNK", "activation_checkpointing": "ACTIVATION_CHECKPOINTING", "reduce_dtype": "REDUCE_DTYPE"}
 GPUS_PER_NODE_MAX = 16  # no EC2 instance type has more (GPUS_PER_NODE's bound)
 
 
@@ -59,8 +63,9 @@ class ScanResult(Scan):
 
 def _inputs(
     config: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None, arguments: Mapping[str, Any], gpus_per_node: int | None
-) -> tuple[Any, Any, int]:
-    """The config with the plan's settings layered in, the model's spec, and the GPUs per node to plan with.
+) -> tuple[Any, Any, int, set[str]]:
+    """The config with the plan's settings layered in, the model's spec, the GPUs per node to plan with,
+    and the settings the caller gave (what the plan may not change to make a layout fit).
 
     `arguments` are the use case's own (its `locals()`): the ones named like OPTIONS are settings.
 
@@ -77,16 +82,19 @@ def _inputs(
     known = catalog.instance_type(given["GPU_NODE_TYPE"]) if given.get("GPU_NODE_TYPE") else None
     cfg = load(config, settings, **given, GPUS_PER_NODE=known.gpus if known else None)
     gpn = cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node
-    return cfg, get_spec(cfg.train.model_id), gpn
+    return cfg, get_spec(cfg.train.model_id), gpn, set(given) | set(settings or {})
 
 
-def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool) -> planner.Workload:
+def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool, given: set[str]) -> planner.Workload:
+    """The planner's workload of the settings; REDUCE_DTYPE left at its default means the policy's own
+    reduction (pure-bf16 reduces in its bf16 parameters' dtype, as FSDP2 does without a policy)."""
     from raydlc import plan as planner
 
     t = cfg.train
     return planner.Workload(
         spec, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync, policy=policy,
         activation_checkpointing=activation_checkpointing, max_global_batch=t.max_global_batch,
+        loss_chunk=t.loss_chunk, reduce_dtype=t.reduce_dtype if policy != "pure-bf16" or "REDUCE_DTYPE" in given else None,
     )
 
 
@@ -102,6 +110,8 @@ def plan(
     grad_accum: int | str | None = None,
     sync: str | None = None,
     max_global_batch: int | None = None,
+    loss_chunk: int | None = None,
+    reduce_dtype: str | None = None,
     policy: str = "bf16-mixed",
     strategy: str | None = None,
     activation_checkpointing: bool | None = None,
@@ -112,8 +122,10 @@ def plan(
     """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits.
 
     Unset arguments come from the configuration (`MODEL_ID`, `GPU_NODE_COUNT`, `GPU_NODE_TYPE`,
-    `SEQ_LEN`, `BATCH_SIZE`, …); `gpu`, `network_gbps` and `gpus_per_node` are what-ifs on the
-    instance type's facts. `grad_accum="auto"` shows the recommended layout's figures.
+    `SEQ_LEN`, `BATCH_SIZE`, `LOSS_CHUNK`, `REDUCE_DTYPE`, …); `gpu`, `network_gbps` and `gpus_per_node` are what-ifs on the
+    instance type's facts. `grad_accum="auto"` shows the recommended layout's figures. When
+    nothing fits as given, the recommendation turns on the chunked loss, activation
+    checkpointing and then bf16 reduction, those the caller did not set, and names them (`needs`).
     Pure arithmetic: nothing is called, nothing is written.
 
     Example:
@@ -128,9 +140,11 @@ def plan(
     """
     from raydlc import plan as planner
 
-    cfg, spec, gpn = _inputs(config, settings, locals(), gpus_per_node)
+    cfg, spec, gpn, given = _inputs(config, settings, locals(), gpus_per_node)
     layout = planner.layout_for(cfg.gpu_nodes.count, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
-    result = planner.plan(_workload(cfg, spec, policy, bool(activation_checkpointing)), layout, strategy=strategy)
+    free = tuple(n for n, env in FREE.items() if env not in given and (n != "activation_checkpointing" or activation_checkpointing is None))
+    work = _workload(cfg, spec, policy, bool(activation_checkpointing), given)
+    result = planner.plan(work, layout, strategy=strategy, free=free)
     return PlanResult(**{f.name: getattr(result, f.name) for f in fields(Plan)})
 
 
@@ -144,6 +158,8 @@ def scan(
     network_gbps: float | None = None,
     seq_len: int | None = None,
     max_global_batch: int | None = None,
+    loss_chunk: int | None = None,
+    reduce_dtype: str | None = None,
     policy: str = "bf16-mixed",
     activation_checkpointing: bool | None = None,
     instance_type: str | None = None,
@@ -169,14 +185,14 @@ def scan(
     from raydlc import scaleout
 
     text = scan_nodes if isinstance(scan_nodes, str) else ",".join(str(n) for n in scan_nodes)
-    cfg, spec, gpn = _inputs(config, settings, locals(), gpus_per_node)
+    cfg, spec, gpn, given = _inputs(config, settings, locals(), gpus_per_node)
     counts = scaleout.parse_node_counts(text)
     path = Path(plot) if plot is not None else None
     if path is not None:
         from raydlc.files import check_output_file
 
         check_output_file(path, "--plot", force=True)
-    work = _workload(cfg, spec, policy, False)
+    work = _workload(cfg, spec, policy, False, given)
 
     def layout_at(n: int) -> planner.Layout:
         return planner.layout_for(n, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)

@@ -111,6 +111,7 @@ def decide(
         work = planner.Workload(
             model, seq_len=train.seq_len, policy="bf16-mixed" if bf16 else "fp32",
             activation_checkpointing=train.activation_checkpointing, max_global_batch=max(ceiling, 1),
+            loss_chunk=train.loss_chunk, reduce_dtype=train.reduce_dtype,
         )
         rec = planner.recommend(
             work, layout, strategies=strategies,

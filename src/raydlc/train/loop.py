@@ -158,6 +158,15 @@ class Trainer:
     sync: str = "every"  # every | once | all-reduce-once: when accumulated gradients are reduced
 
 
+def reduce_dtype(name: str, bf16: bool) -> torch.dtype | None:
+    """FSDP2's reduce_dtype for REDUCE_DTYPE: None where it is the parameters' own (fp32 without bf16 compute)."""
+    import torch
+
+    if name == "bf16":
+        return torch.bfloat16
+    return torch.float32 if bf16 else None
+
+
 def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (β2 0.95), fused on CUDA; the learning rate is set by `train_step` each step."""
     import torch
@@ -183,6 +192,7 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
 
     from raydlc.models import get_spec
     from raydlc.plan import default_sync
+    from raydlc.train.loss import use_chunked_loss
     from raydlc.train.model import apply_fsdp, build_model
     from raydlc.train.weights import build_sharded
 
@@ -192,10 +202,10 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
 
     def shard(model: nn.Module) -> nn.Module:
         return apply_fsdp(
-            model,
+            use_chunked_loss(model, settings.loss_chunk) if settings.loss_chunk > 0 else model,
             mesh=device_mesh,
             param_dtype=torch.bfloat16 if bf16 else None,
-            reduce_dtype=torch.float32 if bf16 else None,
+            reduce_dtype=reduce_dtype(settings.reduce_dtype, bf16),
             activation_checkpointing=settings.activation_checkpointing,
             compile=settings.compile,
         )
@@ -256,12 +266,18 @@ def causal_masks(model: nn.Module) -> dict[str, None] | None:
 
 
 def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed next-token cross-entropy (fp32) and the number of target tokens it covers."""
+    """Summed next-token cross-entropy (fp32) and the number of target tokens it covers: chunked
+    inside the head (train.loss) when the model has a `ChunkedHead`, else over the full logits."""
     import torch.nn.functional as F
 
     from raydlc.train.data import IGNORE
+    from raydlc.train.loss import head_of, targets
 
     y = labels[:, 1:]
+    head = head_of(model)
+    if head is not None:
+        with targets(head, labels):
+            return model(input_ids=ids, attention_mask=causal_masks(model)).logits, (y != IGNORE).sum()
     logits = model(input_ids=ids, attention_mask=causal_masks(model)).logits[:, :-1]
     total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return total, (y != IGNORE).sum()

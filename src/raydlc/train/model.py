@@ -1,5 +1,5 @@
-"""Causal LMs (Qwen2, Llama) built from a spec (raydlc.models), FSDP2 sharding per decoder block,
-and pretrained weights loaded shard by shard (raydlc.train.weights)."""
+"""Causal LMs (Qwen2, Llama) built from a spec (raydlc.models), FSDP2 in torchtitan's units
+(embeddings, blocks, [norm, head], root), and pretrained weights loaded shard by shard (raydlc.train.weights)."""
 
 from __future__ import annotations
 
@@ -64,12 +64,20 @@ def apply_fsdp(
     activation_checkpointing: bool = False,
     compile: bool = False,
 ) -> nn.Module:
-    """FSDP2: one `fully_shard` per decoder block, then the root (torchtitan's layout).
+    """FSDP2 in torchtitan's units: the embeddings, each decoder block, `[final norm, head]`, then the root.
 
-    Per-block units let all-gathers of block i+1 overlap compute of block i; the root unit
-    holds the embeddings, final norm and (tied) head. A 2-D mesh (replicate, shard) is HSDP.
+    Per-block units let all-gathers of block i+1 overlap compute of block i. The reshard
+    policy per unit trades memory for all-gathers: the embeddings are used first in forward and
+    last in backward, so they are resharded after forward (one more all-gather of V x h per
+    step, prefetched behind block 0's backward) instead of being held all step; `[norm, head]`
+    is used last in forward and first in backward, so it is kept (resharding it would gather it
+    again at once); so is the last block. A tied model's one weight is both embedding and head:
+    it stays in the root unit with the final norm (one parameter in one unit), held all step.
+    The root holds nothing else (rotary buffers). A 2-D mesh (replicate, shard) is HSDP.
     `compile` compiles each block's forward on its own (static shapes), so FSDP's hooks and
-    the checkpoint wrapper stay outside the compiled graphs.
+    the checkpoint wrapper stay outside the compiled graphs. Parameter names do not change
+    (`fully_shard` wraps no module), so state dicts, DCP checkpoints and the HF export read the
+    same keys whatever the units.
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -86,10 +94,18 @@ def apply_fsdp(
             wrapped = checkpoint_wrapper(layer)
             model.model.layers[i] = wrapped  # type: ignore[attr-defined, index]
         layers = decoder_layers(model)
+    inner, head = model.model, model.lm_head  # type: ignore[attr-defined]
+    if not tied(model):
+        fully_shard(inner.embed_tokens, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for i, layer in enumerate(layers):
-        # The last block is resharded by the root's backward anyway; keeping it saves one all-gather.
+        # The last block is resharded by the head's backward anyway; keeping it saves one all-gather.
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(layers) - 1)
-    # The root unit (embeddings, final norm, tied head) is needed again as soon as backward
-    # starts; resharding it would only buy one more all-gather of the embeddings per step.
+    if not tied(model):
+        fully_shard([inner.norm, head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
+
+
+def tied(model: nn.Module) -> bool:
+    """Whether the head's weight is the embedding's (one parameter)."""
+    return model.lm_head.weight is model.model.embed_tokens.weight  # type: ignore[attr-defined, union-attr]
