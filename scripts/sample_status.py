@@ -43,7 +43,7 @@ def sample() -> str:
             os.environ.update(
                 AWS_ENDPOINT_URL=moto, AWS_ACCESS_KEY_ID="sample", AWS_SECRET_ACCESS_KEY="sample", AWS_EC2_METADATA_DISABLED="true",
                 AWS_MAX_ATTEMPTS="1", AWS_CONFIG_FILE=str(tmp / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp / "none"),
-                KUBECONFIG=str(tmp / "no-kubeconfig"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp / "home"),
+                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp / "home"),
                 DOUBLES_SCENARIO=str(tmp / "scenario.json"), DOUBLES_KUBE_URL=kube.url, DOUBLES_LOG=str(tmp / "calls.jsonl"),
             )
             servers.reset_moto(moto, warm_regions=("us-east-2",))  # moto builds its EC2 backend on the first request: not part of `up`

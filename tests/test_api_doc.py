@@ -230,7 +230,7 @@ def sandbox(root: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch, pythonpa
             "AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": str(root / "no-aws-config"),
             "AWS_SHARED_CREDENTIALS_FILE": str(root / "no-aws-credentials"), "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_MAX_ATTEMPTS": "1", "KUBECONFIG": str(root / "no-such-kubeconfig"), "HF_HUB_OFFLINE": "1",
+            "AWS_MAX_ATTEMPTS": "1", "HF_HUB_OFFLINE": "1",  # no KUBECONFIG: status would read it (HOME is the box)
             "DOUBLES_LOG": str(root / "calls.jsonl"), "DOUBLES_SCENARIO": str(root / "scenario.json"), "DOUBLES_KUBE_URL": kube.url,
             **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}),
         })

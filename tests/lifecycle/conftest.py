@@ -9,7 +9,7 @@
   never in raydlc.
 - Tools: `eksctl` and `helm` on PATH are the recorded doubles in tests/doubles/, first on PATH
   ahead of any real tool; `aws` and `aws-iam-authenticator` are kept off PATH (a new user with
-  boto3 credentials only), so the kubeconfig works only through `raydlc eks-token`; KUBECONFIG points nowhere and HOME is the test's own, so nothing
+  boto3 credentials only), so the kubeconfig works only through `raydlc eks-token`; KUBECONFIG is unset and HOME is the test's own, so nothing
   can reach a real cluster or a real account.
 - The KubeRay operator and the scheduler: tests/doubles/kuberay.py in a thread.
 """
@@ -294,7 +294,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
         "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "HOME": str(home),
-        "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "PATH": os.pathsep.join([str(bin_dir), *_without_aws_clis()]),
+        "PATH": os.pathsep.join([str(bin_dir), *_without_aws_clis()]),
         "DOUBLES_LOG": str(w.log), "DOUBLES_SCENARIO": str(w.scenario_file), "DOUBLES_KUBE_URL": kube_server.url,
     }
     for k, v in env.items():
