@@ -110,7 +110,7 @@ def train(
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
-    request = replace(request, run_name=request.run_name or new_run_name())  # named now, so Ctrl-C can say what it kept
+    request = request.model_copy(update={"run_name": request.run_name or new_run_name()})  # named now: Ctrl-C can say what it kept
     checked = None
     with interrupts.watch() as sigint:
         try:
