@@ -75,6 +75,7 @@ def _time_collective(dist: Any, torch: Any, op: str, size: int, group: Any, n: i
     return float(elapsed.item())
 
 
+# Long on purpose: every rank must create the same groups and run the same collectives in the same order (world, within a node, across nodes); one body keeps that order visible.
 def worker_loop(config: dict[str, Any]) -> None:
     """Runs in every Ray Train worker; rank 0 hands the whole picture to the driver's collector.
 

@@ -122,6 +122,7 @@ def _quota_report(q: Signal[QuotaValue], used: Signal[int], code: str, name: str
                        unknown=None if used.known else f"vCPUs in use: {used.unknown}")
 
 
+# Long on purpose: one pass judges each AZ on every signal (offering, Spot score, subnets) and writes its reason as it goes, so the verdict and its words cannot disagree.
 def rank(
     signals: Signals, *, region: str, instance_type: str, count: int, gpus_per_node: int | None = None,
 ) -> CapacityReport:

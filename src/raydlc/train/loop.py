@@ -478,6 +478,7 @@ def train_func(config: dict[str, Any]) -> None:
     run_loop(RunSpec.from_wire(config["run"]), RaySession(config.get("progress")), config["data"])
 
 
+# One loop on purpose: its cadences (read, eval, report, checkpoint) share the step's locals; split, they would pass a dozen values around.
 def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     import torch
 
