@@ -24,8 +24,9 @@ def command() -> list[str]:
     """The running raydlc by absolute path: its console script, else this Python with `-m raydlc`."""
     script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
     if script is not None and script.name == "raydlc" and script.is_file():
-        return [str(script.resolve())]
-    return [str(Path(sys.executable).resolve()), "-m", "raydlc"]
+        return [str(script.absolute())]
+    # absolute, not resolved: a venv's python is a link to the base interpreter, which has no raydlc
+    return [str(Path(sys.executable).absolute()), "-m", "raydlc"]
 
 
 def exec_config(cluster: str, region: str) -> dict[str, Any]:
