@@ -20,19 +20,28 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One in-process local Ray for every test that runs Ray Train; reused when already up."""
+def _ray_session():
+    """Ends the in-process Ray at the end of the session, whoever started it last."""
     import ray
 
+    yield
     if ray.is_initialized():
-        yield ray
-        return
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # never a `ray start` head found in /tmp/ray
-    try:
-        yield ray
-    finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(_ray_session):
+    """An in-process local Ray for the tests that run Ray Train: the running one, else a new one.
+
+    Module-scoped so that a module whose own Ray ended (test_data_ray starts one with the AWS
+    environment its workers must inherit, and ends it) leaves the next module a working Ray.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # never a `ray start` head found in /tmp/ray
+    return ray
 
 
 def _api_example(fn: object) -> str:

@@ -126,5 +126,5 @@ def test_train_bad_data_fails_before_a_stage_is_reported(clean_env: Path, tmp_pa
     seen: list[dict[str, Any]] = []
     with pytest.raises(InputError, match=r"nope\.txt"):
         api.train(data=str(tmp_path / "nope.txt"), out=tmp_path / "out", on_progress=seen.append)
-    assert seen == [{"stage": "preparing"}]  # the data is read after the spinner starts, before Ray or a bar
+    assert seen == []  # a missing data file is found before any stage starts: no spinner, no Ray, no bar
     assert not (tmp_path / "out").exists()

@@ -40,6 +40,10 @@ def ray_and_s3() -> Iterator[str]:
         import boto3
 
         boto3.client("s3", endpoint_url=url).create_bucket(Bucket=BUCKET)
+        import ray
+
+        if ray.is_initialized():  # an earlier module's Ray: its workers never saw this environment
+            ray.shutdown()
         with rayedge.connected(None, workers=2, log_to_driver=False):
             yield url
 

@@ -104,7 +104,7 @@ def test_interrupt_ends_running_children_by_pid_and_starts_nothing_new(bin_dir: 
 
     t = threading.Thread(target=go)
     t.start()
-    for _ in range(100):
+    for _ in range(600):
         if (bin_dir / "pid").exists() and (bin_dir / "pid").read_text().strip():
             break
         time.sleep(0.05)

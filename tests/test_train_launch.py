@@ -144,7 +144,7 @@ def test_prepare_checks_the_data_and_model_before_any_worker(tmp_path: Path) -> 
         L.prepare(LOCAL.updated(model_id="gpt5", storage_path=str(tmp_path)))
     small = tmp_path / "small.txt"
     small.write_text("only a few words here")
-    with pytest.raises(InputError, match="fewer than 128 tokens"):
+    with pytest.raises(InputError, match="gives at most 0 sequences of 128 tokens"):
         L.prepare(LOCAL.updated(data=str(small), storage_path=str(tmp_path)))
     with pytest.raises(CheckpointError, match="no checkpoint"):
         L.prepare(LOCAL.updated(resume=True, storage_path=str(tmp_path / "fresh")))

@@ -15,16 +15,15 @@ from raydlc.errors import ConfigError, InputError, RaydlcError
 pytestmark = pytest.mark.slow
 
 
-def _raise_input_error(config: dict[str, Any]) -> None:
-    import ray.train
-
-    if ray.train.get_context().get_world_rank() == config["rank"]:
-        raise config["error"]
-
-
 def _fit(error: BaseException, rank: int = 0) -> BaseException:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    def _raise_input_error(config: dict[str, Any]) -> None:  # nested: pickled by value, so no worker imports this test module
+        import ray.train
+
+        if ray.train.get_context().get_world_rank() == config["rank"]:
+            raise config["error"]
 
     trainer = TorchTrainer(_raise_input_error, train_loop_config={"error": error, "rank": rank},
                            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),

@@ -149,9 +149,12 @@ def check_png_path(path: str | os.PathLike[str], flag: str, command: str) -> Pat
     """An output that will be a PNG: named .png, and not an existing file of another kind (which the
     write would replace with an image). `command` is the command line a hint repeats, up to the flag."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {str(p)[:200]} is a directory: the plot is one PNG file",
+                         hint=f"{command} {flag} {p / 'scan.png'}")
     if p.suffix.lower() != ".png":
         raise InputError(f"{flag} {str(p)[:200]}: the plot is a PNG image, so its name must end in .png",
-                         hint=f"{command} {flag} {p.with_suffix('.png').name}")
+                         hint=f"{command} {flag} {(p.stem or 'scan') + '.png'}")
     if p.is_file():
         with p.open("rb") as f:
             if f.read(8) != PNG_MAGIC:

@@ -25,11 +25,11 @@ from raydlc.errors import ConfigError
         (PermissionError(errno.EACCES, "Permission denied", "/etc/raydlc.yaml"), 2, "error: /etc/raydlc.yaml: permission denied"),
         (OSError(errno.ENOSPC, "No space left on device", "/data/out"), 1, "error: /data/out: no space left on device"),
         (UnicodeDecodeError("utf-8", b"caf\xe9", 3, 4, "invalid continuation byte"), 2, "error: input is not UTF-8 text (byte 0xe9 at offset 3)"),
-        (KeyboardInterrupt(), 130, None),
+        (KeyboardInterrupt(), 130, "interrupted: raydlc config show stopped by Ctrl-C; nothing more was done"),
     ],
 )
 def test_the_cli_boundary_turns_escaping_errors_into_one_line(
-    raised: BaseException, code: int, line: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clean_env: Any,
+    raised: BaseException, code: int, line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clean_env: Any,
 ) -> None:
     def load_config(*a: Any, **kw: Any) -> Any:
         raise raised
@@ -38,7 +38,7 @@ def test_the_cli_boundary_turns_escaping_errors_into_one_line(
     assert main(["config", "show"]) == code
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert err.splitlines()[0] == line if line else err.strip() == ""
+    assert err.splitlines()[0] == line
 
 
 def test_debug_still_shows_the_traceback_of_an_os_error(monkeypatch: pytest.MonkeyPatch, clean_env: Any) -> None:

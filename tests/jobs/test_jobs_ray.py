@@ -97,7 +97,7 @@ def head(home: Path) -> Iterator[heads.HeadRecord]:
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS"))}
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS")) and k != "KUBECONFIG"}
     full.update(env or {})
     return subprocess.run([str(RAYDLC), *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout)
 
@@ -347,8 +347,7 @@ def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPat
         servers.install_doubles(bin_dir, sys.executable)
         scenario, log = tmp / "scenario.json", tmp / "calls.jsonl"
         scenario.write_text(json.dumps({"forward": {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")}}))
-        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log),
-               "KUBECONFIG": str(tmp / "not-this-one")}
+        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log)}
         yield {"kube": kube, "env": env, "log": log, "ns": ns, "name": name}
 
 

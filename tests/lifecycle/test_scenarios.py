@@ -400,6 +400,8 @@ def test_up_whose_token_sts_refuses_stops_before_anything_is_created(world, caps
     from raydlc.cli import main
 
     before = world.aws_snapshot()
+    # The bucket named, so up needs no account id: STS is asked only to judge the token it replays.
+    world.monkeypatch.setenv("RAYDLC_STORAGE_BUCKET", "raydlc-token-test")
     with refusing_sts() as url:
         world.monkeypatch.setenv("AWS_ENDPOINT_URL_STS", url)
         assert main(["up"]) == 2
@@ -606,7 +608,7 @@ def test_status_and_dry_runs_on_a_running_cluster(world, capsys) -> None:
     down = {s["step"]: s for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]}
     assert {k: v["action"] for k, v in down.items()} == {
         **dict.fromkeys(UP_ORDER[2:], "delete"), "storage": "none", "capacity": "none"}
-    assert "--delete-storage removes it" in down["storage"]["reason"]
+    assert "`raydlc down --delete-storage` removes it" in down["storage"]["reason"]
     assert down["cluster"]["command"].startswith(f"eksctl delete cluster --name {CLUSTER} --region us-east-2 --wait")
     assert "helm uninstall kuberay-operator --namespace kuberay-operator" in down["kuberay"]["command"]
 

@@ -120,7 +120,7 @@ def status(
         print(now.to_dict())
         assert now.status == "NOT_FOUND" and now.nodes == () and now.raycluster is None
         assert [(s.step, s.state) for s in now.steps] == [
-            ("capacity", "ready"), ("cluster", "absent"), ("gpu-nodegroup", "absent"),
+            ("capacity", "ready"), ("storage", "absent"), ("cluster", "absent"), ("gpu-nodegroup", "absent"),
             ("kuberay", "absent"), ("device-plugins", "absent"), ("raycluster", "absent")]
         assert now.cost["total_usd_per_hour"] == 0
     """
