@@ -444,7 +444,7 @@ def test_down_local_ends_the_head_and_everything_it_started(head: heads.HeadReco
         node[1].stop()  # the worker nodes leave first, as a cluster's worker pods do
     p = cli("down", "--local", "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True}
+    assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True, "doubted_record": None}
     with pytest.raises(ProcessLookupError):
         os.killpg(head.pid, 0)  # no process of the head's group is left
     assert not Path(head.temp_dir).exists() and heads.read_head() is None
