@@ -21,7 +21,7 @@ from typing import Any
 from raydlc import catalog
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
-from raydlc.render import nodes, storage
+from raydlc.render import auth, nodes, storage
 from raydlc.render.sizing import head_size, worker_size
 
 API_VERSION = "ray.io/v1"
@@ -162,7 +162,8 @@ def render_raycluster(cfg: Config) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
-        "spec": {**cluster_spec(cfg, name), "upgradeStrategy": {"type": "Recreate"}},
+        "spec": {**cluster_spec(cfg, name), "upgradeStrategy": {"type": "Recreate"},
+                 "authOptions": auth.auth_options(cfg)},  # Ray token auth from the Secret `up` creates (render/auth.py)
     }
 
 
