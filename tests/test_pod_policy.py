@@ -62,11 +62,18 @@ def test_object_actions_are_allowed_under_the_run_prefix(action: str, key: str) 
 
 @pytest.mark.parametrize("action", OBJECT_ACTIONS)
 @pytest.mark.parametrize("resource", [
-    f"{ARN}/code/raydlc.zip", f"{ARN}/runsX/r1/a", f"{ARN}/runs", f"{ARN}/other/runs/a",
+    f"{ARN}/runsX/r1/a", f"{ARN}/runs", f"{ARN}/other/runs/a",
     "arn:aws:s3:::another-bucket/runs/r1/a", f"{ARN}x/runs/r1/a", ARN,
 ])
 def test_object_actions_are_denied_outside_the_prefix_and_on_other_buckets(action: str, resource: str) -> None:
     assert not allowed(pod_policy(B), action, resource)
+
+
+@pytest.mark.parametrize("action", OBJECT_ACTIONS)
+def test_the_code_zips_are_readable_and_nothing_more(action: str) -> None:
+    assert allowed(pod_policy(B), action, f"{ARN}/code/raydlc-0.1.0-0123456789ab.zip") == (action == "s3:GetObject")
+    assert not allowed(pod_policy(B), action, f"{ARN}/codeX/raydlc.zip")
+    assert not allowed(pod_policy(B), action, "arn:aws:s3:::another-bucket/code/raydlc.zip")
 
 
 @pytest.mark.parametrize("prefix, ok", [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from raydlc import catalog, schemas
+import raydlc
+from raydlc import catalog, codezip, schemas
 from raydlc.config import Config, load_config
 from raydlc.errors import InputError
 from raydlc.render import FILES, render_all, to_yaml, write
@@ -103,7 +105,8 @@ def pod_templates(docs: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, 
     out = []
     rc = docs[FILES["raycluster"]]["spec"]
     job = docs[FILES["rayjob"]]["spec"]
-    for where, spec in (("raycluster", rc), ("rayjob", job["rayClusterSpec"])):
+    assert "rayClusterSpec" not in job  # the RayJob runs on the standing RayCluster: no pods of its own but the submitter
+    for where, spec in (("raycluster", rc),):
         out.append((f"{where}/head", spec["headGroupSpec"]["template"]))
         for g in spec["workerGroupSpecs"]:
             out.append((f"{where}/{g['groupName']}", g["template"]))
@@ -148,7 +151,7 @@ def test_core_kinds_pass_kubernetes_validate_strict(name: str, rendered) -> None
     cfg, docs = rendered[name]
     version = k8s_schema_version(cfg.cluster.k8s_version)
     policies = docs[FILES["netpol"]]["items"]
-    assert [p["kind"] for p in policies] == ["NetworkPolicy", "NetworkPolicy"]
+    assert [p["kind"] for p in policies] == ["NetworkPolicy"]
     for policy in policies:
         kubernetes_validate.validate(policy, version, strict=True)
     for _where, template in pod_templates(docs):
@@ -202,7 +205,7 @@ def test_head_has_no_gpu(name: str, rendered) -> None:
         assert c["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", STOP_RAY]
         assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in c["volumeMounts"]
         assert "command" not in c and "args" not in c
-    for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
+    for spec in (docs[FILES["raycluster"]]["spec"],):
         assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
         assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # no task or actor lands on the head
         assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"
@@ -227,7 +230,7 @@ def test_every_gpu_pod_claims_the_whole_node(name: str, rendered) -> None:
     it = catalog.instance_type(cfg.gpu_nodes.instance_type)
     assert it is not None
     pods = gpu_pods(docs)
-    assert len(pods) == 2
+    assert len(pods) == 1  # the RayCluster's worker group; the RayJob runs on it
     for template in pods:
         (c,) = template["spec"]["containers"]
         req, lim = c["resources"]["requests"], c["resources"]["limits"]
@@ -244,7 +247,7 @@ def test_every_gpu_pod_claims_the_whole_node(name: str, rendered) -> None:
         assert ("FI_EFA_USE_DEVICE_RDMA" in env) == it.gpudirect_rdma
         if it.gpudirect_rdma:
             assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
+    for spec in (docs[FILES["raycluster"]]["spec"],):
         (group,) = spec["workerGroupSpecs"]
         n = cfg.gpu_nodes.count
         assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (n, n, n)
@@ -279,7 +282,8 @@ def test_names_image_and_namespace_follow_the_config(name: str, rendered) -> Non
     namespaces = {rc["metadata"]["namespace"], job["metadata"]["namespace"]}
     namespaces |= {p["metadata"]["namespace"] for p in docs[FILES["netpol"]]["items"]}
     assert namespaces == {cfg.cluster.namespace}
-    assert rc["spec"]["rayVersion"] == job["spec"]["rayClusterSpec"]["rayVersion"] == cfg.images.ray_version
+    assert rc["spec"]["rayVersion"] == cfg.images.ray_version
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": rc["metadata"]["name"]}  # the job runs on this RayCluster
     images = {c["image"] for _, t in pod_templates(docs) for c in t["spec"]["containers"]}
     assert images == {cfg.images.dlc_image}
     meta = docs[FILES["eksctl"]]["metadata"]
@@ -305,8 +309,8 @@ GPU_TYPES = [n for n, t in catalog.INSTANCE_TYPES.items() if t.gpus]
 def test_every_gpu_type_renders_with_all_its_efa_and_gdr_only_where_the_hardware_has_it(instance: str, empty_dir: Path) -> None:
     it = catalog.INSTANCE_TYPES[instance]
     cfg = make_config({"GPU_NODE_TYPE": instance, "GPUS_PER_NODE": it.gpus, "GPU_NODE_COUNT": 16, "SYSTEM_NODE_TYPE": "m7i.2xlarge"}, empty_dir)
-    docs = render_all(cfg, ZONES, only="rayjob")
-    (group,) = docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    docs = render_all(cfg, ZONES, only="raycluster")
+    (group,) = docs[FILES["raycluster"]]["spec"]["workerGroupSpecs"]
     (c,) = group["template"]["spec"]["containers"]
     assert c["resources"]["limits"][EFA_RESOURCE] == str(it.efa_interfaces)
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -392,12 +396,13 @@ def test_gpu_node_group_is_in_exactly_one_az(name: str, rendered) -> None:
 def test_network_policy_admits_only_own_cluster_and_operator(name: str, rendered) -> None:
     cfg, docs = rendered[name]
     policies = docs[FILES["netpol"]]["items"]
-    instances = [cfg.ray.cluster_name, cfg.ray.job_name]
+    instances = [cfg.ray.cluster_name]  # the RayJob's submitter is labelled as a pod of the cluster it submits to
     labels_in_use = [
         t["metadata"]["labels"]["raydlc.io/cluster"] for _, t in pod_templates(docs)
     ]
     assert set(labels_in_use) == set(instances)
-    for policy, instance in zip(policies, instances):
+    assert len(policies) == len(instances)
+    for policy, instance in zip(policies, instances, strict=True):
         spec = policy["spec"]
         assert policy["metadata"]["namespace"] == cfg.cluster.namespace
         assert spec["podSelector"]["matchLabels"] == {"raydlc.io/cluster": instance, "ray.io/node-type": "head"}
@@ -441,7 +446,7 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
             assert name not in text
     assert "password" not in text.lower()
     # HF_TOKEN is named only as a reference to the Secret `raydlc up` makes, never with a value
-    assert text.count("secretKeyRef") == text.count("- name: HF_TOKEN") == 4
+    assert text.count("secretKeyRef") == text.count("- name: HF_TOKEN") == 2  # head and workers of the one RayCluster
 
 
 # --- the RayJob -----------------------------------------------------------------------------
@@ -449,10 +454,13 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
 
 def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) -> None:
     knobs = {"STEPS": 11, "LEARNING_RATE": "3e-5", "WEIGHT_DECAY": "0.1", "BF16": "true", "HSDP_REPLICAS": 2, "SEED": 0}
-    cfg = make_config({"JOB_DEADLINE_S": 900, "JOB_TTL_S": 30, "JOB_BACKOFF_LIMIT": 2, **knobs}, empty_dir)
+    cfg = make_config({"JOB_DEADLINE_S": 900, **knobs}, empty_dir)
     job = render_all(cfg, ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
-    assert (job["activeDeadlineSeconds"], job["ttlSecondsAfterFinished"], job["backoffLimit"]) == (900, 30, 2)
-    assert job["shutdownAfterJobFinishes"] is True and job["submissionMode"] == "K8sJobMode"
+    assert job["activeDeadlineSeconds"] == 900 and job["submissionMode"] == "K8sJobMode"
+    # on the standing cluster, KubeRay v1.7.0 deletes nothing when the job ends and refuses retries (validation.go)
+    assert not {"shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "backoffLimit", "rayClusterSpec"} & set(job)
+    assert job["clusterSelector"] == {"ray.io/cluster": cfg.ray.cluster_name}
+    assert job["submitterPodTemplate"]["metadata"]["labels"] == {"raydlc.io/cluster": cfg.ray.cluster_name}  # its head's policy admits it
     assert job["entrypoint"].startswith("python -m raydlc.train")
     runtime = yaml.safe_load(job["runtimeEnvYAML"])
     env = runtime["env_vars"]
@@ -465,11 +473,17 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
                                   "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH"])
     reloaded = load_config(env=env, cwd=empty_dir)
     assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
-    rc = render_all(cfg, ZONES, only="raycluster")[FILES["raycluster"]]["spec"]
-    strip = lambda s: json.loads(json.dumps(s).replace(cfg.ray.job_name, cfg.ray.cluster_name))
-    # the same cluster but for upgradeStrategy, which KubeRay v1.7.0 refuses on a RayJob's cluster (ValidateRayClusterUpgradeOptions)
-    assert rc.pop("upgradeStrategy") == {"type": "Recreate"} and "upgradeStrategy" not in job["rayClusterSpec"]
-    assert strip(job["rayClusterSpec"]) == rc
+    assert runtime["py_modules"] == [f"s3://raydlc-runs/code/raydlc-{raydlc.__version__}-{codezip.build().digest}.zip"]
+
+
+@pytest.mark.parametrize("overrides, field", [({"JOB_BACKOFF_LIMIT": 1}, "JOB_BACKOFF_LIMIT"),
+                                              ({"JOB_SUBMISSION_MODE": "SidecarMode"}, "JOB_SUBMISSION_MODE")])
+def test_rayjob_settings_kuberay_refuses_on_a_standing_cluster_are_refused(overrides: dict[str, Any], field: str,
+                                                                           empty_dir: Path) -> None:
+    from raydlc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        render_all(make_config(overrides, empty_dir), ZONES, only="rayjob")
 
 
 def test_rayjob_http_mode_has_no_submitter_pod(rendered) -> None:
@@ -590,6 +604,13 @@ def test_render_functions_are_pure_and_import_nothing_heavy() -> None:
 # --- golden files ---------------------------------------------------------------------------
 
 
+CODE_ZIP = re.compile(r"raydlc-[0-9][^\"/\s]*-[0-9a-f]{12}\.zip")  # its hash follows every source change
+
+
+def _golden(doc: dict[str, Any]) -> str:
+    return CODE_ZIP.sub("raydlc-VERSION-HASH.zip", to_yaml(doc))
+
+
 def test_default_config_matches_the_golden_files(rendered) -> None:
     """RAYDLC_UPDATE_GOLDEN=1 rewrites tests/golden/default/ (then review `git diff`)."""
     _, docs = rendered["default"]
@@ -597,8 +618,9 @@ def test_default_config_matches_the_golden_files(rendered) -> None:
         if GOLDEN.exists():
             for old in GOLDEN.rglob("*.yaml"):
                 old.unlink()
-        write(docs, GOLDEN)
+        for path in write(docs, GOLDEN):
+            path.write_text(_golden(docs[str(path.relative_to(GOLDEN))]))
     on_disk = sorted(str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml"))
     assert on_disk == sorted(docs), "golden file set differs; RAYDLC_UPDATE_GOLDEN=1 to rewrite"
     for name, doc in docs.items():
-        assert (GOLDEN / name).read_text() == to_yaml(doc), f"{name} differs from its golden file"
+        assert (GOLDEN / name).read_text() == _golden(doc), f"{name} differs from its golden file"

@@ -162,13 +162,26 @@ def _refusal(e: BaseException) -> str:
     return _short(e)
 
 
+def _auth_refused(e: BaseException) -> bool:
+    """A 401/403 from the dashboard's token middleware, through urllib or the SDK (ray.exceptions.AuthenticationError)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code in (401, 403)
+    return type(e).__name__ == "AuthenticationError"
+
+
 class Dashboard:
     """A Ray head's dashboard at `url` (http://host:port), for the length of one command."""
 
-    def __init__(self, url: str, *, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    def __init__(self, url: str, *, timeout_s: float = HTTP_TIMEOUT_S, token: str | None = None,
+                 token_hint: str | None = None) -> None:
+        from raydlc.render.auth import headers
+
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._headers: dict[str, str] = {}  # sent with every request, the SDK's and REST's alike
+        # Sent with every request, the SDK's and REST's alike: Ray's token as its own clients send it. An
+        # Authorization header the SDK is given stops it adding one from this process's RAY_AUTH_* settings.
+        self._headers: dict[str, str] = headers(token)
+        self._token_hint = token_hint  # where this target's token comes from, for a head that refuses it
         self._client: Any = None
 
     # ------------------------------------------------------------------ the one chokepoint
@@ -187,6 +200,8 @@ class Dashboard:
         except Exception as e:
             if missing is not _RAISE and _not_found(e):
                 return missing  # type: ignore[no-any-return]
+            if _auth_refused(e):
+                raise HeadRefused(self._auth_message(), hint=self._auth_hint()) from e
             if isinstance(e, RuntimeError | urllib.error.HTTPError):
                 raise HeadRefused(f"{refused or doing}: {_refusal(e)}", hint=hint) from e
             if _no_answer(e):
@@ -194,6 +209,14 @@ class Dashboard:
                 what = unreachable or f"{doing}: the dashboard at {self.url} did not answer"
                 raise HeadUnreachable(f"{what} ({reason})", hint=hint or UNREACHABLE_HINT) from e
             raise RayError(f"{doing}: {_short(e)}", hint=hint) from e
+
+    def _auth_message(self) -> str:
+        if self._headers:
+            return f"the head at {self.url} refused raydlc's token (401/403 from its dashboard)"
+        return f"the head at {self.url} wants a Ray token and raydlc has none for it (401 from its dashboard)"
+
+    def _auth_hint(self) -> str:
+        return self._token_hint or "set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (or ~/.ray/auth_token) to the head's token"
 
     # ------------------------------------------------------------------ the Jobs API, through Ray's SDK
 

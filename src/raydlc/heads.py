@@ -17,7 +17,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -305,6 +305,52 @@ def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead) -> Iterato
         yield f"http://127.0.0.1:{m.group(1)}"
 
 
+# ---- the head's token ---------------------------------------------------------------------------------
+
+
+def address_token(env: Mapping[str, str] | None = None, home: Path | None = None) -> str | None:
+    """The token for an --address head, where Ray's own clients look (Ray 2.58 AuthenticationTokenLoader):
+    RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; None when none is set."""
+    env = os.environ if env is None else env
+    if env.get("RAY_AUTH_TOKEN", "").strip():
+        return env["RAY_AUTH_TOKEN"].strip()
+    named = env.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    path = Path(named).expanduser() if named else (home or Path.home()) / ".ray" / "auth_token"
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        if named:
+            raise InputError(f"RAY_AUTH_TOKEN_PATH names {path}, which does not exist",
+                             hint="point it at the file that holds the head's token, or unset it") from None
+        return None
+    except OSError as e:
+        raise InputError(f"cannot read the Ray token file {path}: {e.strerror}", hint="check its permissions") from None
+    return text or None
+
+
+def cluster_token(kube: Kube, cfg: Config) -> str:
+    """The token the RayCluster's pods started with: the Secret `raydlc up` created (render/auth.py), through the gateway."""
+    import base64
+    import binascii
+
+    from raydlc.render import auth
+
+    ns, name = cfg.cluster.namespace, auth.secret_name(cfg)
+    secret = kube.get("v1", "Secret", name, ns)
+    fix = ("`raydlc up --yes` creates a new token Secret and recreates the Ray pods (KubeRay reads the token into a pod's "
+           "environment when it starts, so the running head keeps the old one); running jobs stop")
+    if secret is None:
+        raise RayError(f"the Ray token Secret {ns}/{name} is missing (deleted by hand?): raydlc cannot authenticate to the head", hint=fix)
+    raw = ((secret.get("data") or {}).get(auth.SECRET_KEY) or "").strip()
+    try:
+        token = base64.b64decode(raw, validate=True).decode().strip()
+    except (binascii.Error, UnicodeDecodeError):
+        token = ""
+    if not token:
+        raise RayError(f"the Ray token Secret {ns}/{name} has no usable key {auth.SECRET_KEY!r}", hint=fix)
+    return token
+
+
 # ---- one head per command ---------------------------------------------------------------------------
 
 
@@ -326,19 +372,25 @@ def reach(target: Target, cfg: Config | None = None, *, start_local: bool = Fals
         yield Reached(target, Dashboard(ensure_local_head(start=start_local, on_start=on_start, on_doubt=on_doubt).dashboard_url))
     elif target.kind == ADDRESS:
         assert target.address is not None
-        dash = Dashboard(target.address)
+        dash = Dashboard(target.address, token=address_token(),
+                         token_hint="set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file, to that head's token (as for Ray's own CLI)")
         dash.version()
         yield Reached(target, dash)
     else:
         from raydlc.kube import Kube, load_client
         from raydlc.lifecycle.context import kubeconfig_path, with_plain_kubeconfig
+        from raydlc.render.auth import secret_name
         from raydlc.tools import Runner
 
         assert cfg is not None
         kubeconfig = kubeconfig_path(with_plain_kubeconfig(cfg))
         kube = Kube(load_client(kubeconfig))
         head = find_head(kube, cfg)
+        token = cluster_token(kube, cfg)
         with port_forward(Runner(), kubeconfig, head) as url:
-            dash = Dashboard(url)
+            dash = Dashboard(url, token=token, token_hint=(
+                f"the head keeps the token its pod started with (KubeRay reads the Secret then): if {head.namespace}/"
+                f"{secret_name(cfg)} was made anew, restart the Ray pods: kubectl -n {head.namespace} delete pods "
+                f"-l ray.io/cluster={cfg.ray.cluster_name} (KubeRay creates them again; running jobs stop)"))
             dash.version(timeout=FORWARDED_PROBE_S)
             yield Reached(target, dash, kube, head)

@@ -399,14 +399,16 @@ def _group_alive(pgid: int) -> bool:
 
 
 def start_head(
-    *, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    *, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+    token: str | None = None,
 ) -> LocalHead:
     """`ray start --head --block` on free 127.0.0.1 ports, ready when its dashboard answers.
 
     Every port is chosen here so heads of different people on one machine never collide, and
     its own temp dir keeps it out of /tmp/ray/ray_current_cluster, where a plain `ray.init()`
     elsewhere on the machine would find and join it; token auth is off explicitly (a
-    `~/.ray/auth_token` would otherwise switch it on).
+    `~/.ray/auth_token` would otherwise switch it on) unless `token` is given: then the head runs with
+    Ray's token auth (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN, as KubeRay sets them in a head pod).
     """
     from raydlc.dashboard import Dashboard
 
@@ -431,6 +433,9 @@ def start_head(
     slow_start = {k: os.environ.get(k, v) for k, v in SLOW_START_ENV.items()}
     child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
+    if token:
+        child_env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+        child_env.pop("RAY_AUTH_TOKEN_PATH", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True, cwd=cwd)
     head = LocalHead(proc, f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard-port']}", log, temp_dir, ports)
@@ -442,7 +447,7 @@ def start_head(
                 head.stop()
                 raise RayError(f"the local Ray head exited with {proc.returncode}: {' | '.join(tail)}", hint=f"full log: {log}")
             try:
-                Dashboard(head.dashboard_url).version(timeout=2)
+                Dashboard(head.dashboard_url, token=token).version(timeout=2)
                 return head
             except RayError:
                 pass

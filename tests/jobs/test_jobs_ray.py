@@ -326,6 +326,8 @@ def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPat
         kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ip-10-0-0-9", "labels": {"role": "system"}},
                      "status": {"allocatable": {"cpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}})
         kube.create({"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "namespace": ns}, "spec": {}})
+        kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-ray-token", "namespace": ns},  # what `up` creates
+                     "data": {"auth_token": "dW51c2VkLWJ5LWFuLWF1dGgtZGlzYWJsZWQtaGVhZA=="}})
         ready = [{"type": "Ready", "status": "True"}]
         for pod, role, node, ip in ((f"{name}-head", "head", "ip-10-0-0-9", "10.0.0.20"),
                                     (f"{name}-gpu-worker-0", "worker", "ip-10-0-1-5", "10.0.1.21"),

@@ -49,12 +49,21 @@ def render_all(
     if only in (None, "raycluster"):
         out[FILES["raycluster"]] = render_raycluster(cfg)
     if only in (None, "rayjob"):
-        out[FILES["rayjob"]] = render_rayjob(cfg)
+        out[FILES["rayjob"]] = render_rayjob(cfg, code_uri(cfg))
     if only in (None, "netpol"):
         out[FILES["netpol"]] = render_netpol(cfg)
     for name, doc in out.items():
         schemas.check(name, doc)
     return out
+
+
+def code_uri(cfg: Config) -> str | None:
+    """Where raydlc's zip for the RayJob's `py_modules` lives: the cluster's bucket (`code/`); None without one."""
+    from raydlc import codezip
+    from raydlc.render.storage import bucket_of
+
+    bucket = bucket_of(cfg)
+    return None if bucket is None else codezip.build().uri(bucket.name)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -5,8 +5,8 @@ Once a NetworkPolicy selects a pod, all ingress not listed is denied. The head's
 node-to-node traffic (raylet, object manager, dashboard agent) uses more ports than the three
 client ones; the KubeRay operator, from its namespace, only on GCS 6379, dashboard 8265 and
 client 10001. Any other pod in the cluster, and anything outside it, gets nothing. Pods are
-matched by raydlc's CLUSTER_LABEL, which the RayCluster and the RayJob put on their pod
-templates, because a RayJob's cluster gets a generated name.
+matched by raydlc's CLUSTER_LABEL, which the RayCluster puts on its pod templates and the RayJob
+on its submitter pod (the RayJob runs on the standing RayCluster, so there is one head to guard).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def head_policy(cfg: Config, instance: str) -> dict[str, Any]:
 
 
 def render_netpol(cfg: Config) -> dict[str, Any]:
-    """A v1 List: one policy for the standing RayCluster, one for the RayJob's cluster."""
+    """A v1 List with the policy of the standing RayCluster's head (the RayJob runs on that cluster, no head of its own)."""
     return {
         "apiVersion": "v1",
         "kind": "List",
-        "items": [head_policy(cfg, cfg.ray.cluster_name), head_policy(cfg, cfg.ray.job_name)],
+        "items": [head_policy(cfg, cfg.ray.cluster_name)],
     }

@@ -21,7 +21,7 @@ from typing import Any
 from raydlc import catalog
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
-from raydlc.render import nodes, storage
+from raydlc.render import auth, nodes, storage
 from raydlc.render.sizing import head_size, worker_size
 
 API_VERSION = "ray.io/v1"
@@ -162,7 +162,8 @@ def render_raycluster(cfg: Config) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
-        "spec": {**cluster_spec(cfg, name), "upgradeStrategy": {"type": "Recreate"}},
+        "spec": {**cluster_spec(cfg, name), "upgradeStrategy": {"type": "Recreate"},
+                 "authOptions": auth.auth_options(cfg)},  # Ray token auth from the Secret `up` creates (render/auth.py)
     }
 
 
@@ -214,7 +215,7 @@ def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
 
 
 def _submitter(cfg: Config, instance: str) -> dict[str, Any]:
-    """The K8sJobMode submitter pod, labelled so the head's NetworkPolicy admits it."""
+    """The K8sJobMode submitter pod, labelled as a pod of the cluster it submits to, so that head's NetworkPolicy admits it."""
     q = {"cpu": "500m", "memory": "1Gi"}
     return {
         "metadata": {"labels": {CLUSTER_LABEL: instance}},
@@ -246,22 +247,36 @@ def check_model(cfg: Config) -> None:
         raise InputError(f"MODEL_ID ({cfg.origin('MODEL_ID')}): {e.message}", hint=e.hint) from e
 
 
+CLUSTER_SELECTOR_KEY = "ray.io/cluster"  # KubeRay v1.7.0 utils.RayJobClusterSelectorKey
+
+
+def check_on_standing_cluster(cfg: Config) -> None:
+    """What KubeRay v1.7.0 refuses for a RayJob with a clusterSelector (utils/validation.go ValidateRayJobSpec)."""
+    if cfg.ray.submission_mode == "SidecarMode":
+        raise ConfigError([f"JOB_SUBMISSION_MODE ({cfg.origin('JOB_SUBMISSION_MODE')}): SidecarMode needs a cluster of the job's "
+                           "own; the RayJob runs on the standing RayCluster (K8sJobMode or HTTPMode)"])
+    if cfg.ray.job_backoff_limit > 0:
+        raise ConfigError([f"JOB_BACKOFF_LIMIT ({cfg.origin('JOB_BACKOFF_LIMIT')}): KubeRay retries a whole job only on a "
+                           "fresh cluster of its own; the RayJob runs on the standing RayCluster: use 0"])
+
+
 def render_rayjob(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
+    """The RayJob on the RayCluster `up` made (`clusterSelector`): no second head, and KubeRay never deletes that
+    cluster when the job ends (rayjob_controller.go skips deletion for a clusterSelector job, so neither
+    shutdownAfterJobFinishes nor a TTL is rendered). `code_uri` is raydlc's zip in the bucket (raydlc.codezip)."""
     check_storage(cfg)
     check_model(cfg)
+    check_on_standing_cluster(cfg)
     name = cfg.ray.job_name
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
         "runtimeEnvYAML": json.dumps(runtime_env(cfg, code_uri), indent=2, sort_keys=True),
-        "shutdownAfterJobFinishes": True,
-        "ttlSecondsAfterFinished": cfg.ray.job_ttl_s,
+        "clusterSelector": {CLUSTER_SELECTOR_KEY: cfg.ray.cluster_name},
         "activeDeadlineSeconds": cfg.ray.job_deadline_s,
-        "backoffLimit": cfg.ray.job_backoff_limit,
         "submissionMode": cfg.ray.submission_mode,
-        "rayClusterSpec": cluster_spec(cfg, name),
     }
     if cfg.ray.submission_mode == "K8sJobMode":
-        spec["submitterPodTemplate"] = _submitter(cfg, name)
+        spec["submitterPodTemplate"] = _submitter(cfg, cfg.ray.cluster_name)
     return {
         "apiVersion": API_VERSION,
         "kind": "RayJob",

@@ -141,8 +141,8 @@ def _with(cfg: Config, bucket: str, path: str) -> Config:
 
 def pod_policy(bucket: Bucket) -> dict[str, Any]:
     """What the Ray pods may do, and nothing more: list the run prefix; read, write and delete under it;
-    abort their own multipart uploads (large shards are uploaded in parts). The code zips of a RayJob
-    (`CODE_PREFIX`) are not under it yet: shipping raydlc that way adds a read-only statement for them."""
+    abort their own multipart uploads (large shards are uploaded in parts); and read, only read, the code zips
+    a RayJob's `py_modules` names (`CODE_PREFIX`, raydlc.codezip), which Ray downloads on each node."""
     under = f"{bucket.arn}/{bucket.prefix}/*" if bucket.prefix else f"{bucket.arn}/*"
     prefixes = [f"{bucket.prefix}/", f"{bucket.prefix}/*"] if bucket.prefix else ["*"]
     return {
@@ -153,6 +153,7 @@ def pod_policy(bucket: Bucket) -> dict[str, Any]:
             {"Sid": "ReadWriteRuns", "Effect": "Allow",
              "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
              "Resource": [under]},
+            {"Sid": "ReadCode", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{bucket.arn}/{CODE_PREFIX}/*"]},
         ],
     }
 

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc import kube as k8s
 from raydlc.lifecycle.resource import Resource, gone, kube_if_cluster, look_inside
+from raydlc.lifecycle.resources import raytoken
 from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
-from raydlc.render import FILES
+from raydlc.render import FILES, auth
 from raydlc.render.eksctl import OWNER_TAG
 from raydlc.render.netpol import render_netpol
 from raydlc.render.raycluster import SECRET_KEYS, SECRET_NAME
@@ -85,6 +86,7 @@ def _owned_objects(ctx: Context) -> list[tuple[str, str, str, str | None]]:
     ]
     out += [(p["apiVersion"], p["kind"], p["metadata"]["name"], ns) for p in render_netpol(cfg)["items"]]
     out.append(("v1", "Secret", SECRET_NAME, ns))
+    out.append(("v1", "Secret", auth.secret_name(cfg), ns))
     return out
 
 
@@ -182,8 +184,8 @@ def _namespace_ours(kube: k8s.Kube, ctx: Context) -> bool:
 
 class RayCluster(Resource):
     name = "raycluster"
-    summary = "namespace, NetworkPolicies, RayCluster"
-    removal = "RayCluster, RayJob, NetworkPolicies, Secret, namespace"
+    summary = "namespace, NetworkPolicies, Ray token Secret, RayCluster"
+    removal = "RayCluster, RayJob, NetworkPolicies, Secrets, namespace"
 
     # ------------------------------------------------------------------ up
 
@@ -204,6 +206,13 @@ class RayCluster(Resource):
                 missing.append(_describe(doc))
             elif k8s.differences({k: v for k, v in doc.items() if k != "status"}, have):
                 differ.append(_describe(doc))
+        if not raytoken.exists(kube, ctx):
+            missing.append(f"Secret {auth.secret_name(ctx.cfg)}")
+            head, workers = ray_pods(kube, ctx)
+            if head or workers:  # deleted by hand: the running pods hold a token no new Secret will match
+                return Observation("degraded", f"the Ray token Secret {auth.secret_name(ctx.cfg)} is missing (deleted by hand?): "
+                                   "the running Ray pods keep the token they started with",
+                                   {"apply": True, "token_lost": [k8s.name_of(p) for p in head + workers]})
         if missing and any(m.startswith("RayCluster ") for m in missing):
             return Observation("absent", f"not created yet: {', '.join(missing)}", {"apply": True})
         changes = template_changes(desired_objects(ctx)[-1], ray_pods(kube, ctx))
@@ -227,6 +236,11 @@ class RayCluster(Resource):
         what = ", ".join(_describe(d) for d in desired_objects(ctx))
         secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
         cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
+        if obs.facts.get("token_lost"):
+            return Plan("replace", f"{obs.reason}; a new token reaches the head only through new pods: the Ray pods are "
+                                   "recreated and running jobs stop (asks first; --yes agrees)",
+                        (f"kubernetes create: Secret {auth.secret_name(ctx.cfg)} (a new random token)", cmd,
+                         "kubernetes delete: the Ray pods (KubeRay creates them again, reading the new token)"))
         if obs.facts.get("recreate"):
             return Plan("replace", f"{obs.reason}; KubeRay recreates every Ray pod: running jobs will stop (asks first; --yes agrees)",
                         (cmd, "KubeRay deletes the Ray pods and creates them from the new templates"))
@@ -244,10 +258,23 @@ class RayCluster(Resource):
                 raise StepFailed(f"the running Ray pods differ from the rendered templates ({what}); applying them recreates "
                                  "every Ray pod and stops the running jobs, so nothing was changed", hint="raydlc up --yes")
             ctx.reporter.line(self.name, f"recreating the Ray pods: {what}")
+        lost = list(obs.facts.get("token_lost") or [])
+        if lost:
+            question = (f"the Ray token Secret {auth.secret_name(ctx.cfg)} is gone; a new one reaches the head only through new "
+                        f"pods, so the {len(lost)} Ray pods will be recreated and running jobs will stop. Go on?")
+            if not (ctx.yes or ctx.reporter.confirm(self.name, question)):
+                raise StepFailed(f"the Ray token Secret {auth.secret_name(ctx.cfg)} is missing and the running Ray pods hold the "
+                                 "old token; a new Secret needs new pods, which stops the running jobs, so nothing was changed",
+                                 hint="raydlc up --yes")
         for doc in desired_objects(ctx):
+            if doc["kind"] == "RayCluster" and raytoken.ensure(kube, ctx):  # the Secret first: the pods read it when they start
+                ctx.reporter.line(self.name, f"created Secret {auth.secret_name(ctx.cfg)} (a new random Ray token)")
             for applied in kube.apply(doc):
                 if applied.action != "unchanged":
                     ctx.reporter.line(self.name, f"{applied.action} {applied.kind} {applied.name}")
+        for pod in lost:  # KubeRay (reconcilePods) creates a missing head and missing workers again, from the Secret as it is now
+            kube.delete("v1", "Pod", pod, ctx.cfg.cluster.namespace)
+            ctx.reporter.line(self.name, f"deleted Pod {pod} (it held the old Ray token)")
 
     def kept(self, ctx: Context) -> str:
         cfg = ctx.cfg
