@@ -1,8 +1,9 @@
 """`up`, `down` and `status`: two dependency orders over the same resources, and a question to each.
 
-    up:    capacity ─► cluster ─┬─► gpu-nodegroup ─► device-plugins ─┬─► raycluster
-                                └─► kuberay ─────────────────────────┤
-           storage ──────────────────────────────────────────────────┘
+    up:    capacity ─► cluster ─┬─► gpu-nodegroup ─┬─► device-plugins ─┬─► raycluster
+                                │                  └─► autoscaler       │
+                                └─► kuberay ────────────────────────────┤
+           storage ─────────────────────────────────────────────────────┘
     down:  the same graph with every arrow reversed: what `up` made last goes first.
 
 `resources()` is the one place that says which resources there are, what each needs, and which
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from raydlc.errors import InputError
 from raydlc.lifecycle.context import Context, Timings
 from raydlc.lifecycle.resource import Resource
+from raydlc.lifecycle.resources.autoscaler import ClusterAutoscaler
 from raydlc.lifecycle.resources.capacity import Capacity
 from raydlc.lifecycle.resources.cluster import Cluster, refuse_foreign
 from raydlc.lifecycle.resources.device_plugins import DevicePlugins
@@ -52,6 +54,7 @@ def resources(*, delete_storage: bool = False) -> Graph:
         (KubeRay(), ("cluster",)),
         (DevicePlugins(), ("gpu-nodegroup",)),
         (RayCluster(), ("device-plugins", "kuberay", "storage")),
+        (ClusterAutoscaler(), ("gpu-nodegroup",)),  # IDLE_MINUTES=0: nothing to install or remove
     ]
 
 
