@@ -35,6 +35,11 @@ def wanted_nodes(cfg: Config, ng: dict[str, Any]) -> int:
     return min(int((ng.get("scalingConfig") or {}).get("desiredSize") or 0), cfg.gpu_nodes.count)
 
 
+def _scaling(cfg: Config) -> str:
+    g = cfg.gpu_nodes
+    return f" (scales 0..{g.count}; idle nodes leave after {g.idle_minutes} min)" if elastic(cfg) else ""
+
+
 class GpuNodeGroup(Resource):
     name = "gpu-nodegroup"
     summary = "EFA GPU node group in one AZ"
@@ -75,8 +80,7 @@ class GpuNodeGroup(Resource):
         ready = ready_nodes(kube, GPU_ROLE)
         if len(ready) < want:
             return Observation("creating", f"{len(ready)}/{want} GPU nodes Ready")
-        scaling = f" (scales 0..{cfg.gpu_nodes.count}; idle nodes leave after {cfg.gpu_nodes.idle_minutes} min)" if elastic(cfg) else ""
-        return Observation("ready", f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready{scaling}")
+        return Observation("ready", f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready{_scaling(cfg)}")
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
@@ -163,7 +167,7 @@ class GpuNodeGroup(Resource):
         ready = ctx.wait(self.name, lambda: ready_nodes(kube, GPU_ROLE), lambda ns: len(ns) >= want,
                          timeout=ctx.timings.nodes_s, what=f"{want} GPU nodes Ready with {ROLE}={GPU_ROLE}",
                          explain=lambda ns: f"{len(ns)}/{want} Ready")
-        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}"
+        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}{_scaling(cfg)}"
 
     # ------------------------------------------------------------------ down
 

@@ -293,7 +293,8 @@ class RayCluster(Resource):
         head, workers = ray_pods(kube, ctx)
         where = sorted({k8s.pod_node(w) or "?" for w in workers})
         return (f"head {k8s.name_of(head[0]) if head else '?'} Ready on {k8s.pod_node(head[0]) if head else '?'}; "
-                f"{len(workers)} workers Running on {', '.join(where)}")
+                f"{len(workers)} workers Running" + (f" on {', '.join(where)}" if where else "")
+                + (f" (0..{cfg.gpu_nodes.count} as jobs need them)" if elastic(cfg) else ""))
 
     def _diagnosis(self, ctx: Context, kube: k8s.Kube) -> list[str]:
         """Each pod that is not up yet with the scheduler's reason; missing head or workers named."""
