@@ -8,6 +8,7 @@ fake nodes in tests/test_autoscale_ray.py.
 from __future__ import annotations
 
 import fnmatch
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,44 @@ def test_a_kubernetes_version_without_a_pinned_autoscaler_is_refused_only_when_a
         load_config(env={"RAYDLC_K8S_VERSION": "1.29"}, cwd=tmp_path)
     assert "K8S_VERSION" in str(e.value) and "IDLE_MINUTES=0" in str(e.value)
     assert load_config(env={"RAYDLC_K8S_VERSION": "1.29", "RAYDLC_IDLE_MINUTES": "0"}, cwd=tmp_path).cluster.k8s_version == "1.29"
+
+
+# ---------------------------------------------------------------------- status: idle GPU nodes and the idle cost
+
+
+def test_status_says_which_gpu_nodes_hold_no_ray_pod_and_for_at_most_how_long() -> None:
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace
+
+    from raydlc.lifecycle.report import NodeRow, gpu_idleness
+
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    joined = (now - timedelta(minutes=12)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = [NodeRow("sys", "system", "m7i.xlarge", "a", True, 0, 0), NodeRow("g1", "gpu-worker", "g6.12xlarge", "a", True, 4, 1),
+            NodeRow("g2", "gpu-worker", "g6.12xlarge", "a", True, 4, 1), NodeRow("g3", "gpu-worker", "g6.12xlarge", "a", True, 4, 1)]
+    nodes = [{"metadata": {"name": n, "creationTimestamp": joined}} for n in ("sys", "g1", "g2")] + [{"metadata": {"name": "g3"}}]
+    pods = [SimpleNamespace(name="rc-head", node="sys"), SimpleNamespace(name="rc-gpu-workers-worker-0", node="g1")]
+    out = {r.name: r for r in gpu_idleness(rows, nodes, pods, now)}
+    assert (out["sys"].ray_pod, out["sys"].empty_min) == ("rc-head", None)  # not a GPU node
+    assert (out["g1"].ray_pod, out["g1"].empty_min) == ("rc-gpu-workers-worker-0", None)  # Ray's to judge
+    assert (out["g2"].ray_pod, out["g2"].empty_min) == (None, 12.0)
+    assert out["g3"].empty_min is None  # no creation time: nothing to say
+
+
+def test_the_idle_cost_is_the_cluster_without_its_gpu_nodes_and_the_view_says_so() -> None:
+    from raydlc.lifecycle.report import hourly_cost, idle_cost
+    from raydlc.views.lifecycle import _idle_line, _work
+
+    cost = hourly_cost(["g6.12xlarge", "g6.12xlarge", "m7i.xlarge"], 1, 1)
+    on = idle_cost(cost, "g6.12xlarge", 15)
+    assert on["when_idle_usd_per_hour"] == pytest.approx(0.2016 + 0.10 + 0.045, abs=0.006)
+    assert on["total_usd_per_hour"] == cost["total_usd_per_hour"] > 9
+    off = idle_cost(cost, "g6.12xlarge", 0)
+    assert off["when_idle_usd_per_hour"] == cost["total_usd_per_hour"]
+    assert "$0.35/h once the GPU nodes have left (after 15 min" in _idle_line(on)
+    assert "IDLE_MINUTES=0 keeps the GPU nodes" in _idle_line(off)
+    assert _work({"ray_pod": "rc-head"}) == "head"
+    assert _work({"ray_pod": "rc-gpu-workers-worker-abcde"}) == "worker"
+    assert _work({"ray_pod": None, "empty_min": 3.2}) == "none <5 min"
+    assert _work({"ray_pod": None, "empty_min": 17.9}) == "none 15+ min"
+    assert _work({"ray_pod": None, "empty_min": None}) == "-"

@@ -179,12 +179,15 @@ def print_removed(run: Run, console: Console) -> None:
 
 
 def _work(n: dict[str, Any]) -> str:
-    """What a node holds of Ray's: its pod, or for an empty GPU node how long it has been up without one."""
-    if n.get("ray_pod"):
-        return str(n["ray_pod"])
-    if n.get("empty_min") is not None:
-        return f"none (up {n['empty_min']:.0f} min)"
-    return "-"
+    """What a node holds of Ray's: its pod's kind (the name is in --json), or for a GPU node without one how
+    long it has been up without one (in 5-minute steps: the figure is an upper bound of the idle time, not a stopwatch)."""
+    pod = n.get("ray_pod")
+    if pod:
+        return "head" if str(pod).endswith("-head") or "-head-" in str(pod) else "worker"
+    empty = n.get("empty_min")
+    if empty is None:
+        return "-"
+    return "none <5 min" if empty < 5 else f"none {int(empty // 5 * 5)}+ min"
 
 
 def _idle_line(cost: dict[str, Any]) -> str:
@@ -207,7 +210,7 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
     parts: list[Any] = [steps]
     if doc["nodes"]:
         nodes = Table(title="nodes")
-        for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA", "Ray work"):
+        for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA", "Ray pod"):
             nodes.add_column(col)
         for n in doc["nodes"]:
             nodes.add_row(n["name"], n["role"], n["instance_type"], n["zone"], "yes" if n["ready"] else "no",
