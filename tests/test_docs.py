@@ -185,7 +185,7 @@ def test_readme_status_sample_is_what_status_prints() -> None:
     shown = docgen.block(README, "status-sample")
     assert shown is not None, "README.md lost its status-sample markers"
     assert shown == f"```\n{r.stdout}```", "README.md's status sample is stale: run `python scripts/sample_status.py --write`"
-    assert "hourly cost: $9.55/h (estimate)" in r.stdout and "ray-train-cluster-gpu-workers-worker-00001" in r.stdout
+    assert "hourly cost: $9.55/h (estimate)" in r.stdout and "release cluster-autoscaler 9.59.0 deployed" in r.stdout
 
 
 @pytest.mark.parametrize("generator", ["config_table", "commands_doc", "api_doc"])

@@ -116,7 +116,8 @@ def test_the_rendered_cluster_config_grants_this_policy_to_the_ray_pods_service_
     cfg = load_config(env={}, overrides={"STORAGE_PATH": f"s3://{B.name}/runs"}, cwd=tmp_path)
     cc = render_eksctl(cfg, ["us-east-2a", "us-east-2b"])
     assert schemas.problems(cc) == []
-    (pia,) = cc["iam"]["podIdentityAssociations"]
+    # the Ray pods' association; the Cluster Autoscaler's (IDLE_MINUTES > 0) is in tests/test_autoscale.py
+    (pia,) = [a for a in cc["iam"]["podIdentityAssociations"] if a["namespace"] == "ray-train"]
     assert (pia["namespace"], pia["serviceAccountName"], pia["createServiceAccount"]) == ("ray-train", SERVICE_ACCOUNT, True)
     assert pia["roleName"] == role_name(cfg) == "raydlc-eks-cluster-us-east-2-ray" and len(pia["roleName"]) <= 64
     assert pia["permissionPolicy"] == pod_policy(B) and "permissionPolicyARNs" not in pia and "wellKnownPolicies" not in pia

@@ -46,6 +46,7 @@ SPREAD: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["us-west-2a", "us-west-2c"],
     ),
     "custom-image": ({"DLC_IMAGE": "123456789012.dkr.ecr.us-east-2.amazonaws.com/my/ray:2.58.0-custom"}, ZONES),
+    "autoscale": ({"IDLE_MINUTES": 15}, ZONES),
     "namespace": ({"NAMESPACE": "team-a-training", "RAY_CLUSTER_NAME": "team-a", "RAY_JOB_NAME": "team-a-job"}, ZONES),
     "bottlerocket-untainted": ({"NODE_AMI_FAMILY": "Bottlerocket", "GPU_TAINT": False, "NCCL_NET": ""}, ZONES),
     "http-mode": ({"JOB_SUBMISSION_MODE": "HTTPMode", "JOB_DEADLINE_S": 600, "KUBERAY_NAMESPACE": "ray-system"}, ZONES),
@@ -57,7 +58,9 @@ RUNS = "s3://raydlc-runs/team"
 
 
 def make_config(overrides: dict[str, Any], cwd: Path) -> Config:
-    return load_config(env={}, overrides={"STORAGE_PATH": RUNS, **overrides}, cwd=cwd)
+    """The spread is the fixed-size cluster (IDLE_MINUTES=0, whose documents tests/golden/default holds) unless an
+    entry says otherwise; "autoscale" is the default IDLE_MINUTES=15 (tests/golden/autoscale)."""
+    return load_config(env={}, overrides={"STORAGE_PATH": RUNS, "IDLE_MINUTES": 0, **overrides}, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +253,8 @@ def test_every_gpu_pod_claims_the_whole_node(name: str, rendered) -> None:
     for spec in (docs[FILES["raycluster"]]["spec"],):
         (group,) = spec["workerGroupSpecs"]
         n = cfg.gpu_nodes.count
-        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (n, n, n)
+        low = 0 if cfg.gpu_nodes.idle_minutes else n  # autoscaling: Ray's autoscaler starts workers for a job
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (low, low, n)
         assert group["rayStartParams"]["num-gpus"] == group["template"]["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE]
 
 
@@ -381,7 +385,8 @@ def test_gpu_node_group_is_in_exactly_one_az(name: str, rendered) -> None:
     assert az in cc["availabilityZones"] and len(cc["availabilityZones"]) >= 2
     assert gpu["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
     n = cfg.gpu_nodes.count
-    assert (gpu["desiredCapacity"], gpu["minSize"], gpu["maxSize"]) == (n, n, n)
+    low = 0 if cfg.gpu_nodes.idle_minutes else n  # autoscaling: the Cluster Autoscaler takes idle nodes to 0
+    assert (gpu["desiredCapacity"], gpu["minSize"], gpu["maxSize"]) == (n, low, n)
     system = groups[cfg.system_nodes.nodegroup_name]
     assert system["labels"] == {"role": "system"} and "efaEnabled" not in system
     assert cc["vpc"]["nat"]["gateway"] == "Single" and cc["iam"]["withOIDC"] is True
@@ -436,7 +441,7 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
     assert cfg.train.steps == 7
     docs = render_all(cfg, ZONES)
     paths = write(docs, tmp_path / "out")
-    assert len(paths) == len(docs) == 6
+    assert len(paths) == len(docs) == 7  # 4 manifests, 3 Helm values files (NVIDIA, KubeRay, Cluster Autoscaler)
     text = "\n".join(p.read_text() for p in paths)
     assert "RAYDLC_STEPS" in text and '"7"' in text
     for value in secrets.values():
@@ -611,16 +616,18 @@ def _golden(doc: dict[str, Any]) -> str:
     return CODE_ZIP.sub("raydlc-VERSION-HASH.zip", to_yaml(doc))
 
 
-def test_default_config_matches_the_golden_files(rendered) -> None:
-    """RAYDLC_UPDATE_GOLDEN=1 rewrites tests/golden/default/ (then review `git diff`)."""
-    _, docs = rendered["default"]
+@pytest.mark.parametrize(("name", "golden"), [("default", GOLDEN), ("autoscale", GOLDEN.parent / "autoscale")])
+def test_default_config_matches_the_golden_files(rendered, name: str, golden: Path) -> None:
+    """RAYDLC_UPDATE_GOLDEN=1 rewrites tests/golden/<dir>/ (then review `git diff`). golden/default is the
+    fixed-size cluster (IDLE_MINUTES=0: today's documents, unchanged); golden/autoscale the default IDLE_MINUTES=15."""
+    _, docs = rendered[name]
     if os.environ.get("RAYDLC_UPDATE_GOLDEN") == "1":
-        if GOLDEN.exists():
-            for old in GOLDEN.rglob("*.yaml"):
+        if golden.exists():
+            for old in golden.rglob("*.yaml"):
                 old.unlink()
-        for path in write(docs, GOLDEN):
-            path.write_text(_golden(docs[str(path.relative_to(GOLDEN))]))
-    on_disk = sorted(str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml"))
+        for path in write(docs, golden):
+            path.write_text(_golden(docs[str(path.relative_to(golden))]))
+    on_disk = sorted(str(p.relative_to(golden)) for p in golden.rglob("*.yaml"))
     assert on_disk == sorted(docs), "golden file set differs; RAYDLC_UPDATE_GOLDEN=1 to rewrite"
-    for name, doc in docs.items():
-        assert (GOLDEN / name).read_text() == _golden(doc), f"{name} differs from its golden file"
+    for fname, doc in docs.items():
+        assert (golden / fname).read_text() == _golden(doc), f"{fname} differs from its golden file"

@@ -21,6 +21,7 @@ STORE = ["--set", f"STORAGE_PATH={RUNS}"]
 BUCKET = ["--set", "STORAGE_BUCKET=raydlc-test-runs"]  # names the cluster's bucket: no AWS account is asked
 ALL_FILES = [
     "eksctl-cluster.yaml",
+    "helm/cluster-autoscaler.values.yaml",  # IDLE_MINUTES > 0, the default
     "helm/kuberay-operator.values.yaml",
     "helm/nvidia-device-plugin.values.yaml",
     "networkpolicy.yaml",
@@ -51,7 +52,7 @@ def test_render_out_writes_every_file_as_rendered(clean_env: Path, capsys: pytes
     expected = render_all(load_config(env={}, overrides={"GPU_NODE_COUNT": 3, "STORAGE_PATH": RUNS}, cwd=clean_env), ZONES.split(","))
     for name, doc in expected.items():
         assert yaml.safe_load((out / name).read_text()) == doc
-    assert yaml.safe_load((out / "raycluster.yaml").read_text())["spec"]["workerGroupSpecs"][0]["replicas"] == 3
+    assert yaml.safe_load((out / "raycluster.yaml").read_text())["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 3
     assert "wrote" in capsys.readouterr().out
 
 
@@ -65,7 +66,8 @@ def test_render_without_out_prints_yaml_and_writes_nothing(clean_env: Path, caps
 def test_render_only_helm_needs_no_zones(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", "--only", "helm", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert sorted(doc["files"]) == ["helm/kuberay-operator.values.yaml", "helm/nvidia-device-plugin.values.yaml"]
+    assert sorted(doc["files"]) == ["helm/cluster-autoscaler.values.yaml", "helm/kuberay-operator.values.yaml",
+                                    "helm/nvidia-device-plugin.values.yaml"]
 
 
 def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:

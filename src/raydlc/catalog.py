@@ -169,3 +169,31 @@ PRICES_AS_OF = "2025-06"
 PRICE_REGION = "us-east-1"
 EKS_CONTROL_PLANE_HOURLY_USD = 0.10  # standard support; extended support is 0.60
 NAT_GATEWAY_HOURLY_USD = 0.045  # per gateway, before data processing (0.045 per GB)
+
+
+# How long a GPU node takes from the Cluster Autoscaler's scale-up to a Ray worker that can run: the
+# EC2 launch and the kubelet joining (eksctl's managed node groups come up in about 4 minutes), the
+# NVIDIA and EFA device plugins advertising their resources, and the DLC image pull (tens of GiB) onto
+# an empty root volume. An estimate, used as the floor of IDLE_MINUTES: a node that leaves sooner than
+# one takes to come back makes the next job wait longer than the idle time saved.
+GPU_NODE_STARTUP_MINUTES = 10
+
+# The Cluster Autoscaler's minor version must match the control plane's (its README: "use the
+# Cluster Autoscaler release that matches your Kubernetes minor"); the chart (CLUSTER_AUTOSCALER_VERSION,
+# kubernetes/autoscaler charts/cluster-autoscaler 9.59.0, appVersion 1.35.0) is told the image tag.
+# The newest patch of each minor, from the kubernetes/autoscaler tags `cluster-autoscaler-1.N.P`.
+CLUSTER_AUTOSCALER_REPOSITORY = "registry.k8s.io/autoscaling/cluster-autoscaler"
+CLUSTER_AUTOSCALER_IMAGES: dict[str, str] = {
+    "1.30": "v1.30.7",
+    "1.31": "v1.31.5",
+    "1.32": "v1.32.7",
+    "1.33": "v1.33.6",
+    "1.34": "v1.34.5",
+    "1.35": "v1.35.2",
+    "1.36": "v1.36.1",
+}
+
+
+def cluster_autoscaler_image(k8s_version: str) -> str | None:
+    """The Cluster Autoscaler image tag for a Kubernetes minor version; None when none is pinned."""
+    return CLUSTER_AUTOSCALER_IMAGES.get(k8s_version)

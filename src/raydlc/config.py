@@ -197,6 +197,10 @@ class GpuNodesConfig(_Section):
         "GPU_VOLUME_SIZE", "root volume of each GPU node, GiB (the DLC image is large)", default=200, le=16384, why="16 TiB"
     )
     taint: bool = _env("GPU_TAINT", "taint GPU nodes so only pods that tolerate it land there", default=True)
+    idle_minutes: NonNegative = _env(
+        "IDLE_MINUTES", "minutes a GPU node may hold no Ray work before it leaves (the group scales 0..GPU_NODE_COUNT); "
+        "0 = fixed size, the nodes stay", default=15, le=7 * 24 * 60, why="a week",
+    )
 
 
 ChartVersion = Annotated[str, Shaped(_SEMVER, "a chart version such as '1.7.0'")]
@@ -215,6 +219,10 @@ class ImagesConfig(_Section):
     kuberay_version: ChartVersion = _env("KUBERAY_VERSION", "KubeRay operator chart version", default="1.7.0")
     nvidia_device_plugin_version: ChartVersion = _env(
         "NVIDIA_DEVICE_PLUGIN_VERSION", "NVIDIA device plugin chart version", default="0.20.0"
+    )
+    cluster_autoscaler_version: ChartVersion = _env(
+        "CLUSTER_AUTOSCALER_VERSION", "Kubernetes Cluster Autoscaler chart version (its image follows K8S_VERSION)",
+        default="9.59.0",
     )
 
 
@@ -474,6 +482,7 @@ def _cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
             )
         if it.gpus and it.efa_interfaces == 0:
             problems.append(("GPU_NODE_TYPE", f"{it.name} does not support EFA; choose an EFA-capable type"))
+    problems += _idle_problems(cfg)
     facts = catalog.image_facts(cfg.images.dlc_image)
     if facts is not None and facts.ray != cfg.images.ray_version and not cfg.images.force_ray_version:
         problems.append(
@@ -483,6 +492,25 @@ def _cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
                 "(set FORCE_RAY_VERSION=true to override)",
             )
         )
+    return problems
+
+
+def _idle_problems(cfg: Config) -> list[tuple[str, str]]:
+    """An idle time shorter than a GPU node takes to come back would trade a short wait for a long one;
+    and the Cluster Autoscaler's image must match the control plane's minor version."""
+    idle = cfg.gpu_nodes.idle_minutes
+    if idle == 0:
+        return []
+    problems: list[tuple[str, str]] = []
+    floor = catalog.GPU_NODE_STARTUP_MINUTES
+    if idle < floor:
+        problems.append(("IDLE_MINUTES", f"must be 0 (fixed size) or at least {floor}, got {idle}: a GPU node takes about "
+                                         f"{floor} minutes to come back (launch, join, device plugins, the DLC image pull), "
+                                         "so a shorter idle time makes every job wait longer than it saves"))
+    if catalog.cluster_autoscaler_image(cfg.cluster.k8s_version) is None:
+        known = ", ".join(sorted(catalog.CLUSTER_AUTOSCALER_IMAGES))
+        problems.append(("K8S_VERSION", f"no Cluster Autoscaler release is pinned for Kubernetes {cfg.cluster.k8s_version} "
+                                        f"(known: {known}); set IDLE_MINUTES=0 for a fixed-size cluster"))
     return problems
 
 

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -401,6 +401,7 @@ def _group_alive(pgid: int) -> bool:
 def start_head(
     *, num_cpus: int, log_dir: Path, timeout: float = 120.0, env: Mapping[str, str] | None = None, cwd: Path | None = None,
     token: str | None = None,
+    ports: Mapping[str, int] | None = None, extra_args: Sequence[str] = (),
 ) -> LocalHead:
     """`ray start --head --block` on free 127.0.0.1 ports, ready when its dashboard answers.
 
@@ -418,11 +419,11 @@ def start_head(
         raise RayError("the `ray` command is not installed next to this Python", hint="pip install 'ray[default]'")
     names = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
              "runtime-env-agent-port", "metrics-export-port", "node-manager-port", "object-manager-port")
-    ports = {name: free_port() for name in names}
+    ports = {name: (ports or {}).get(name) or free_port() for name in names}  # `ports`: ones the caller chose
     temp_dir = make_owned_dir("raydlc-head-", "/tmp")  # short: Ray's socket paths live under it
     cmd = [exe, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}",
            "--include-dashboard=true", "--disable-usage-stats", f"--num-cpus={num_cpus}", "--num-gpus=0",
-           *(f"--{name}={port}" for name, port in ports.items())]
+           *(f"--{name}={port}" for name, port in ports.items()), *extra_args]
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray-head.log"
     # No drain on SIGTERM: it holds a head up to 30 s for Serve replicas that a head raydlc ends has none of.

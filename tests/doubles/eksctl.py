@@ -331,7 +331,8 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
               for t in ng.get("taints") or []]
     eks.create_nodegroup(
         clusterName=name, nodegroupName=ngname, subnets=subnets, instanceTypes=[ng["instanceType"]],
-        scalingConfig={"minSize": count, "maxSize": count, "desiredSize": count}, labels=ng.get("labels") or {},
+        scalingConfig={"minSize": int(ng.get("minSize", count)), "maxSize": int(ng.get("maxSize", count)), "desiredSize": count},
+        labels=ng.get("labels") or {},
         taints=taints, tags={**(meta.get("tags") or {}), **(ng.get("tags") or {})},
         nodeRole=f"arn:aws:iam::{ACCOUNT}:role/{stack}-NodeInstanceRole",
     )
@@ -363,7 +364,8 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
             fail(f"Error: the double has no node facts for {ng['instanceType']}")
         alloc = node_allocatable(ng["instanceType"])
         kube.create({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels},
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": labels, "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "spec": {"providerID": f"aws:///{subnet['AvailabilityZone']}/{inst['InstanceId']}",
                      "taints": [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]} for t in ng.get("taints") or []]},
             "status": {"capacity": dict(alloc), "allocatable": dict(alloc),

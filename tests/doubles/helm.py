@@ -1,4 +1,4 @@
-"""A recorded double of helm 3: status, get values, get metadata, upgrade --install, uninstall — for two charts.
+"""A recorded double of helm 3: status, get values, get metadata, upgrade --install, uninstall — for three charts.
 
 `helm status -o json` prints the release with its chart stripped (helm v3.14–v3.19
 cmd/helm/status.go: `rel.Chart = nil`, and `chart` is `omitempty` in pkg/release/release.go), so
@@ -11,7 +11,8 @@ mapping whose keys the chart knows: nodeSelector of strings, tolerations of the 
 shape), and keeps its releases where helm does: Secrets `sh.helm.release.v1.<name>.v<N>`
 labelled owner=helm in the release namespace. Installing a chart creates what the chart
 would: the KubeRay operator's CRDs and Deployment (its pod on a node the nodeSelector admits),
-or the NVIDIA device plugin's DaemonSet, whose pods then make GPUs allocatable.
+or the NVIDIA device plugin's DaemonSet, whose pods then make GPUs allocatable, or the Cluster
+Autoscaler's Deployment and pod (named by `fullnameOverride`, on a node the nodeSelector admits).
 """
 
 from __future__ import annotations
@@ -46,10 +47,16 @@ VERSION = "v3.17.3+ge4da497"
 CHARTS = {
     "kuberay-operator": ("https://ray-project.github.io/kuberay-helm/", {"1.6.0", "1.7.0"}),
     "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", {"0.17.0", "0.20.0"}),
+    "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", {"9.58.0", "9.59.0"}),
 }
+# kubernetes/autoscaler charts/cluster-autoscaler 9.59.0 values.yaml: the top-level keys raydlc may set
+# (the chart has no values.schema.json, so helm itself accepts any key; the double is stricter so a typo fails)
+CA_KEYS = {"cloudProvider", "awsRegion", "autoDiscovery", "fullnameOverride", "nameOverride", "image", "rbac", "extraArgs",
+           "nodeSelector", "tolerations", "affinity", "resources", "replicaCount", "podAnnotations", "priorityClassName"}
 VALUE_KEYS = {
     "kuberay-operator": {"nodeSelector", "tolerations", "affinity", "image", "resources", "replicas", "watchNamespace"},
     "nvidia-device-plugin": {"nodeSelector", "tolerations", "affinity", "resources", "config", "gfd", "runtimeClassName"},
+    "cluster-autoscaler": CA_KEYS,
 }
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
@@ -133,14 +140,61 @@ def install_objects(kube: Kube, chart: str, ns: str, values: dict[str, Any]) -> 
             kube.create(running_pod(pname, ns, node, {"app.kubernetes.io/name": chart}, pod_spec, ("ReplicaSet", chart)))
         kube.patch("Deployment", chart, {"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
                                                     "conditions": [{"type": "Available", "status": "True"}]}}, ns)
+    elif chart == "cluster-autoscaler":
+        install_autoscaler(kube, ns, values, spec)
     else:
         kube.ensure({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": NVIDIA_DAEMONSET, "namespace": ns},
                      "spec": {"template": {"spec": {**spec, "containers": [{"name": "nvidia-device-plugin-ctr"}]}}}})
         reconcile_daemonsets(kube)
 
 
-def remove_objects(kube: Kube, chart: str, ns: str) -> None:
-    if chart == "kuberay-operator":
+def autoscaler_name(values: dict[str, Any]) -> str:
+    """The chart's `cluster-autoscaler.fullname` (templates/_helpers.tpl): fullnameOverride, else
+    `<release>-<cloudProvider>-cluster-autoscaler`; the double knows only the release raydlc names."""
+    return str(values.get("fullnameOverride") or "cluster-autoscaler-aws-cluster-autoscaler")
+
+
+def install_autoscaler(kube: Kube, ns: str, values: dict[str, Any], spec: dict[str, Any]) -> None:
+    """The chart's Deployment and its pod; with auto-discovery on AWS the chart needs autoDiscovery.clusterName
+    (templates/deployment.yaml: `--node-group-auto-discovery=asg:tag=...` only when it is set). A scenario
+    `autoscaler_pod` = "CrashLoopBackOff" leaves the pod crashing as a CA whose role cannot describe ASGs does."""
+    for key in ("clusterName",):
+        if not (values.get("autoDiscovery") or {}).get(key):
+            fail(f"Error: cluster-autoscaler: autoDiscovery.{key} must be set for ASG auto-discovery")
+    name = autoscaler_name(values)
+    image = f"{values.get('image', {}).get('repository', 'registry.k8s.io/autoscaling/cluster-autoscaler')}:" \
+            f"{values.get('image', {}).get('tag', 'v1.35.0')}"
+    pod_spec = {**spec, "containers": [{"name": "aws-cluster-autoscaler", "image": image,
+                                        "resources": values.get("resources") or {}}]}
+    kube.ensure({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+                 "spec": {"replicas": 1, "template": {"spec": pod_spec}}})
+    node = schedulable_node(kube, pod_spec)
+    broken = scenario().get("autoscaler_pod")
+    pname = pod_name(f"{name}-7c9d5f6b8", node or "pending")
+    if kube.get("Pod", pname, ns) is None:
+        pod = running_pod(pname, ns, node or "", {"app.kubernetes.io/name": "aws-cluster-autoscaler"}, pod_spec,
+                          ("ReplicaSet", name))
+        if broken:
+            pod["status"] = {"phase": "Running", "containerStatuses": [{
+                "name": "aws-cluster-autoscaler", "ready": False, "restartCount": 5,
+                "state": {"waiting": {"reason": broken, "message": "back-off 5m0s restarting failed container"}}}]}
+        kube.create(pod)
+    if node is None or broken:
+        kube.patch("Deployment", name, {"status": {"availableReplicas": 0, "conditions": [
+            {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"}]}}, ns)
+        fail("Error: UPGRADE FAILED: context deadline exceeded")  # `--wait` gives up on a Deployment never Available
+    kube.patch("Deployment", name, {"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+                                               "conditions": [{"type": "Available", "status": "True"}]}}, ns)
+
+
+def remove_objects(kube: Kube, chart: str, ns: str, values: dict[str, Any] | None = None) -> None:
+    if chart == "cluster-autoscaler":
+        name = autoscaler_name(values or {})
+        for p in kube.list("Pod", ns):
+            if p["metadata"]["name"].startswith(f"{name}-"):
+                kube.delete("Pod", p["metadata"]["name"], ns)
+        kube.delete("Deployment", name, ns)
+    elif chart == "kuberay-operator":
         for p in kube.list("Pod", ns):
             if p["metadata"]["name"].startswith(f"{chart}-"):
                 kube.delete("Pod", p["metadata"]["name"], ns)
@@ -232,7 +286,8 @@ def main(argv: list[str]) -> int:
             history = releases(kube, name, args.namespace)
             if not history:
                 fail(f"Error: uninstall: Release not loaded: {name}: release: not found")
-            remove_objects(kube, decode(history[-1])["chart"]["metadata"]["name"], args.namespace)
+            last = decode(history[-1])
+            remove_objects(kube, last["chart"]["metadata"]["name"], args.namespace, last.get("config") or {})
             delay(f"uninstall {name}")
             for s in history:
                 kube.delete("Secret", s["metadata"]["name"], args.namespace)

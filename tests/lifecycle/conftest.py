@@ -296,6 +296,9 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
         "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "HOME": str(home),
         "PATH": os.pathsep.join([str(bin_dir), *_without_aws_clis()]),
         "DOUBLES_LOG": str(w.log), "DOUBLES_SCENARIO": str(w.scenario_file), "DOUBLES_KUBE_URL": kube_server.url,
+        # The scenarios are the fixed-size cluster (GPU nodes and workers always there); the default,
+        # autoscaling one (IDLE_MINUTES=15) has its own: tests/lifecycle/test_autoscaler.py.
+        "RAYDLC_IDLE_MINUTES": "0",
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -49,11 +49,15 @@ class Ctx:
 
 def test_up_and_down_declare_the_documented_graph() -> None:
     assert [s.name for s in order(orders.steps("up"))] == [
-        "capacity", "storage", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
+        "capacity", "storage", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster", "autoscaler"]
     needs = {s.name: set(s.needs) for s in orders.steps("up")}
     assert needs == {"capacity": set(), "storage": set(), "cluster": {"capacity"}, "gpu-nodegroup": {"cluster"},
                      "kuberay": {"cluster"}, "device-plugins": {"gpu-nodegroup"},
-                     "raycluster": {"device-plugins", "kuberay", "storage"}}
+                     "raycluster": {"device-plugins", "kuberay", "storage"}, "autoscaler": {"gpu-nodegroup"}}
+    # IDLE_MINUTES=0: the fixed-size cluster has no autoscaler step
+    fixed = orders.steps("up", orders.resources(autoscaling=False))
+    assert [s.name for s in order(fixed)] == [
+        "capacity", "storage", "cluster", "gpu-nodegroup", "kuberay", "device-plugins", "raycluster"]
     down = {s.name: set(s.needs) for s in orders.steps("down")}
     for step, ns in needs.items():  # down is the reverse: whatever up needed first goes last
         for n in ns:
@@ -75,7 +79,7 @@ def test_partial_runs_follow_the_dependencies() -> None:
     assert select(s) == [x.name for x in order(s)]
     assert select(s, until="gpu-nodegroup") == ["capacity", "cluster", "gpu-nodegroup"]
     assert select(s, until="kuberay") == ["capacity", "cluster", "kuberay"]
-    assert select(s, from_="gpu-nodegroup") == ["gpu-nodegroup", "device-plugins", "raycluster"]
+    assert select(s, from_="gpu-nodegroup") == ["gpu-nodegroup", "device-plugins", "raycluster", "autoscaler"]
     assert select(s, from_="cluster", until="device-plugins") == ["cluster", "gpu-nodegroup", "device-plugins"]
     assert select(s, only="kuberay") == ["kuberay"]
     with pytest.raises(InputError, match="--only 'nope': no such step"):

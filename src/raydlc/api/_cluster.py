@@ -64,7 +64,7 @@ def up(
             print(step.step, step.action, step.reason)
         assert [(s.step, s.action) for s in plan.results] == [
             ("capacity", "none"), ("storage", "create"), ("cluster", "create"), ("gpu-nodegroup", "create"),
-            ("kuberay", "create"), ("device-plugins", "create"), ("raycluster", "create")]
+            ("kuberay", "create"), ("device-plugins", "create"), ("raycluster", "create"), ("autoscaler", "create")]
         assert "eksctl create cluster --config-file" in plan.to_dict()["steps"][2]["command"]
     """
     from raydlc.lifecycle import orders
@@ -95,7 +95,7 @@ def down(
         plan = api.down(dry_run=True)
         print(plan.to_dict())
         assert [s.step for s in plan.results] == [
-            "raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "storage", "capacity"]
+            "autoscaler", "raycluster", "device-plugins", "kuberay", "gpu-nodegroup", "cluster", "storage", "capacity"]
         assert {s.action for s in plan.results} == {"none"}
     """
     from raydlc.lifecycle import orders
@@ -121,7 +121,7 @@ def status(
         assert now.status == "NOT_FOUND" and now.nodes == () and now.raycluster is None
         assert [(s.step, s.state) for s in now.steps] == [
             ("capacity", "ready"), ("storage", "absent"), ("cluster", "absent"), ("gpu-nodegroup", "absent"),
-            ("kuberay", "absent"), ("device-plugins", "absent"), ("raycluster", "absent")]
+            ("kuberay", "absent"), ("device-plugins", "absent"), ("raycluster", "absent"), ("autoscaler", "absent")]
         assert now.cost["total_usd_per_hour"] == 0
     """
     from raydlc.lifecycle import orders

@@ -1,8 +1,9 @@
 """`up`, `down` and `status`: two dependency orders over the same resources, and a question to each.
 
-    up:    capacity ─► cluster ─┬─► gpu-nodegroup ─► device-plugins ─┬─► raycluster
-                                └─► kuberay ─────────────────────────┤
-           storage ──────────────────────────────────────────────────┘
+    up:    capacity ─► cluster ─┬─► gpu-nodegroup ─┬─► device-plugins ─┬─► raycluster
+                                │                  └─► autoscaler       │
+                                └─► kuberay ────────────────────────────┤
+           storage ─────────────────────────────────────────────────────┘
     down:  the same graph with every arrow reversed: what `up` made last goes first.
 
 `resources()` is the one place that says which resources there are, what each needs, and which
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from raydlc.errors import InputError
 from raydlc.lifecycle.context import Context, Timings
 from raydlc.lifecycle.resource import Resource
+from raydlc.lifecycle.resources.autoscaler import ClusterAutoscaler
 from raydlc.lifecycle.resources.capacity import Capacity
 from raydlc.lifecycle.resources.cluster import Cluster, refuse_foreign
 from raydlc.lifecycle.resources.device_plugins import DevicePlugins
@@ -28,6 +30,7 @@ from raydlc.lifecycle.resources.raycluster import RayCluster
 from raydlc.lifecycle.resources.storage import Storage
 from raydlc.lifecycle.steps import Step, order, plan_all, run_all, select
 from raydlc.lifecycle.types import Goal, Reporter, Run
+from raydlc.render.autoscaler import enabled as elastic
 
 if TYPE_CHECKING:
     from raydlc.config import Config
@@ -37,14 +40,15 @@ if TYPE_CHECKING:
 Graph = list[tuple[Resource, tuple[str, ...]]]
 
 
-def resources(*, delete_storage: bool = False) -> Graph:
+def resources(*, delete_storage: bool = False, autoscaling: bool = True) -> Graph:
     """A fresh set of one run's resources with what each needs, in up's order (a run's decisions are its own).
 
     The RayCluster needs the bucket its pods write to; `down` so empties a bucket only after the
-    pods that write it are gone (and keeps it unless `delete_storage`).
+    pods that write it are gone (and keeps it unless `delete_storage`). Without `autoscaling`
+    (IDLE_MINUTES=0) there is no Cluster Autoscaler step: today's fixed-size cluster, step for step.
     """
     capacity = Capacity()
-    return [
+    graph: Graph = [
         (capacity, ()),
         (Storage(delete=delete_storage), ()),
         (Cluster(zones=capacity.choice), ("capacity",)),
@@ -52,7 +56,9 @@ def resources(*, delete_storage: bool = False) -> Graph:
         (KubeRay(), ("cluster",)),
         (DevicePlugins(), ("gpu-nodegroup",)),
         (RayCluster(), ("device-plugins", "kuberay", "storage")),
+        (ClusterAutoscaler(), ("gpu-nodegroup",)),
     ]
+    return graph if autoscaling else [(r, n) for r, n in graph if not isinstance(r, ClusterAutoscaler)]
 
 
 def steps(goal: Goal, graph: Graph | None = None) -> list[Step]:
@@ -114,7 +120,7 @@ def up(
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
     runner: Runner | None = None, yes: bool = False,
 ) -> Run:
-    graph = resources()
+    graph = resources(autoscaling=elastic(cfg))
     plan = steps("up", graph)
     selected = select(plan, only=only, from_=from_, until=until)  # a bad step name is refused before AWS is asked
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner, yes=yes)
@@ -133,7 +139,7 @@ def down(
 ) -> Run:
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     refuse_foreign(ctx)
-    graph = resources(delete_storage=delete_storage)
+    graph = resources(delete_storage=delete_storage, autoscaling=elastic(cfg))
     plan = steps("down", graph)
     selected = [s.name for s in order(plan) if not (keep_cluster and s.name == Cluster.name)]
     if dry_run:
@@ -146,6 +152,6 @@ def status(cfg: Config, *, timings: Timings | None = None, runner: Runner | None
     from raydlc.lifecycle.report import report
 
     ctx = _context(cfg, dry_run=True, force=False, reporter=None, timings=timings, runner=runner)
-    graph = resources()
+    graph = resources(autoscaling=elastic(cfg))
     by_name = {r.name: r for r, _ in graph}
     return report(ctx, [by_name[s.name] for s in order(steps("up", graph))])

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from raydlc import catalog
@@ -18,7 +19,7 @@ from raydlc.errors import RaydlcError
 from raydlc.lifecycle import cloud
 from raydlc.lifecycle.resources import raycluster
 from raydlc.lifecycle.resources.device_plugins import node_devices
-from raydlc.render.nodes import ROLE
+from raydlc.render.nodes import GPU_ROLE, ROLE
 
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
@@ -44,13 +45,16 @@ class NodeRow:
     ready: bool
     gpu: int
     efa: int
+    ray_pod: str | None = None  # the Ray pod on it, if any
+    empty_min: float | None = None  # a GPU node without a Ray pod: minutes since it joined (see `gpu_idleness`)
 
 
 @dataclass(frozen=True)
 class ClusterStatus:
     """What `raydlc status` reports; `to_dict()` is what `raydlc status --json` prints.
 
-    `cost` is the estimate `hourly_cost` makes: items, total_usd_per_hour, unpriced, estimate, prices.
+    `cost` is the estimate `hourly_cost` makes: items, total_usd_per_hour, unpriced, estimate, prices; and
+    `idle_cost`'s when_idle_usd_per_hour (the GPU nodes gone; the total itself at IDLE_MINUTES=0) and idle_minutes.
     """
 
     name: str
@@ -117,6 +121,41 @@ def _node_row(n: dict[str, Any]) -> NodeRow:
                    k8s.node_ready(n), gpu, efa)
 
 
+def _joined(n: Mapping[str, Any]) -> datetime | None:
+    stamp = (n.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+    except ValueError:
+        return None
+
+
+def gpu_idleness(rows: Sequence[NodeRow], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Any], now: datetime) -> list[NodeRow]:
+    """Each node with the Ray pod on it and, for a GPU node without one, the minutes since it joined (pure).
+
+    What Kubernetes can say, and no more: a node with a Ray worker pod is in Ray's hands (Ray's autoscaler
+    removes the pod after IDLE_MINUTES without a task or actor: `ray status -v` on the head shows how long
+    it has been idle); a node without one holds no Ray work, and has held none at most since it joined
+    (Kubernetes keeps no record of when the last Ray pod left it). The Cluster Autoscaler removes it."""
+    on = {p.node: p.name for p in pods if getattr(p, "node", None)}
+    joined = {k8s.name_of(n): _joined(n) for n in nodes}
+    out = []
+    for r in rows:
+        since = joined.get(r.name)
+        empty = None
+        if r.role == GPU_ROLE and r.name not in on and since is not None:
+            empty = round(max(0.0, (now - since).total_seconds() / 60), 1)
+        out.append(replace(r, ray_pod=on.get(r.name), empty_min=empty))
+    return out
+
+
+def idle_cost(cost: Mapping[str, Any], gpu_type: str, idle_minutes: int) -> dict[str, Any]:
+    """The estimate with what the cluster costs once its GPU nodes are gone (pure): at IDLE_MINUTES=0 that never happens."""
+    gpu_item = f"{gpu_type} instance"
+    idle = round(sum(i["usd_per_hour"] for i in cost["items"] if i["item"] != gpu_item), 2)
+    return {**cost, "idle_minutes": idle_minutes,
+            "when_idle_usd_per_hour": idle if idle_minutes > 0 else cost["total_usd_per_hour"]}
+
+
 def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
     """Ask each resource where it stands, then list the nodes, the Ray pods and what bills."""
     cfg = ctx.cfg
@@ -131,8 +170,10 @@ def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
     ray = None
     if kube is not None:
         try:
-            nodes = [_node_row(n) for n in kube.nodes()]
+            found = kube.nodes()
             ray = raycluster.view(ctx, kube)
+            nodes = gpu_idleness([_node_row(n) for n in found], found, ray.pods if ray is not None else (),
+                                 datetime.now(UTC))
         except RaydlcError as e:
             steps.append(StepState("kubernetes", "unknown", e.message))
     ec2 = ctx.aws("ec2")
@@ -141,5 +182,6 @@ def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
     instances = cloud.instances(ec2, name)
     cost = hourly_cost([i["InstanceType"] for i in instances if i["State"]["Name"] in ("pending", "running")],
                        1 if desc is not None else 0, len(cloud.nat_gateways(ec2, name, vpcs)))
+    cost = idle_cost(cost, cfg.gpu_nodes.instance_type, cfg.gpu_nodes.idle_minutes)
     return ClusterStatus(name, cfg.cluster.region, (desc or {}).get("status", "NOT_FOUND"), str(ctx.kubeconfig),
                          tuple(steps), tuple(nodes), ray, cost, storage)

@@ -16,7 +16,7 @@ from typing import Any
 
 from raydlc.config import Config, zone_problem
 from raydlc.errors import InputError
-from raydlc.render import nodes, storage
+from raydlc.render import autoscaler, nodes, storage
 
 API_VERSION = "eksctl.io/v1alpha5"
 OWNER_TAG = "raydlc.io/cluster"  # on every AWS resource of the cluster; `raydlc down` refuses clusters without it
@@ -80,6 +80,16 @@ def _nodegroup(
     }
 
 
+def _elastic(cfg: Config, gpu: dict[str, Any]) -> None:
+    """The GPU group scales between 0 and GPU_NODE_COUNT: the Cluster Autoscaler finds it by its tags and
+    sizes a node it has never seen from them (raydlc.render.autoscaler). It starts at GPU_NODE_COUNT so
+    that `up` sees every GPU and EFA interface once; idle, the nodes leave after IDLE_MINUTES."""
+    it = cfg.gpu_instance
+    gpu["minSize"] = 0
+    gpu["propagateASGTags"] = True
+    gpu["tags"] = {**gpu["tags"], **autoscaler.asg_tags(cfg, it.efa_interfaces if it is not None else 1)}
+
+
 def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, Any]:
     cluster_azs, gpu_az = availability_zones(cfg, zones)
     sysn, gpun = cfg.system_nodes, cfg.gpu_nodes
@@ -98,10 +108,14 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
     taints = nodes.gpu_taints(cfg)
     if taints:
         gpu["taints"] = taints
+    if autoscaler.enabled(cfg):
+        _elastic(cfg, gpu)
     iam: dict[str, Any] = {"withOIDC": True}
-    if (association := storage.pod_identity(cfg)) is not None:
-        # The Ray pods' S3 access (eks-pod-identity-agent, rendered above, serves it); see raydlc.render.storage.
-        iam["podIdentityAssociations"] = [association]
+    # Pod identities (eks-pod-identity-agent, rendered above, serves them): the Ray pods' S3 access
+    # (raydlc.render.storage) and the Cluster Autoscaler's ASG access (raydlc.render.autoscaler).
+    associations = [a for a in (storage.pod_identity(cfg), autoscaler.pod_identity(cfg)) if a is not None]
+    if associations:
+        iam["podIdentityAssociations"] = associations
     return {
         "apiVersion": API_VERSION,
         "kind": "ClusterConfig",

@@ -16,6 +16,8 @@ One owner per device plugin, never two DaemonSets advertising one device:
   driver but not the plugin. On Bottlerocket the plugin is built into the AMI, so raydlc renders
   no NVIDIA release there.
 - The KubeRay operator: **raydlc**, pinned to KUBERAY_VERSION, on the system node.
+- The Kubernetes Cluster Autoscaler (IDLE_MINUTES > 0): **raydlc**, the `cluster-autoscaler` chart
+  pinned to CLUSTER_AUTOSCALER_VERSION, its image matching K8S_VERSION, on the system node.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raydlc.config import Config
-from raydlc.render import nodes
+from raydlc.render import autoscaler, nodes
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,24 @@ def nvidia_device_plugin(cfg: Config) -> Release | None:
     )
 
 
+def cluster_autoscaler(cfg: Config) -> Release | None:
+    """The Kubernetes Cluster Autoscaler on the system node (raydlc.render.autoscaler); None at IDLE_MINUTES=0."""
+    if not autoscaler.enabled(cfg):
+        return None
+    return Release(
+        name=autoscaler.RELEASE,
+        namespace=autoscaler.NAMESPACE,
+        repo_name="autoscaler",
+        repo_url="https://kubernetes.github.io/autoscaler",
+        chart="autoscaler/cluster-autoscaler",
+        version=cfg.images.cluster_autoscaler_version,
+        values=autoscaler.values(cfg),
+    )
+
+
 def releases(cfg: Config) -> list[Release]:
     """Every release raydlc owns, in install order: the GPU plugin before anything asks for GPUs."""
-    return [r for r in (nvidia_device_plugin(cfg), kuberay_operator(cfg)) if r is not None]
+    return [r for r in (nvidia_device_plugin(cfg), kuberay_operator(cfg), cluster_autoscaler(cfg)) if r is not None]
 
 
 def render_helm(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 from raydlc import catalog
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
-from raydlc.render import auth, nodes, storage
+from raydlc.render import auth, autoscaler, nodes, storage
 from raydlc.render.sizing import head_size, worker_size
 
 API_VERSION = "ray.io/v1"
@@ -132,10 +132,11 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
     tolerations = nodes.gpu_tolerations(cfg)
     if tolerations:
         spec["tolerations"] = tolerations
+    low = 0 if autoscaler.enabled(cfg) else gpun.count  # Ray's autoscaler asks for workers when a job needs them
     return {
         "groupName": WORKER_GROUP,
-        "replicas": gpun.count,
-        "minReplicas": gpun.count,
+        "replicas": low,
+        "minReplicas": low,
         "maxReplicas": gpun.count,
         "rayStartParams": {"num-gpus": str(gpun.gpus_per_node)},
         "template": {"metadata": {"labels": {CLUSTER_LABEL: instance}}, "spec": spec},
@@ -144,12 +145,23 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
 
 def cluster_spec(cfg: Config, instance: str) -> dict[str, Any]:
     """The RayCluster spec; `instance` names the cluster in the pods' CLUSTER_LABEL."""
-    return {
+    spec: dict[str, Any] = {
         "rayVersion": cfg.images.ray_version,
-        "enableInTreeAutoscaling": False,
+        "enableInTreeAutoscaling": autoscaler.enabled(cfg),
         "headGroupSpec": _head_group(cfg, instance),
         "workerGroupSpecs": [_worker_group(cfg, instance)],
     }
+    if autoscaler.enabled(cfg):
+        spec["autoscalerOptions"] = autoscaler_options(cfg)
+    return spec
+
+
+def autoscaler_options(cfg: Config) -> dict[str, Any]:
+    """Ray's autoscaler v2 in the head pod (KubeRay v1.7.0 adds the sidecar and, for `version: v2`, sets
+    RAY_enable_autoscaler_v2 on the head itself: common/pod.go `setAutoscalerV2EnvVars`). A worker pod
+    that holds no Ray task or actor for IDLE_MINUTES is removed; `Default` upscaling asks for every pod a
+    job's placement group needs at once, since a gang-scheduled job cannot start on part of its nodes."""
+    return {"version": "v2", "idleTimeoutSeconds": cfg.gpu_nodes.idle_minutes * 60, "upscalingMode": "Default"}
 
 
 def render_raycluster(cfg: Config) -> dict[str, Any]:

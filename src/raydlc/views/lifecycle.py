@@ -178,6 +178,27 @@ def print_removed(run: Run, console: Console) -> None:
             console.print("[dim]already absent: " + "; ".join(doc["absent"]) + "[/]", highlight=False)
 
 
+def _work(n: dict[str, Any]) -> str:
+    """What a node holds of Ray's: its pod's kind (the name is in --json), or for a GPU node without one how
+    long it has been up without one (in 5-minute steps: the figure is an upper bound of the idle time, not a stopwatch)."""
+    pod = n.get("ray_pod")
+    if pod:
+        return "head" if str(pod).endswith("-head") or "-head-" in str(pod) else "worker"
+    empty = n.get("empty_min")
+    if empty is None:
+        return "-"
+    return "none <5 min" if empty < 5 else f"none {int(empty // 5 * 5)}+ min"
+
+
+def _idle_line(cost: dict[str, Any]) -> str:
+    idle = cost.get("idle_minutes", 0)
+    if not idle:
+        return (f"idle: ${cost['total_usd_per_hour']:,.2f}/h — IDLE_MINUTES=0 keeps the GPU nodes "
+                "(set IDLE_MINUTES to let idle ones leave)")
+    return (f"idle: ${cost['when_idle_usd_per_hour']:,.2f}/h once the GPU nodes have left "
+            f"(after {idle} min without Ray work; they come back for a job)")
+
+
 def print_status(doc: dict[str, Any], console: Console) -> None:
     c = doc["cluster"]
     steps = Table(title=f"cluster {c['name']} ({c['region']}): {c['status']}")
@@ -189,11 +210,11 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
     parts: list[Any] = [steps]
     if doc["nodes"]:
         nodes = Table(title="nodes")
-        for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA"):
+        for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA", "Ray pod"):
             nodes.add_column(col)
         for n in doc["nodes"]:
             nodes.add_row(n["name"], n["role"], n["instance_type"], n["zone"], "yes" if n["ready"] else "no",
-                          str(n["gpu"]), str(n["efa"]))
+                          str(n["gpu"]), str(n["efa"]), _work(n))
         parts.append(nodes)
     rc = doc["raycluster"]
     if rc:
@@ -224,6 +245,7 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
     for i in cost["items"]:
         money.add_row(i["item"], str(i["count"]), f"{i['usd_per_hour']:,.4f}")
     parts.append(money)
+    parts.append(Text(_idle_line(cost)))
     console.print(Group(*parts))
     console.print(f"[dim]{cost['prices']}[/]" + (f"; unpriced: {', '.join(cost['unpriced'])}" if cost["unpriced"] else ""),
                   highlight=False)

@@ -15,6 +15,7 @@ from raydlc.lifecycle.releases import HelmRelease
 from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
 from raydlc.render import helm as helm_render
+from raydlc.render.autoscaler import enabled as elastic
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
 
 if TYPE_CHECKING:
@@ -53,6 +54,11 @@ def _plugin_pod_state(kube: k8s.Kube, node: str, daemonset: str) -> str:
         "" if k8s.pod_ready(p) else f" ({k8s.pending_reason(p, kube.events('kube-system', involved=k8s.name_of(p)))})")
 
 
+def _nodes_due(cfg: Config) -> int:
+    """GPU nodes that must exist: all of them, or with IDLE_MINUTES > 0 none (each one present is still checked)."""
+    return 0 if elastic(cfg) else cfg.gpu_nodes.count
+
+
 class DevicePlugins(HelmRelease):
     name = "device-plugins"
     summary = "GPUs and EFA allocatable on every GPU node"
@@ -65,7 +71,7 @@ class DevicePlugins(HelmRelease):
     def working(self, ctx: Context, kube: k8s.Kube) -> Observation | None:
         cfg = ctx.cfg
         nodes = kube.nodes({ROLE: GPU_ROLE})
-        if len(nodes) < cfg.gpu_nodes.count:
+        if len(nodes) < _nodes_due(cfg):
             return Observation("absent", f"{len(nodes)}/{cfg.gpu_nodes.count} GPU nodes exist (the gpu-nodegroup step makes them)")
         short = short_nodes(nodes, cfg.gpu_nodes.gpus_per_node)
         if short:
@@ -93,7 +99,7 @@ class DevicePlugins(HelmRelease):
 
         try:
             nodes = ctx.wait(self.name, lambda: kube.nodes({ROLE: GPU_ROLE}),
-                             lambda ns: len(ns) >= cfg.gpu_nodes.count and not short_nodes(ns, gpus),
+                             lambda ns: len(ns) >= _nodes_due(cfg) and not short_nodes(ns, gpus),
                              timeout=ctx.timings.plugins_s, what=f"{GPU_RESOURCE} and {EFA_RESOURCE} on every GPU node",
                              stuck=stuck, hint=f"kubectl -n kube-system describe pods --kubeconfig {ctx.kubeconfig}")
         except k8s.KubeTimeout as e:
@@ -102,6 +108,8 @@ class DevicePlugins(HelmRelease):
                 hint="`kubectl -n kube-system describe pod` on the pods named shows why they are not running; "
                 "eksctl's EFA plugin tolerates only the aws.amazon.com/efa taint",
             ) from e
+        if not nodes:
+            return f"no GPU node now (they join when a job needs them; each must then advertise {GPU_RESOURCE}={gpus})"
         return f"{len(nodes)} GPU nodes each advertise {GPU_RESOURCE}={gpus} and {EFA_RESOURCE}>=1"
 
     def _diagnosis(self, ctx: Context, kube: k8s.Kube) -> list[str]:
@@ -121,6 +129,6 @@ class DevicePlugins(HelmRelease):
             if efa < 1:
                 parts.append(f"{EFA_RESOURCE} {efa} (want >= 1); EFA plugin: {_plugin_pod_state(kube, name, EFA_DAEMONSET)}")
             lines.append(f"node {name}: " + "; ".join(parts))
-        if len(ns) < cfg.gpu_nodes.count:
+        if len(ns) < _nodes_due(cfg):
             lines.append(f"only {len(ns)}/{cfg.gpu_nodes.count} GPU nodes exist")
         return lines

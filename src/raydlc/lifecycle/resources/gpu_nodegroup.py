@@ -17,12 +17,27 @@ from raydlc.lifecycle import cloud, commands, nodegroups
 from raydlc.lifecycle.resource import Resource, cluster_active, gone, kube_if_cluster, no_cluster, no_kubeconfig, ready_nodes
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
 from raydlc.render import FILES
+from raydlc.render.autoscaler import enabled as elastic
 from raydlc.render.nodes import GPU_ROLE, ROLE
 from raydlc.tools import ToolFailed
 
 if TYPE_CHECKING:
     from raydlc.capacity.choice import ZoneChoice
+    from raydlc.config import Config
     from raydlc.lifecycle.context import Context
+
+
+def wanted_nodes(cfg: Config, ng: dict[str, Any]) -> int:
+    """GPU nodes `up` waits for: GPU_NODE_COUNT, or with IDLE_MINUTES > 0 the node group's desired size now (the
+    Cluster Autoscaler's to set: 0 while idle, GPU_NODE_COUNT once when the group is created so `up` sees the GPUs)."""
+    if not elastic(cfg):
+        return cfg.gpu_nodes.count
+    return min(int((ng.get("scalingConfig") or {}).get("desiredSize") or 0), cfg.gpu_nodes.count)
+
+
+def _scaling(cfg: Config) -> str:
+    g = cfg.gpu_nodes
+    return f" (scales 0..{g.count}; idle nodes leave after {g.idle_minutes} min)" if elastic(cfg) else ""
 
 
 class GpuNodeGroup(Resource):
@@ -61,11 +76,11 @@ class GpuNodeGroup(Resource):
         kube = ctx.kube_or_none()
         if kube is None:
             return no_kubeconfig(ctx)
-        want = cfg.gpu_nodes.count
+        want = wanted_nodes(cfg, ng)
         ready = ready_nodes(kube, GPU_ROLE)
         if len(ready) < want:
             return Observation("creating", f"{len(ready)}/{want} GPU nodes Ready")
-        return Observation("ready", f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready")
+        return Observation("ready", f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready{_scaling(cfg)}")
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
@@ -148,11 +163,11 @@ class GpuNodeGroup(Resource):
         if ng is None or ng.get("status") != "ACTIVE":
             raise StepFailed(f"node group {cfg.gpu_nodes.nodegroup_name} is {ng.get('status') if ng else 'absent'}")
         kube = ctx.kube()
-        want = cfg.gpu_nodes.count
+        want = wanted_nodes(cfg, ng)
         ready = ctx.wait(self.name, lambda: ready_nodes(kube, GPU_ROLE), lambda ns: len(ns) >= want,
                          timeout=ctx.timings.nodes_s, what=f"{want} GPU nodes Ready with {ROLE}={GPU_ROLE}",
                          explain=lambda ns: f"{len(ns)}/{want} Ready")
-        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}"
+        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}{_scaling(cfg)}"
 
     # ------------------------------------------------------------------ down
 

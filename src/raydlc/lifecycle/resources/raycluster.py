@@ -11,6 +11,7 @@ RayJob), waits until no Ray pod is left, and removes the namespace when raydlc m
 from __future__ import annotations
 
 import base64
+import copy
 import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,11 +22,13 @@ from raydlc.lifecycle.resources import raytoken
 from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
 from raydlc.render import FILES, auth
+from raydlc.render.autoscaler import enabled as elastic
 from raydlc.render.eksctl import OWNER_TAG
 from raydlc.render.netpol import render_netpol
 from raydlc.render.raycluster import SECRET_KEYS, SECRET_NAME
 
 if TYPE_CHECKING:
+    from raydlc.config import Config
     from raydlc.lifecycle.context import Context
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "raydlc"}
@@ -58,8 +61,21 @@ def _hf_token() -> str | None:
     return os.environ.get("HF_TOKEN") or None
 
 
-def desired_objects(ctx: Context) -> list[dict[str, Any]]:
-    """What `up` applies, in order: namespace, secret (when HF_TOKEN is set), policies, cluster."""
+def _keep_replicas(doc: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+    """The RayCluster with each worker group's `replicas` as the live one has it: with IDLE_MINUTES > 0 Ray's
+    autoscaler owns that number, and applying the rendered 0 would take the workers from a running job."""
+    groups = ((live or {}).get("spec") or {}).get("workerGroupSpecs") or []
+    have = {g.get("groupName"): g.get("replicas") for g in groups}
+    doc = copy.deepcopy(doc)
+    for g in doc["spec"]["workerGroupSpecs"]:
+        if have.get(g["groupName"]) is not None:
+            g["replicas"] = have[g["groupName"]]
+    return doc
+
+
+def desired_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[dict[str, Any]]:
+    """What `up` applies, in order: namespace, secret (when HF_TOKEN is set), policies, cluster; with `kube`
+    and IDLE_MINUTES > 0 the cluster keeps the worker count Ray's autoscaler set."""
     cfg = ctx.cfg
     ns = cfg.cluster.namespace
     labels = {**MANAGED_BY, OWNER_TAG: cfg.cluster.name}
@@ -72,7 +88,10 @@ def desired_objects(ctx: Context) -> list[dict[str, Any]]:
             "data": {key: base64.b64encode(token.encode()).decode() for key in SECRET_KEYS[:1]},
         })
     out.extend(ctx.documents("netpol")[FILES["netpol"]]["items"])
-    out.append(ctx.documents("raycluster")[FILES["raycluster"]])
+    cluster = ctx.documents("raycluster")[FILES["raycluster"]]
+    if kube is not None and elastic(cfg):
+        cluster = _keep_replicas(cluster, kube.get(cluster["apiVersion"], cluster["kind"], cfg.ray.cluster_name, ns))
+    out.append(cluster)
     return out
 
 
@@ -182,6 +201,11 @@ def _namespace_ours(kube: k8s.Kube, ctx: Context) -> bool:
     return ns is not None and k8s.labels_of(ns).get(OWNER_TAG) == ctx.cfg.cluster.name
 
 
+def _workers_due(cfg: Config) -> int:
+    """Worker pods `up` waits for: every GPU node's, or none when Ray's autoscaler starts them for a job."""
+    return 0 if elastic(cfg) else cfg.gpu_nodes.count
+
+
 class RayCluster(Resource):
     name = "raycluster"
     summary = "namespace, NetworkPolicies, Ray token Secret, RayCluster"
@@ -192,7 +216,7 @@ class RayCluster(Resource):
     def _pods_ok(self, ctx: Context, pods: Pods) -> bool:
         head, workers = pods
         running = [w for w in workers if k8s.pod_phase(w) == "Running"]
-        return any(k8s.pod_ready(h) for h in head) and len(running) >= ctx.cfg.gpu_nodes.count
+        return any(k8s.pod_ready(h) for h in head) and len(running) >= _workers_due(ctx.cfg)
 
     def look(self, ctx: Context) -> Observation:
         kube = look_inside(ctx)
@@ -200,7 +224,7 @@ class RayCluster(Resource):
             return kube
         differ: list[str] = []
         missing: list[str] = []
-        for doc in desired_objects(ctx):
+        for doc in desired_objects(ctx, kube):
             have = kube.get(doc["apiVersion"], doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace"))
             if have is None:
                 missing.append(_describe(doc))
@@ -215,7 +239,7 @@ class RayCluster(Resource):
                                    {"apply": True, "token_lost": [k8s.name_of(p) for p in head + workers]})
         if missing and any(m.startswith("RayCluster ") for m in missing):
             return Observation("absent", f"not created yet: {', '.join(missing)}", {"apply": True})
-        changes = template_changes(desired_objects(ctx)[-1], ray_pods(kube, ctx))
+        changes = template_changes(desired_objects(ctx, kube)[-1], ray_pods(kube, ctx))
         if changes:
             return Observation("degraded", f"the running Ray pods differ from the rendered templates: {'; '.join(changes)}",
                                {"apply": True, "recreate": changes})
@@ -227,8 +251,10 @@ class RayCluster(Resource):
         if not self._pods_ok(ctx, (head, workers)):
             return Observation("creating", f"head {'Ready' if any(k8s.pod_ready(h) for h in head) else 'not Ready'}, "
                                            f"{sum(k8s.pod_phase(w) == 'Running' for w in workers)}/"
-                                           f"{ctx.cfg.gpu_nodes.count} workers Running")
-        return Observation("ready", f"RayCluster {ctx.cfg.ray.cluster_name}: head Ready, {ctx.cfg.gpu_nodes.count} workers Running")
+                                           f"{_workers_due(ctx.cfg)} workers Running")
+        running = sum(k8s.pod_phase(w) == "Running" for w in workers)
+        return Observation("ready", f"RayCluster {ctx.cfg.ray.cluster_name}: head Ready, {running} workers Running"
+                           + (f" (0..{ctx.cfg.gpu_nodes.count} as jobs need them)" if elastic(ctx.cfg) else ""))
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
         if obs.state == "ready":
@@ -266,7 +292,7 @@ class RayCluster(Resource):
                 raise StepFailed(f"the Ray token Secret {auth.secret_name(ctx.cfg)} is missing and the running Ray pods hold the "
                                  "old token; a new Secret needs new pods, which stops the running jobs, so nothing was changed",
                                  hint="raydlc up --yes")
-        for doc in desired_objects(ctx):
+        for doc in desired_objects(ctx, kube):
             if doc["kind"] == "RayCluster" and raytoken.ensure(kube, ctx):  # the Secret first: the pods read it when they start
                 ctx.reporter.line(self.name, f"created Secret {auth.secret_name(ctx.cfg)} (a new random Ray token)")
             for applied in kube.apply(doc):
@@ -286,7 +312,7 @@ class RayCluster(Resource):
             ctx.wait(self.name, lambda: ray_pods(kube, ctx), lambda p: self._pods_ok(ctx, p) and not template_changes(desired, p),
                      timeout=ctx.timings.pods_s, stuck=lambda p: watch.verdict(p[0] + p[1], kube.events(ns), kube.nodes()),
                      hint=f"kubectl -n {ns} describe pods -l ray.io/cluster={cfg.ray.cluster_name} --kubeconfig {ctx.kubeconfig}",
-                     what=f"RayCluster {cfg.ray.cluster_name}: head Ready and {cfg.gpu_nodes.count} workers Running")
+                     what=f"RayCluster {cfg.ray.cluster_name}: head Ready and {_workers_due(cfg)} workers Running")
         except k8s.KubeTimeout as e:
             raise StepFailed(f"RayCluster {cfg.ray.cluster_name} not up: " + " | ".join(self._diagnosis(ctx, kube) or [e.message]),
                              hint="Insufficient cpu/memory: the pod asks for more than the node offers (see `raydlc render`); "
@@ -294,7 +320,8 @@ class RayCluster(Resource):
         head, workers = ray_pods(kube, ctx)
         where = sorted({k8s.pod_node(w) or "?" for w in workers})
         return (f"head {k8s.name_of(head[0]) if head else '?'} Ready on {k8s.pod_node(head[0]) if head else '?'}; "
-                f"{len(workers)} workers Running on {', '.join(where)}")
+                f"{len(workers)} workers Running" + (f" on {', '.join(where)}" if where else "")
+                + (f" (0..{cfg.gpu_nodes.count} as jobs need them)" if elastic(cfg) else ""))
 
     def _diagnosis(self, ctx: Context, kube: k8s.Kube) -> list[str]:
         """Each pod that is not up yet with the scheduler's reason; missing head or workers named."""
@@ -306,8 +333,8 @@ class RayCluster(Resource):
                  for p in head + workers if not (k8s.pod_ready(p) if p in head else k8s.pod_phase(p) == "Running")]
         if not head:
             lines.append("no head pod exists (is the KubeRay operator running?)")
-        if len(workers) < cfg.gpu_nodes.count:
-            lines.append(f"{len(workers)}/{cfg.gpu_nodes.count} worker pods exist")
+        if len(workers) < _workers_due(cfg):
+            lines.append(f"{len(workers)}/{_workers_due(cfg)} worker pods exist")
         return lines
 
     # ------------------------------------------------------------------ down

@@ -1,0 +1,217 @@
+"""Idle GPU nodes leave and come back: the rendered RayCluster, node group, Helm release and IAM policy.
+
+Pure: config in, documents out (each checked by render_all against the packaged schemas). The
+lifecycle of the release runs in tests/lifecycle/test_autoscaler.py; Ray's own autoscaler against
+fake nodes in tests/test_autoscale_ray.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raydlc import catalog
+from raydlc.config import load_config
+from raydlc.errors import ConfigError
+from raydlc.render import FILES, render_all
+from raydlc.render import autoscaler as ca
+
+ZONES = ["us-east-2a", "us-east-2b"]
+RUNS = "s3://raydlc-runs/team"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "default"
+
+
+def docs_for(tmp_path: Path, **overrides: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
+    cfg = load_config(env={}, overrides={"STORAGE_PATH": RUNS, **overrides}, cwd=tmp_path)
+    return cfg, render_all(cfg, ZONES)
+
+
+def gpu_group(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return next(g for g in docs[FILES["eksctl"]]["managedNodeGroups"] if g["name"] == "gpu-workers")
+
+
+def test_defaults_autoscale_the_gpu_workers_between_zero_and_the_node_count(tmp_path: Path) -> None:
+    cfg, docs = docs_for(tmp_path)
+    assert cfg.gpu_nodes.idle_minutes == 15
+    for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
+        assert spec["enableInTreeAutoscaling"] is True
+        assert spec["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": 900, "upscalingMode": "Default"}
+        (group,) = spec["workerGroupSpecs"]
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, 2)
+        # KubeRay sets RAY_enable_autoscaler_v2 on the head itself for version v2 (common/pod.go): not rendered twice
+        head_env = {e["name"] for e in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+        assert "RAY_enable_autoscaler_v2" not in head_env
+
+
+def test_the_gpu_node_group_carries_what_the_cluster_autoscaler_needs_to_scale_from_zero(tmp_path: Path) -> None:
+    _, docs = docs_for(tmp_path)
+    g = gpu_group(docs)
+    assert (g["minSize"], g["maxSize"], g["desiredCapacity"]) == (0, 2, 2)
+    assert g["propagateASGTags"] is True
+    tags = g["tags"]
+    assert tags["k8s.io/cluster-autoscaler/enabled"] == "true"
+    assert tags["k8s.io/cluster-autoscaler/eks-cluster"] == "owned"
+    t = "k8s.io/cluster-autoscaler/node-template/"
+    assert tags[t + "label/role"] == "gpu-worker"
+    assert tags[t + "label/nvidia.com/gpu.present"] == "true"
+    # the CA reads a taint tag only as value:Effect (aws_manager.go extractTaintsFromAsg); eksctl writes the value alone
+    assert tags[t + "taint/aws.amazon.com/efa"] == "true:NoSchedule"
+    assert tags[t + "resources/nvidia.com/gpu"] == "4"
+    assert tags[t + "resources/vpc.amazonaws.com/efa"] == "1"
+    assert tags["raydlc.io/cluster"] == "eks-cluster"
+    system = next(n for n in docs[FILES["eksctl"]]["managedNodeGroups"] if n["name"] == "system")
+    assert (system["minSize"], system["maxSize"]) == (1, 1) and "propagateASGTags" not in system
+
+
+def test_p5_nodes_declare_their_eight_gpus_and_32_efa_interfaces(tmp_path: Path) -> None:
+    _, docs = docs_for(tmp_path, GPU_NODE_TYPE="p5.48xlarge", GPUS_PER_NODE=8, GPU_NODE_COUNT=4)
+    tags = gpu_group(docs)["tags"]
+    assert tags["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] == "8"
+    assert tags["k8s.io/cluster-autoscaler/node-template/resources/vpc.amazonaws.com/efa"] == "32"
+    assert gpu_group(docs)["maxSize"] == 4
+
+
+def test_the_release_runs_on_the_system_node_with_scale_down_aligned_to_idle_minutes(tmp_path: Path) -> None:
+    cfg, docs = docs_for(tmp_path, IDLE_MINUTES=30, K8S_VERSION="1.33")
+    values = docs["helm/cluster-autoscaler.values.yaml"]
+    assert values["autoDiscovery"] == {"clusterName": "eks-cluster"}
+    assert values["awsRegion"] == "us-east-2" and values["cloudProvider"] == "aws"
+    assert values["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler", "tag": "v1.33.6"}
+    assert values["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler"}
+    assert values["nodeSelector"] == {"role": "system"}
+    assert values["extraArgs"]["scale-down-delay-after-add"] == "30m"
+    assert values["extraArgs"]["scale-down-unneeded-time"] == f"{ca.EMPTY_NODE_MINUTES}m"
+    assert values["fullnameOverride"] == "cluster-autoscaler"
+    from raydlc.render.helm import cluster_autoscaler
+
+    r = cluster_autoscaler(cfg)
+    assert r is not None and (r.version, r.namespace) == ("9.59.0", "kube-system")
+
+
+def test_every_pinned_kubernetes_minor_has_its_own_autoscaler_minor() -> None:
+    for minor, tag in catalog.CLUSTER_AUTOSCALER_IMAGES.items():
+        assert tag.startswith(f"v{minor}."), (minor, tag)
+
+
+# ---------------------------------------------------------------------- the pod identity's policy, evaluated
+
+
+def allowed(policy: dict[str, Any], action: str, resource_tags: dict[str, str]) -> bool:
+    """IAM's answer for one action on one resource with these tags, for the statement shapes the policy uses
+    (Allow only; Action lists with wildcards; Resource "*"; StringEquals on aws:ResourceTag/<key>)."""
+    for st in policy["Statement"]:
+        assert st["Effect"] == "Allow" and st["Resource"] == ["*"]
+        if not any(fnmatch.fnmatchcase(action, a) for a in st["Action"]):
+            continue
+        conditions = st.get("Condition", {})
+        assert set(conditions) <= {"StringEquals"}
+        wants = conditions.get("StringEquals", {})
+        if all(k.startswith("aws:ResourceTag/") and resource_tags.get(k.removeprefix("aws:ResourceTag/")) == v
+               for k, v in wants.items()):
+            return True
+    return False
+
+
+def test_the_autoscalers_role_changes_only_this_clusters_node_groups(tmp_path: Path) -> None:
+    _, docs = docs_for(tmp_path)
+    (assoc,) = [a for a in docs[FILES["eksctl"]]["iam"]["podIdentityAssociations"] if a["namespace"] == "kube-system"]
+    assert assoc["serviceAccountName"] == "cluster-autoscaler" and assoc["createServiceAccount"] is False
+    assert assoc["roleName"] == "raydlc-eks-cluster-us-east-2-autoscaler"
+    policy = assoc["permissionPolicy"]
+    ours = gpu_group(docs)["tags"]  # what eksctl propagates to the GPU group's ASG
+    theirs = {"k8s.io/cluster-autoscaler/enabled": "true", "k8s.io/cluster-autoscaler/other-cluster": "owned"}
+    for action in ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"):
+        assert allowed(policy, action, ours)
+        assert not allowed(policy, action, theirs)
+        assert not allowed(policy, action, {})
+        assert not allowed(policy, action, {"k8s.io/cluster-autoscaler/eks-cluster": "shared"})
+    for action in ca.READ_ACTIONS:
+        assert allowed(policy, action, {})
+    for action in ("autoscaling:DeleteAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup", "ec2:TerminateInstances",
+                   "ec2:RunInstances", "iam:PassRole", "eks:UpdateNodegroupConfig", "autoscaling:CreateOrUpdateTags"):
+        assert not allowed(policy, action, ours), action
+    # the Ray pods' S3 identity is still there, unchanged
+    assert any(a["serviceAccountName"] == "raydlc-ray" for a in docs[FILES["eksctl"]]["iam"]["podIdentityAssociations"])
+
+
+# ---------------------------------------------------------------------- IDLE_MINUTES=0 and bad input
+
+
+def test_idle_minutes_zero_renders_exactly_todays_documents(tmp_path: Path) -> None:
+    from raydlc.render import to_yaml
+
+    cfg = load_config(env={}, overrides={"STORAGE_PATH": RUNS, "IDLE_MINUTES": 0}, cwd=tmp_path)
+    docs = render_all(cfg, ["us-east-2a", "us-east-2b", "us-east-2c"])
+    on_disk = sorted(str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml"))
+    assert on_disk == sorted(docs)  # no cluster-autoscaler values file
+    for name, doc in docs.items():
+        assert (GOLDEN / name).read_text() == to_yaml(doc), name
+
+
+@pytest.mark.parametrize("minutes", [1, 5, catalog.GPU_NODE_STARTUP_MINUTES - 1])
+def test_an_idle_time_shorter_than_a_node_takes_to_start_is_refused(tmp_path: Path, minutes: int) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(env={"RAYDLC_IDLE_MINUTES": str(minutes)}, cwd=tmp_path)
+    msg = str(e.value)
+    assert "IDLE_MINUTES (env RAYDLC_IDLE_MINUTES)" in msg
+    assert f"at least {catalog.GPU_NODE_STARTUP_MINUTES}" in msg and "to come back" in msg
+
+
+def test_zero_and_the_floor_are_accepted_and_a_negative_is_not(tmp_path: Path) -> None:
+    assert load_config(env={"RAYDLC_IDLE_MINUTES": "0"}, cwd=tmp_path).gpu_nodes.idle_minutes == 0
+    floor = catalog.GPU_NODE_STARTUP_MINUTES
+    assert load_config(env={"RAYDLC_IDLE_MINUTES": str(floor)}, cwd=tmp_path).gpu_nodes.idle_minutes == floor
+    with pytest.raises(ConfigError):
+        load_config(env={"RAYDLC_IDLE_MINUTES": "-1"}, cwd=tmp_path)
+
+
+def test_a_kubernetes_version_without_a_pinned_autoscaler_is_refused_only_when_autoscaling(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(env={"RAYDLC_K8S_VERSION": "1.29"}, cwd=tmp_path)
+    assert "K8S_VERSION" in str(e.value) and "IDLE_MINUTES=0" in str(e.value)
+    assert load_config(env={"RAYDLC_K8S_VERSION": "1.29", "RAYDLC_IDLE_MINUTES": "0"}, cwd=tmp_path).cluster.k8s_version == "1.29"
+
+
+# ---------------------------------------------------------------------- status: idle GPU nodes and the idle cost
+
+
+def test_status_says_which_gpu_nodes_hold_no_ray_pod_and_for_at_most_how_long() -> None:
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace
+
+    from raydlc.lifecycle.report import NodeRow, gpu_idleness
+
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    joined = (now - timedelta(minutes=12)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = [NodeRow("sys", "system", "m7i.xlarge", "a", True, 0, 0), NodeRow("g1", "gpu-worker", "g6.12xlarge", "a", True, 4, 1),
+            NodeRow("g2", "gpu-worker", "g6.12xlarge", "a", True, 4, 1), NodeRow("g3", "gpu-worker", "g6.12xlarge", "a", True, 4, 1)]
+    nodes = [{"metadata": {"name": n, "creationTimestamp": joined}} for n in ("sys", "g1", "g2")] + [{"metadata": {"name": "g3"}}]
+    pods = [SimpleNamespace(name="rc-head", node="sys"), SimpleNamespace(name="rc-gpu-workers-worker-0", node="g1")]
+    out = {r.name: r for r in gpu_idleness(rows, nodes, pods, now)}
+    assert (out["sys"].ray_pod, out["sys"].empty_min) == ("rc-head", None)  # not a GPU node
+    assert (out["g1"].ray_pod, out["g1"].empty_min) == ("rc-gpu-workers-worker-0", None)  # Ray's to judge
+    assert (out["g2"].ray_pod, out["g2"].empty_min) == (None, 12.0)
+    assert out["g3"].empty_min is None  # no creation time: nothing to say
+
+
+def test_the_idle_cost_is_the_cluster_without_its_gpu_nodes_and_the_view_says_so() -> None:
+    from raydlc.lifecycle.report import hourly_cost, idle_cost
+    from raydlc.views.lifecycle import _idle_line, _work
+
+    cost = hourly_cost(["g6.12xlarge", "g6.12xlarge", "m7i.xlarge"], 1, 1)
+    on = idle_cost(cost, "g6.12xlarge", 15)
+    assert on["when_idle_usd_per_hour"] == pytest.approx(0.2016 + 0.10 + 0.045, abs=0.006)
+    assert on["total_usd_per_hour"] == cost["total_usd_per_hour"] > 9
+    off = idle_cost(cost, "g6.12xlarge", 0)
+    assert off["when_idle_usd_per_hour"] == cost["total_usd_per_hour"]
+    assert "$0.35/h once the GPU nodes have left (after 15 min" in _idle_line(on)
+    assert "IDLE_MINUTES=0 keeps the GPU nodes" in _idle_line(off)
+    assert _work({"ray_pod": "rc-head"}) == "head"
+    assert _work({"ray_pod": "rc-gpu-workers-worker-abcde"}) == "worker"
+    assert _work({"ray_pod": None, "empty_min": 3.2}) == "none <5 min"
+    assert _work({"ray_pod": None, "empty_min": 17.9}) == "none 15+ min"
+    assert _work({"ray_pod": None, "empty_min": None}) == "-"
