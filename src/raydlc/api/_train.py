@@ -50,6 +50,9 @@ class TrainResult:
     metrics: str
     plot: str
     wall_s: float
+    stopped_by: str | None = None  # "budget" when JOB_MAX_COST_USD ended the run before STEPS
+    stop_reason: str | None = None  # "stopped by the budget: $X of $Y at step N"
+    cost: dict[str, Any] | None = None  # with a budget: budget_usd, usd_per_hour, spent_usd, forecast_usd (to STEPS), elapsed_s, price
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
 
     @classmethod
