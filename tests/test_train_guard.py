@@ -38,6 +38,18 @@ def test_the_loop_stops_when_one_more_step_and_the_finish_would_pass_the_deadlin
     assert b.must_stop(80.0, step_s=1.0, checkpoint_s=10.0)
 
 
+def test_a_budget_that_buys_n_steps_stops_the_loop_after_n() -> None:
+    """The loop's rule over a steady run: 20 s of start-up, 4 s steps, $100 at $1/s (5 s held back)."""
+    b = B.Budget(usd=100.0, usd_per_hour=3600.0, started_at=0.0, nodes=1)
+    step, now = 0, 20.0
+    while True:
+        step, now = step + 1, now + 4.0
+        if b.must_stop(now, step_s=4.0):
+            break
+    assert step == 18  # 20 + 18 x 4 = 92 s; a 19th step and the finish would end at 101 s
+    assert b.spent(now) == pytest.approx(92.0) and b.spent(now + 5.0) < b.usd
+
+
 def test_spend_and_the_forecast_to_the_last_step() -> None:
     b = B.Budget(usd=10.0, usd_per_hour=36.0, started_at=0.0, nodes=1)  # 1 cent a second
     s = B.spend(b, 100.0, step=40, steps=100, step_s=2.0)
@@ -129,6 +141,8 @@ def test_the_watch_counts_progress_from_steps_and_restarts_the_allowance_on_a_ne
     w.see({"step": 2, "loss": 3.0}, 12.0)  # rank 0's record
     w.see(beat(0, 2, entered=3, completed=2), 14.0)  # no newer step: the clock stays
     assert (w.step, w.since) == (2, 12.0)
+    w.see({**beat(0, 2, entered=3, completed=2), "phase": "checkpoint of step 2"}, 16.0)  # a checkpoint gets its own allowance
+    assert w.since == 16.0
     w.see(beat(0, 2, entered=2, completed=0, attempt="b"), 20.0)  # Ray Train restarted the worker group
     assert (w.since, w.first) == (20.0, True)
 

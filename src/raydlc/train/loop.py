@@ -576,7 +576,7 @@ def _train(run: RunSpec, session: Any, view: Any, rows: Any, held: np.ndarray, e
     unposted: list[dict[str, Any]] = []  # rank 0's records not yet sent to the driver: at most one post a second
     posted = time.monotonic()
     stopped: dict[str, Any] | None = None  # why the loop ended before STEPS (the budget)
-    step_end, step_s, ckpt_s = time.perf_counter(), 0.0, 0.0
+    began, ckpt_s = time.perf_counter(), 0.0
     if beat is not None:
         beat.step, beat.phase = start_step, "training"
     for step in range(start_step + 1, steps + 1):
@@ -594,15 +594,17 @@ def _train(run: RunSpec, session: Any, view: Any, rows: Any, held: np.ndarray, e
         ids, labels = rows.take(train_rows(rank_slice(gidx, rank, world), held))
         out = train_step(t, micro_batches(ids, labels, np.arange(len(ids)), batch, device), lr)
         unread.steps.append((step, lr, batch_fingerprint(gidx), out))
-        now = time.perf_counter()
-        step_s, step_end = now - step_end, now
         if beat is not None:
             beat.step, beat.completed = step, beat.completed + 1
-        if run.budget is not None and step < steps and agreed(run.budget.must_stop(time.time(), step_s=step_s, checkpoint_s=ckpt_s), device):
-            spent = run.budget.spent(time.time())
-            stopped = {"stopped_by": "budget", "stop_reason": bx.stop_reason(run.budget, step=step, spent_usd=spent)}
-            if rank == 0:
-                print(f"[raydlc] {stopped['stop_reason']}", flush=True)
+        # The budget is asked where the loop reads anyway (every step on a CPU, every REPORT_EVERY on a GPU: the
+        # agreement is a host sync), looking ahead as many steps as until the next read, at the last read's step time.
+        if run.budget is not None and step < steps and step % read_every == 0:
+            per_step = next((r["step_time_s"] for r in reversed(history) if "step_time_s" in r), (time.perf_counter() - began) / (step - start_step))
+            if agreed(run.budget.must_stop(time.time(), step_s=per_step * read_every, checkpoint_s=ckpt_s), device):
+                spent = run.budget.spent(time.time())
+                stopped = {"stopped_by": "budget", "stop_reason": bx.stop_reason(run.budget, step=step, spent_usd=spent)}
+                if rank == 0:
+                    print(f"[raydlc] {stopped['stop_reason']}", flush=True)
         last = step == steps or stopped is not None
         is_ckpt = last or (s.checkpoint_every > 0 and step % s.checkpoint_every == 0)
         is_eval = last or (eval_every > 0 and step % eval_every == 0)
@@ -635,10 +637,9 @@ def _train(run: RunSpec, session: Any, view: Any, rows: Any, held: np.ndarray, e
             if is_ckpt:
                 if beat is not None:
                     beat.phase = f"checkpoint of step {step}"
-                began = time.perf_counter()
+                saving = time.perf_counter()
                 save_checkpoint(t, session, step=step, rank=rank, history=history, meta=meta, metrics=metrics)
-                ckpt_s = max(ckpt_s, time.perf_counter() - began)
-                step_end = time.perf_counter()  # the checkpoint is not the next step's time
+                ckpt_s = max(ckpt_s, time.perf_counter() - saving)
             else:
                 session.report(metrics)
         if last:

@@ -32,6 +32,7 @@ COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "barrier",
     "all_to_all", "all_to_all_single", "wait", "reduce", "gather", "scatter", "send", "recv", "monitored_barrier",
 })
+SLOW_PHASES = ("checkpoint", "finishing")  # heartbeat phases that legitimately take a while without a step
 TRAINING_FRAME = "run_loop"  # the loop's function: the thread that has it is the training thread
 
 
@@ -95,6 +96,9 @@ class Watch:
             self.ranks[rank] = {**rec, "seen": now}
             if rec.get("completed", 0) > 0:
                 self._stepped(int(rec["step"]), now)
+            phase = str(rec.get("phase", ""))
+            if before is not None and phase != before.get("phase") and phase.startswith(SLOW_PHASES):
+                self.since = now  # a checkpoint or the export gets its own allowance
         elif "stacks" in rec:
             self.stacks[int(rec["rank"])] = rec
         elif rec.get("resumed"):
