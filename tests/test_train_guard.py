@@ -198,3 +198,19 @@ def test_job_status_reads_back_the_spend_line_the_job_prints() -> None:
     line = "step 12: loss 2.1000  1,000 tok/s  0.500 s" + cost_note({"spent_usd": 1.2, "budget_usd": 5.0, "forecast_usd": 4.1})
     assert latest_cost(f"step 1: loss 3.0\n{line}\nsomething else\n") == {"step": 12, "spent_usd": 1.2, "budget_usd": 5.0, "forecast_usd": 4.1}
     assert latest_cost("step 1: loss 3.0  10 tok/s  0.1 s\n") is None
+
+
+def test_the_summary_table_and_job_status_show_why_and_what_it_cost() -> None:
+    from raydlc.train.progress import print_summary
+    from raydlc.views.jobs import print_cost
+    from raydlc.views.text import rendered
+
+    s = {"model": "tiny", "workers": 2, "sharding": "fsdp", "steps": 37, "first_loss": 5.0, "final_loss": 3.0, "loss_drop": 0.4,
+         "eval_loss": None, "tokens_per_s": 100.0, "step_time_s": 0.5, "peak_mem_mb": 10.0, "resumed_from": None, "checkpoint": "c",
+         "export": "e", "metrics": "m", "plot": "p", "wall_s": 40.0, "stop_reason": "stopped by the budget: $4.10 of $5.00 at step 37",
+         "cost": {"spent_usd": 4.5, "budget_usd": 5.0, "usd_per_hour": 36.0, "forecast_usd": 12.25, "price": "On-Demand list price"}}
+    text = rendered(lambda c: print_summary(s, c), width=200)
+    assert "stopped by the budget: $4.10 of $5.00 at step 37" in text
+    assert "$4.50 of $5.00 at $36.00/h, forecast to the last step $12.25 (On-Demand list price)" in text
+    line = rendered(lambda c: print_cost({"step": 12, "spent_usd": 1.2, "budget_usd": 5.0, "forecast_usd": 4.1}, c), width=200)
+    assert line.strip() == "spend at step 12: $1.20 of $5.00, forecast to the last step $4.10 (list prices)"

@@ -88,8 +88,9 @@ def train(
     left at their default take the local-run values, as on the command line. `address` joins a
     running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
     receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
-    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
-    "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
+    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`, and `{"stage": "stalled",
+    "reason", "evidence"}` when the stall guard ends the run) and rank 0's records (`{"step", "loss", "tokens_per_s", …}` (with
+    `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
 
     Example:
