@@ -21,7 +21,8 @@ from raydlc.api import _plan as plan_use_case
 from raydlc.api import _train as train_use_case
 from raydlc.errors import InputError, RaydlcError, Stopped
 from raydlc.flags import finite as _finite
-from raydlc.flags import with_options
+from raydlc.flags import named_settings, with_options
+from raydlc.flags import option as flags_option
 from raydlc.output import console, debug_requested, emit_json, err_console
 
 if TYPE_CHECKING:
@@ -594,7 +595,11 @@ def _ended(job: Any, target: Any) -> None:
         raise failure(job, hint=f"raydlc job logs {job.submission_id}{target.flag}")
 
 
+SUBMIT_OPTIONS = [flags_option("JOB_MAX_COST_USD")]  # the training settings submit takes as its own flags
+
+
 @app.command("submit")
+@with_options(SUBMIT_OPTIONS)
 def submit(
     ctx: typer.Context,
     items: list[str] | None = typer.Argument(None, metavar="[SCRIPT.py] [-- ARGS...]", help="The script to run (default: the built-in training program) and its arguments after --."),
@@ -608,6 +613,8 @@ def submit(
     working_dir: Path | None = typer.Option(None, "--working-dir", help="Uploaded with the job, without .git and ignored files (default: SCRIPT's directory)."),
     no_wait: bool = typer.Option(False, "--no-wait", help="Return once the job is submitted."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout (logs go to stderr)."),
+    *,
+    named: dict[str, Any],
 ) -> None:
     """Run a job on the Ray cluster (or --local, --address) and stream its logs; the exit code follows the job.
 
@@ -622,9 +629,11 @@ def submit(
                          hint=f"raydlc submit {shlex.quote(args[0][:200])} --local")
     if not builtin and args and not args[0].startswith("-"):
         script, args = Path(args[0]), args[1:]
+    layers = _reaching(ctx, kubeconfig)
+    layers["settings"] = {**layers["settings"], **named_settings(SUBMIT_OPTIONS, named, caller="submit")}
     with _detaching(local, address):
         result = api.submit(script, args, builtin=builtin, local=local, address=address, name=name, pip=pip or [], env=env or [], working_dir=working_dir,
-                            no_wait=no_wait, **_reaching(ctx, kubeconfig), write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
+                            no_wait=no_wait, **layers, write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
     job = result.job
     if json_:
         emit_json(result.to_dict())
@@ -696,9 +705,11 @@ def job_status(
     if json_:
         emit_json(result.to_dict())
         return
-    from raydlc.views.jobs import print_job
+    from raydlc.views.jobs import print_cost, print_job
 
     print_job(result.job, console)
+    if result.cost:
+        print_cost(result.cost, console)
 
 
 @job_app.command("stop")

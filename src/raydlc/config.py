@@ -362,6 +362,21 @@ class TrainConfig(_Section):
         "PREFLIGHT", "measure collective bandwidth on the workers first; stop if it fails", default=False,
         flag=Flag("--preflight", "Measure collective bandwidth on the same workers first; stop if it fails"),
     )
+    stall_minutes: Annotated[float, AtLeast(0, "minutes")] = _env(
+        "STALL_MINUTES", "stop the run (exit 1, evidence under <run>/stall) when no optimizer step completes for this long; "
+        "0 = off; fractions allowed", default=20.0, le=7 * 24 * 60, why="a week",
+        flag=Flag("--stall-minutes", "Stop the run, with evidence, when no optimizer step completes for this long; 0 = off"),
+    )
+    stall_first_minutes: Annotated[float, AtLeast(0, "minutes")] = _env(
+        "STALL_FIRST_MINUTES", "the stall allowance of each attempt's first step (weights loading, compilation); "
+        "never less than STALL_MINUTES", default=60.0, le=7 * 24 * 60, why="a week",
+    )
+    max_cost_usd: Annotated[float | None, Blank(), AtLeast(0.01, "dollars")] = _env(
+        "JOB_MAX_COST_USD", "dollar budget of one run at the list price of the GPU nodes it occupies: the loop stops cleanly "
+        "before it is spent, and a RayJob's activeDeadlineSeconds follows it; empty = no budget", default=None,
+        le=1_000_000, why="a million dollars",
+        flag=Flag("--max-cost", "Dollar budget at the GPU nodes' list price: stop cleanly (checkpoint, export) before it is spent"),
+    )
 
     def updated(self, **changes: Any) -> TrainConfig:
         """A copy with `changes` applied and everything validated again (model_copy checks nothing)."""

@@ -141,6 +141,18 @@ def training_summary(text: str) -> dict[str, Any] | None:
     return None
 
 
+_COST = re.compile(r"^step (\d+): .*\$([0-9.]+) spent of \$([0-9.]+)(?:, forecast \$([0-9.]+))?\s*$")
+
+
+def latest_cost(text: str) -> dict[str, Any] | None:
+    """The built-in program's last spend line under a budget (`step 12: … $1.20 spent of $5.00, forecast $4.10`)."""
+    for line in reversed(text.splitlines()):
+        m = _COST.match(line.strip())
+        if m:
+            return {"step": int(m[1]), "spent_usd": float(m[2]), "budget_usd": float(m[3]), "forecast_usd": float(m[4]) if m[4] else None}
+    return None
+
+
 def latest_job(dash: Dashboard) -> Job | None:
     """The job `verify` reads when none is named: the newest that is not one of raydlc's probes."""
     jobs = [j for j in list_jobs(dash) if j.metadata.get("program") != "probe"]

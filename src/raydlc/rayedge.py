@@ -239,9 +239,18 @@ def node_capacities(resource: str, *, at_least: int = 0, wait_s: float = 0.0) ->
 class _Mailbox:
     def __init__(self) -> None:
         self._items: list[Any] = []
+        self._asked: str | None = None
 
     def put(self, items: list[Any]) -> None:
         self._items.extend(items)
+
+    def beat(self, item: Any) -> str | None:
+        """A rank's heartbeat; the answer is what the driver asks of the ranks now (`ask`), if anything."""
+        self._items.append(item)
+        return self._asked
+
+    def ask(self, what: str | None) -> None:
+        self._asked = what
 
     def drain(self) -> list[Any]:
         out, self._items = self._items, []

@@ -181,6 +181,8 @@ RENDER = [
       files=_model(b"\x89PNG\r\n\x1a\n"), env={**S3, "RAYDLC_MODEL_ID": "./m"}),
     r("render-head-too-small", ["--set", "GPU_NODE_COUNT=64", "--set", "GPU_NODE_TYPE=p5.48xlarge", "--set", "GPUS_PER_NODE=8",
                                 "render", *ZONES.split(), "--only", "raycluster"], 2, "needs a head with at least 10 CPUs", env=S3),
+    r("render-budget-below-one-step", ["--set", "JOB_MAX_COST_USD=0.2", "render", *ZONES.split(), "--only", "rayjob"], 2,
+      "JOB_MAX_COST_USD=0.2 is less than one step costs", env=S3, sub=True),
 ]
 
 CAPACITY = [
@@ -310,6 +312,11 @@ TRAIN = [
     r("train-model-safetensors-truncated", "train --model ./m", 2, "is cut short", files=_weights(cut=100)),
     r("train-model-safetensors-not-safetensors", "train --model ./m", 2, "not a safetensors file",
       files={**_model(QWEN2_SMALL), "m/model.safetensors": b"\x89PNG\r\n\x1a\n" + b"\0" * 64}),
+    r("train-max-cost-negative", "train --max-cost -5", 2, "JOB_MAX_COST_USD"),
+    r("train-max-cost-nan", "train --max-cost nan", 2, "--max-cost"),
+    r("train-max-cost-local", "train --max-cost 5", 2, "a local run has no hourly price", sub=True),
+    r("train-stall-minutes-negative", "train --stall-minutes -1", 2, "STALL_MINUTES"),
+    r("train-env-stall-minutes-nan", "train", 2, "STALL_MINUTES", env={"RAYDLC_STALL_MINUTES": "nan"}),
 ]
 
 LIFECYCLE = [
@@ -354,6 +361,9 @@ JOBS = [
       files=OVER_UPLOAD, sub=True),
     r("submit-secret-env", "submit --local --env HF_TOKEN=hf_abc", 2, "HF_TOKEN looks like a secret"),
     r("submit-no-ray-at-address", "submit --address {refused} --json", 1, "no Ray dashboard answers at {refused}", sub=True),
+    r("submit-max-cost-local", "submit --local --max-cost 5", 2, "the local target has no hourly price", sub=True),
+    r("submit-max-cost-negative", "submit --local --max-cost -1", 2, "JOB_MAX_COST_USD"),
+    r("submit-max-cost-nan", "submit --local --max-cost nan", 2, "--max-cost"),
     r("submit-address-not-a-url", "submit --address ftp://head:8265", 2, "is not a Ray dashboard URL"),
     r("submit-builtin-and-script", "submit --builtin train.py --local", 2, "--builtin and SCRIPT train.py cannot be combined",
       files={"train.py": "print(1)\n"}, sub=True),

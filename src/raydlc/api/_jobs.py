@@ -124,6 +124,8 @@ def submit(
     cfg = load(config, settings)
     is_local = target.kind == heads.LOCAL
     program = None if builtin or script is None else Path(script)
+    if program is None and cfg.train.max_cost_usd is not None:
+        _check_budget(cfg, target)
     if program is None and is_local:
         _check_local_inputs(cfg)
     env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
@@ -147,6 +149,18 @@ def submit(
         builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
         summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
     return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary)
+
+
+def _check_budget(cfg: Config, target: Target) -> None:
+    """JOB_MAX_COST_USD before submission: the cluster's GPU nodes have a list price and the budget
+    must buy start-up and a step at it; a local head or a dashboard of unknown nodes has no price."""
+    from raydlc import heads
+    from raydlc.render.raycluster import job_deadline
+    from raydlc.train.budget import check_budget
+
+    if target.kind != heads.CLUSTER:
+        check_budget(cfg.train.max_cost_usd or 0.0, None, step_s=None, where=target.where)
+    job_deadline(cfg)
 
 
 def _check_local_inputs(cfg: Config) -> None:
@@ -242,11 +256,12 @@ def job_logs(job_id: str, *, follow: bool = False, local: bool = False, address:
 class JobStatusResult:
     job: Job
     target: Target
+    cost: dict[str, Any] | None = None  # under a budget: the last step's spend so far and forecast to the last step, from the job's log
 
     def to_dict(self) -> dict[str, Any]:
         j = self.job
         return _job_doc(j, self.target, start_time=j.start_time, end_time=j.end_time, metadata=j.metadata, runtime_env=j.runtime_env,
-                        driver_exit_code=j.driver_exit_code)
+                        driver_exit_code=j.driver_exit_code, cost=self.cost)
 
 
 def job_status(job_id: str, *, local: bool = False, address: str | None = None, config: PathLike | None = None,
@@ -266,7 +281,10 @@ def job_status(job_id: str, *, local: bool = False, address: str | None = None, 
     from raydlc import jobs
 
     with _reached(local, address, config, settings) as (reached, _):
-        return JobStatusResult(jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag), reached.target)
+        job = jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
+        budgeted = "RAYDLC_JOB_MAX_COST_USD" in ((job.runtime_env or {}).get("env_vars") or {})
+        cost = jobs.latest_cost(reached.dashboard.logs(job.submission_id)) if budgeted else None
+        return JobStatusResult(job, reached.target, cost)
 
 
 @dataclass(frozen=True)

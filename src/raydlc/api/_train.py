@@ -50,6 +50,9 @@ class TrainResult:
     metrics: str
     plot: str
     wall_s: float
+    stopped_by: str | None = None  # "budget" when JOB_MAX_COST_USD ended the run before STEPS
+    stop_reason: str | None = None  # "stopped by the budget: $X of $Y at step N"
+    cost: dict[str, Any] | None = None  # with a budget: budget_usd, usd_per_hour, spent_usd, forecast_usd (to STEPS), elapsed_s, price
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
 
     @classmethod
@@ -85,8 +88,9 @@ def train(
     left at their default take the local-run values, as on the command line. `address` joins a
     running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
     receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
-    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`) and rank 0's records (`{"step", "loss", "tokens_per_s", …}`, `{"step",
-    "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
+    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`, and `{"stage": "stalled",
+    "reason", "evidence"}` when the stall guard ends the run) and rank 0's records (`{"step", "loss", "tokens_per_s", …}` (with
+    `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
 
     Example:

@@ -16,6 +16,7 @@ The container command is left to KubeRay, which generates `ray start` from raySt
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from raydlc import catalog
@@ -272,19 +273,35 @@ def check_on_standing_cluster(cfg: Config) -> None:
                            "fresh cluster of its own; the RayJob runs on the standing RayCluster: use 0"])
 
 
-def render_rayjob(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
+def job_deadline(cfg: Config, prices: Mapping[str, float] | None = None) -> int:
+    """activeDeadlineSeconds: JOB_DEADLINE_S, or sooner the time JOB_MAX_COST_USD buys at the list
+    price of the job's GPU nodes (`prices`: USD per instance-hour, the catalogue's by default); a
+    budget with no price, or too small for start-up and a step, is refused here, before submission."""
+    from raydlc.train import budget
+
+    usd = cfg.train.max_cost_usd
+    if usd is None:
+        return cfg.ray.job_deadline_s
+    g = cfg.gpu_nodes
+    price = budget.hourly_price(g.instance_type, g.count, budget.list_prices() if prices is None else prices)
+    budget.check_budget(usd, price, step_s=None, where=f"{g.count} x {g.instance_type}")
+    return budget.job_deadline_s(usd, price, cfg.ray.job_deadline_s)
+
+
+def render_rayjob(cfg: Config, code_uri: str | None = None, prices: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The RayJob on the RayCluster `up` made (`clusterSelector`): no second head, and KubeRay never deletes that
     cluster when the job ends (rayjob_controller.go skips deletion for a clusterSelector job, so neither
     shutdownAfterJobFinishes nor a TTL is rendered). `code_uri` is raydlc's zip in the bucket (raydlc.codezip)."""
     check_storage(cfg)
     check_model(cfg)
     check_on_standing_cluster(cfg)
+    deadline = job_deadline(cfg, prices)
     name = cfg.ray.job_name
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
         "runtimeEnvYAML": json.dumps(runtime_env(cfg, code_uri), indent=2, sort_keys=True),
         "clusterSelector": {CLUSTER_SELECTOR_KEY: cfg.ray.cluster_name},
-        "activeDeadlineSeconds": cfg.ray.job_deadline_s,
+        "activeDeadlineSeconds": deadline,
         "submissionMode": cfg.ray.submission_mode,
     }
     if cfg.ray.submission_mode == "K8sJobMode":

@@ -51,9 +51,19 @@ def _print_progress(rec: dict[str, Any]) -> None:
     if "eval_loss" in rec:
         print(f"step {rec['step']}: eval loss {rec['eval_loss']:.4f}", flush=True)
     elif "loss" in rec:
-        print(f"step {rec['step']}: loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s  {rec['step_time_s']:.3f} s", flush=True)
+        print(f"step {rec['step']}: loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s  {rec['step_time_s']:.3f} s{cost_note(rec.get('cost'))}", flush=True)
+    elif rec.get("stage") == "stalled":
+        print(f"stall guard: {rec['reason']}; evidence: {rec['evidence']}", flush=True)
     elif rec.get("resumed"):
         print(f"step {rec['step']}: resumed from its checkpoint", flush=True)
+
+
+def cost_note(cost: dict[str, Any] | None) -> str:
+    """`  $1.20 spent of $5.00, forecast $4.10`: what `raydlc job status` reads back from the log (raydlc.jobs.latest_cost)."""
+    if not cost:
+        return ""
+    forecast = f", forecast ${cost['forecast_usd']:.2f}" if cost.get("forecast_usd") is not None else ""
+    return f"  ${cost['spent_usd']:.2f} spent of ${cost['budget_usd']:.2f}{forecast}"
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ like a local one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -24,7 +25,7 @@ from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.errors import TrainError
 from raydlc.train.prepare import Checked, Prepared, check, prepare
 from raydlc.train.resolve import Granted, resolve, resolve_resources
-from raydlc.train.runspec import Crash, RunSpec
+from raydlc.train.runspec import Crash, Hang, RunSpec
 
 if TYPE_CHECKING:
     from raydlc.config import Config
@@ -42,6 +43,8 @@ class Target:
     log_to_driver: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra worker environment
     crash: Crash | None = None  # fault injection for tests and drills
+    hang: Hang | None = None  # fault injection for the stall guard's test
+    usd_per_hour: float | None = None  # the run's GPU nodes' price, given (tests, a negotiated rate); None: the list price of instance_type
 
     @property
     def local(self) -> bool:
@@ -97,6 +100,7 @@ def run(
     before any worker starts.
     """
     where = where or Target()
+    started = time.time()  # a budget's clock: the run occupies its nodes from here
     if prepared is None and checked is None and train.num_workers > 0:
         checked = check(train, where)  # before Ray starts
     with rayedge.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
@@ -108,7 +112,7 @@ def run(
         slots = rayedge.node_capacities(
             "GPU" if workers.use_gpu else "CPU", at_least=workers.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
         )
-        spec = resolve(train, where, p, Granted(resources, tuple(slots)))
+        spec = resolve(train, where, p, Granted(resources, tuple(slots)), started_at=started, now=time.time())
         checked = _preflight(spec, where, p.storage) if spec.train.preflight else None
         summary = _fit(spec, p, where, on_progress)
         return summary if checked is None else {**summary, "preflight": checked}
@@ -134,16 +138,15 @@ def _preflight(spec: RunSpec, where: Target, storage_path: str) -> dict[str, Any
 
 def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | None) -> dict[str, Any]:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     from raydlc.train.loop import train_func
+    from raydlc.train.stall import StallGuard, Watch
 
     box = rayedge.mailbox()
     progress_file = None if storage.is_uri(spec.run_dir) else Path(spec.run_dir) / "progress.jsonl"
     stop = threading.Event()
-    watcher = threading.Thread(target=_follow, args=(box, on_progress, progress_file, stop), daemon=True)
-    t0 = time.perf_counter()
-    trainer = TorchTrainer(
+    guard = StallGuard.of(spec.train.stall_minutes, spec.train.stall_first_minutes)
+    trainer = _trainer_class()(
         train_func,
         train_loop_config={"run": spec.to_wire(), "data": p.data.to_dict(), "progress": box},
         scaling_config=ScalingConfig(num_workers=spec.mesh.world_size, use_gpu=spec.use_gpu),
@@ -155,42 +158,134 @@ def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | No
             worker_runtime_env={"env_vars": rayedge.worker_env(where.env)},
         ),
     )
+    t0 = time.perf_counter()
+    follower = _Follower(box, on_progress, progress_file, stop, guard, Watch(since=time.monotonic()), spec, trainer)
+    watcher = threading.Thread(target=follower.run, daemon=True)
     watcher.start()
     try:
         result = trainer.fit()
     except Exception as e:  # Ray wraps worker errors in its own types
+        if follower.stalled is not None:
+            raise follower.stalled from None
         hint = f"worker logs are in Ray's session dir; checkpoints under {spec.run_dir}"
         raise rayedge.run_error(e, f"training run {spec.run_name}", hint) from e
     finally:
         stop.set()
         watcher.join(timeout=5)
+    if follower.stalled is not None:
+        raise follower.stalled
     return _summary(spec, p, result, time.perf_counter() - t0)
 
 
-def _follow(box: Any, on_progress: ProgressFn | None, path: Path | None, stop: threading.Event) -> None:
-    """Drain rank 0's progress from the mailbox; keep a copy in `progress.jsonl` where the driver can.
+def _trainer_class() -> type:
+    """TorchTrainer that keeps its controller's handle, so the stall guard can abort the run the
+    way Ctrl-C does (Ray 2.58's `_register_sigint_handler` receives it; `controller.abort` stops
+    the workers and ends the controller, and `fit()` raises)."""
+    from ray.train.torch import TorchTrainer
 
-    Restarts re-post earlier steps, which is fine to re-show. Progress is a display aid: a
-    failure here never fails the run.
+    class Trainer(TorchTrainer):  # type: ignore[misc]
+        controller: Any = None
+
+        def _register_sigint_handler(self, controller: Any) -> None:
+            self.controller = controller
+            super()._register_sigint_handler(controller)
+
+    return Trainer
+
+
+@dataclass
+class _Follower:
+    """The driver's second thread: drains the mailbox, keeps `progress.jsonl`, and runs the stall guard.
+
+    Rank 0's records go to the progress callback (restarts re-post earlier steps, which is fine
+    to re-show); every rank's heartbeats feed the guard's `Watch`. Progress is a display aid: a
+    failure here never fails the run. A stall sets `stalled` and aborts the run.
     """
-    while True:
-        last = stop.wait(PROGRESS_EVERY_S)
+
+    box: Any
+    on_progress: ProgressFn | None
+    path: Path | None
+    stop: threading.Event
+    guard: Any  # train.stall.StallGuard
+    watch: Any  # train.stall.Watch
+    spec: RunSpec
+    trainer: Any
+    stalled: Exception | None = None
+
+    def run(self) -> None:
+        while True:
+            last = self.stop.wait(PROGRESS_EVERY_S)
+            self.take(self.drain())
+            if last:
+                return
+            decision = self.guard.check(time.monotonic(), self.watch.since, self.watch.step, first=self.watch.first)
+            if decision.stalled:
+                self.end_stalled(decision)
+                return
+
+    def drain(self) -> list[dict[str, Any]]:
         try:
-            records = rayedge.drain(box)
+            records = rayedge.drain(self.box)
         except Exception:
-            records = []
-        if path is not None and records:
+            return []
+        now = time.monotonic()
+        for r in records:
+            self.watch.see(r, now)
+        return records
+
+    def take(self, records: list[dict[str, Any]]) -> None:
+        shown = [self.costed(r) for r in records if "beat" not in r and "stacks" not in r]
+        if self.path is not None and shown:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("a") as f:
-                    f.write("".join(json.dumps(r) + "\n" for r in records))
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("a") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in shown))
             except OSError:
-                path = None
-        if on_progress is not None:
-            for r in records:
-                on_progress(r)
-        if last:
+                self.path = None
+        if self.on_progress is not None:
+            for r in shown:
+                self.on_progress(r)
+
+    def costed(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """A step's record with the spend so far and the forecast to the last step, when the run has a budget."""
+        b = self.spec.budget
+        if b is None or "loss" not in rec:
+            return rec
+        from raydlc.train.budget import spend
+
+        return {**rec, "cost": spend(b, time.time(), step=rec["step"], steps=self.spec.train.steps, step_s=rec.get("step_time_s")).to_dict()}
+
+    def end_stalled(self, decision: Any) -> None:
+        """Ask every rank for its stacks, write the evidence, set the error the run ends with, abort the run."""
+        from raydlc.train import stall
+
+        try:
+            self.box.ask.remote("stacks")
+            deadline = time.monotonic() + 3 * self.guard.beat_every_s() + 5.0
+            while time.monotonic() < deadline and not set(self.watch.ranks) <= set(self.watch.stacks):
+                time.sleep(0.5)
+                self.take(self.drain())
+        except Exception:
+            pass
+        doc = stall.evidence(self.watch, decision, time.monotonic())
+        try:
+            path = stall.write_evidence(doc, self.watch, self.spec.run_dir)
+        except Exception as e:  # the reason still reaches the person
+            path = f"(not written: {rayedge.root_cause(e)})"
+        if self.on_progress is not None:
+            self.on_progress({"stage": "stalled", "reason": doc["reason"], "evidence": path})
+        self.stalled = stall.Stalled(f"training run {self.spec.run_name} stopped: {doc['reason']}",
+                                     hint=f"evidence: {path}; its checkpoints under {self.spec.run_dir} are kept (--resume continues from the last)")
+        self._abort()  # fit() raises in the main thread, which finds `stalled` set
+
+    def _abort(self) -> None:
+        import ray
+
+        controller = getattr(self.trainer, "controller", None)
+        if controller is None:
             return
+        with contextlib.suppress(Exception):  # the controller ends itself (exit_actor): its call fails by design
+            ray.get(controller.abort.remote(), timeout=120)
 
 
 def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, Any]:
@@ -200,6 +295,12 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
     ckpt = result.checkpoint.path if result.checkpoint is not None else None
     run_dir = spec.run_dir
     mesh = spec.mesh
+    cost = None
+    if spec.budget is not None:
+        from raydlc.train import budget
+
+        spent = budget.spend(spec.budget, time.time(), step=int(s.get("steps") or 0), steps=spec.train.steps, step_s=s.get("step_time_s"))
+        cost = {**spent.to_dict(), "price": budget.price_note() if spec.budget.instance_type else "given by the caller"}
     return {
         **{k: s.get(k) for k in ("steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "step_time_s", "peak_mem_mb")},
         "loss_drop": (1 - s["final_loss"] / s["first_loss"]) if s.get("first_loss") and s.get("final_loss") is not None else None,
@@ -231,4 +332,7 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "metrics": f"{run_dir}/metrics.jsonl",
         "plot": f"{run_dir}/loss.png",
         "wall_s": wall,
+        "stopped_by": s.get("stopped_by"),
+        "stop_reason": s.get("stop_reason"),
+        "cost": cost,
     }

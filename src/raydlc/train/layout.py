@@ -58,6 +58,7 @@ class Decision:
     grad_sync: str
     planned: bool  # the planner chose at least one of them
     note: str  # for people: where the choice came from
+    step_time_s: float | None = None  # the planner's estimate of one optimizer step, when it planned
 
     def apply(self, train: TrainConfig) -> TrainConfig:
         """The settings with the step concrete, as the workers must receive them."""
@@ -121,7 +122,7 @@ def decide(
         )
         if rec.best is not None:
             b = rec.best
-            return _checked(Decision(b.strategy, b.micro_batch, b.grad_accum, b.sync, True, f"planned: {rec.reason}"))  # type: ignore[arg-type]
+            return _checked(Decision(b.strategy, b.micro_batch, b.grad_accum, b.sync, True, f"planned: {rec.reason}", b.step_time_s))  # type: ignore[arg-type]
         why_not = f"the planner finds nothing that fits ({rec.reason})"
     sharding: Sharding = "fsdp" if requested == "auto" else requested  # type: ignore[assignment]
     accum = 1 if accum_auto else int(train.grad_accum)

@@ -103,6 +103,14 @@ class RaySession:
 
             ray.get(ref)
 
+    def beat(self, record: dict[str, Any]) -> str | None:
+        """A heartbeat to the driver's mailbox (train.heartbeat); the answer is what the driver asks for now."""
+        if self._progress is None:
+            return None
+        import ray
+
+        return ray.get(self._progress.beat.remote(record), timeout=30)
+
 
 class TorchrunSession:
     """The same loop under plain torchrun (the benchmark's baseline): env ranks, local storage."""
@@ -140,6 +148,9 @@ class TorchrunSession:
 
     def progress(self, records: list[dict[str, Any]], *, wait: bool = False) -> None:
         pass
+
+    def beat(self, record: dict[str, Any]) -> str | None:
+        return None
 
 
 # ---- build -------------------------------------------------------------------------------------
@@ -440,7 +451,7 @@ def save_checkpoint(t: Trainer, session: Any, *, step: int, rank: int, history: 
 # ---- finalize ----------------------------------------------------------------------------------
 
 
-def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int) -> None:
+def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int, stopped: dict[str, Any] | None = None) -> None:
     """Export, metrics, plot, summary and the run's settings into the run directory; then drop the FSDP state.
 
     The export and the metrics files are the run's products; a restart after the last
@@ -461,13 +472,44 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
         if rank == 0:
             mx.write_jsonl(history, out / "metrics.jsonl")
             mx.plot(history, out / "loss.png", title=f"{run.train.model_id}: {t.world} worker(s), global batch {run.global_batch} x {run.train.seq_len}")
-            (out / "summary.json").write_text(json.dumps(mx.summarize(history), indent=1))
+            (out / "summary.json").write_text(json.dumps({**mx.summarize(history), **(stopped or {})}, indent=1))
             (out / "run.json").write_text(run.model_dump_json(indent=1))  # the settings as this worker validated them
             storage.publish(out, run.run_dir)
     # bf16 on gloo aborts at exit unless every rank drops its FSDP state before the group goes.
     t.model = t.optimizer = None  # type: ignore[assignment]
     gc.collect()
     dist.barrier()
+
+
+# ---- stopping: the budget, and the stall guard's test hook ---------------------------------------
+
+
+def agreed(flag: bool, device: torch.device) -> bool:
+    """True on every rank when it is true on any: ranks stop at the same step (each reads its own clock)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def injected_hang(rank: int, step: int) -> None:
+    """Test-only (RunSpec.hang, never a setting): this rank stops making progress, as a rank stuck outside a collective."""
+    print(f"[raydlc] injected hang: rank {rank} stops at step {step}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def heartbeat(run: RunSpec, session: Any, rank: int, device: torch.device) -> Any:
+    """Each rank's heartbeat thread while the stall guard is on (STALL_MINUTES > 0), else nothing."""
+    import contextlib
+
+    from raydlc.train.heartbeat import Heartbeat
+    from raydlc.train.stall import StallGuard
+
+    guard = StallGuard.of(run.train.stall_minutes, run.train.stall_first_minutes)
+    return Heartbeat(session, rank=rank, every_s=guard.beat_every_s(), device=device) if guard.on else contextlib.nullcontext(None)
 
 
 # ---- the loop ----------------------------------------------------------------------------------
@@ -478,33 +520,45 @@ def train_func(config: dict[str, Any]) -> None:
     run_loop(RunSpec.from_wire(config["run"]), RaySession(config.get("progress")), config["data"])
 
 
-# One loop on purpose: its cadences (read, eval, report, checkpoint) share the step's locals; split, they would pass a dozen values around.
 def run_loop(run: RunSpec, session: Any, data: Any) -> None:
+    """The worker's run: its device, its view of the prepared data, then the loop under the rank's heartbeat."""
     import torch
 
     from raydlc.data.dataset import TrainData
-    from raydlc.data.index import train_rows
-    from raydlc.train import metrics as mx
-    from raydlc.train.data import global_batch, rank_slice
     from raydlc.train.layout import check_placement
 
-    s = run.train
-    rank, world = session.rank, session.world
-    check_placement(run.mesh, world_size=world, local_world_size=session.local_world)
+    rank = session.rank
+    check_placement(run.mesh, world_size=session.world, local_world_size=session.local_world)
     use_gpu = torch.cuda.is_available() and run.use_gpu
     if use_gpu:
         device = session.device()
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    steps, batch, seq_len = s.steps, s.batch_size, s.seq_len
-    global_size = run.global_batch
 
     # The prepared dataset by index: this rank reads its own rows of each step, and the eval rows once.
     view = TrainData.from_dict(session.fetch(data))
     rows, held = view.open(), np.asarray(view.eval_rows, dtype=np.int64)
     eval_ids, eval_labels = rows.take(held)
 
+    with heartbeat(run, session, rank, device) as beat:
+        _train(run, session, view, rows, held, eval_ids, eval_labels, device, beat)
+
+
+# One loop on purpose: its cadences (read, eval, report, checkpoint, the budget) share the step's locals; split, they would pass a dozen values around.
+def _train(run: RunSpec, session: Any, view: Any, rows: Any, held: np.ndarray, eval_ids: np.ndarray, eval_labels: np.ndarray,
+           device: torch.device, beat: Any) -> None:
+    from raydlc.data.index import train_rows
+    from raydlc.train import budget as bx
+    from raydlc.train import metrics as mx
+    from raydlc.train.data import global_batch, rank_slice
+
+    s = run.train
+    rank, world = session.rank, session.world
+    steps, batch, seq_len = s.steps, s.batch_size, s.seq_len
+    global_size = run.global_batch
+    if beat is not None:
+        beat.phase = "building the model"
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
     start_step, history = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
@@ -521,10 +575,18 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     unread: Unread | None = None
     unposted: list[dict[str, Any]] = []  # rank 0's records not yet sent to the driver: at most one post a second
     posted = time.monotonic()
+    stopped: dict[str, Any] | None = None  # why the loop ended before STEPS (the budget)
+    began, ckpt_s = time.perf_counter(), 0.0
+    if beat is not None:
+        beat.step, beat.phase = start_step, "training"
     for step in range(start_step + 1, steps + 1):
         if run.crash and start_step == 0 and step == run.crash.step and rank == run.crash.rank:
             print(f"[raydlc] injected failure: rank {rank} exits at step {step}", flush=True)
             os._exit(1)
+        if beat is not None:
+            beat.entered, beat.phase = step, f"step {step}"
+        if run.hang and start_step == 0 and step == run.hang.step and rank == run.hang.rank:
+            injected_hang(rank, step)
         if unread is None:
             unread = Unread([], time.perf_counter())
         lr = lr_at(step, s.learning_rate, s.warmup_steps)
@@ -532,7 +594,18 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
         ids, labels = rows.take(train_rows(rank_slice(gidx, rank, world), held))
         out = train_step(t, micro_batches(ids, labels, np.arange(len(ids)), batch, device), lr)
         unread.steps.append((step, lr, batch_fingerprint(gidx), out))
-        last = step == steps
+        if beat is not None:
+            beat.step, beat.completed = step, beat.completed + 1
+        # The budget is asked where the loop reads anyway (every step on a CPU, every REPORT_EVERY on a GPU: the
+        # agreement is a host sync), looking ahead as many steps as until the next read, at the last read's step time.
+        if run.budget is not None and step < steps and step % read_every == 0:
+            per_step = next((r["step_time_s"] for r in reversed(history) if "step_time_s" in r), (time.perf_counter() - began) / (step - start_step))
+            if agreed(run.budget.must_stop(time.time(), step_s=per_step * read_every, checkpoint_s=ckpt_s), device):
+                spent = run.budget.spent(time.time())
+                stopped = {"stopped_by": "budget", "stop_reason": bx.stop_reason(run.budget, step=step, spent_usd=spent)}
+                if rank == 0:
+                    print(f"[raydlc] {stopped['stop_reason']}", flush=True)
+        last = step == steps or stopped is not None
         is_ckpt = last or (s.checkpoint_every > 0 and step % s.checkpoint_every == 0)
         is_eval = last or (eval_every > 0 and step % eval_every == 0)
         is_report = is_ckpt or step % report_every == 0
@@ -560,12 +633,20 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
                 "mesh_shape": mesh_shape,
             }
             if last:
-                metrics.update({f"summary_{k}": v for k, v in mx.summarize(history).items() if v is not None})
+                metrics.update({f"summary_{k}": v for k, v in {**mx.summarize(history), **(stopped or {})}.items() if v is not None})
             if is_ckpt:
+                if beat is not None:
+                    beat.phase = f"checkpoint of step {step}"
+                saving = time.perf_counter()
                 save_checkpoint(t, session, step=step, rank=rank, history=history, meta=meta, metrics=metrics)
+                ckpt_s = max(ckpt_s, time.perf_counter() - saving)
             else:
                 session.report(metrics)
+        if last:
+            break
 
     if rank == 0:
         session.progress(unposted, wait=True)
-    finalize(t, run, history, rank=rank)
+    if beat is not None:
+        beat.phase = "finishing: export"
+    finalize(t, run, history, rank=rank, stopped=stopped)

@@ -82,6 +82,7 @@ def check(train: TrainConfig, where: Target | None = None, *, workers: int | Non
     builtin, model = R.model_source(train)
     if where is not None and where.local:
         R.plan_layout(train, [world], model=model, instance_type=None)
+        R.run_budget(train, where, 1, started_at=0.0, now=0.0)  # a budget with no price fails here, before Ray starts
     root = storage.resolve(train.storage_path or DEFAULT_OUT)
     resume_from, manifest = _resume_checkpoint(train, root)
     vocab = min(model.vocab_size, 4096) if builtin and model else 0

@@ -110,6 +110,12 @@ def print_summary(s: dict[str, Any], out: Any = console) -> None:
         ("loss plot", s["plot"]),
         ("wall time (s)", s["wall_s"]),
     ]
+    if s.get("stop_reason"):
+        rows.insert(1, ("stopped", s["stop_reason"]))
+    if s.get("cost"):
+        c = s["cost"]
+        forecast = f", forecast to the last step ${c['forecast_usd']:.2f}" if c.get("forecast_usd") is not None else ""
+        rows.append(("cost", f"${c['spent_usd']:.2f} of ${c['budget_usd']:.2f} at ${c['usd_per_hour']:.2f}/h{forecast} ({c['price']})"))
     for k, v in rows:
         table.add_row(k, fmt(v))
     out.print(table)

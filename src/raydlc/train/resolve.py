@@ -25,6 +25,7 @@ from raydlc.train.runspec import RunSpec
 if TYPE_CHECKING:
     from raydlc.config import TrainConfig
     from raydlc.models import ModelSpec
+    from raydlc.train.budget import Budget
     from raydlc.train.launch import Target
     from raydlc.train.prepare import Prepared
     from raydlc.train.tokenizer import TokenizerInfo
@@ -151,11 +152,12 @@ def check_storage(train: TrainConfig, mesh: Mesh) -> None:
 # ---- the one resolution -----------------------------------------------------------------------------
 
 
-def resolve(train: TrainConfig, cluster: Target, p: Prepared, granted: Granted) -> RunSpec:
+def resolve(train: TrainConfig, cluster: Target, p: Prepared, granted: Granted, *, started_at: float = 0.0, now: float = 0.0) -> RunSpec:
     """The run as every worker will run it: resources, layout and step decided, every rule checked.
 
     The planner plans with the cluster's GPU type only when the workers use GPUs (a local run
-    has none to plan with).
+    has none to plan with). A budget is priced at the nodes the mesh occupies; its clock
+    started at `started_at` (epoch seconds, when the driver began) and `now` is what it reads now.
     """
     w = resolve_resources(train, granted.resources)
     sized = train.updated(use_gpu=w.use_gpu, num_workers=w.num_workers)
@@ -176,6 +178,25 @@ def resolve(train: TrainConfig, cluster: Target, p: Prepared, granted: Granted) 
         data_digest=p.data_digest,
         resume_from=p.resume_from,
         crash=cluster.crash,
+        hang=cluster.hang,
+        budget=run_budget(final, cluster, mesh.nodes, started_at=started_at, now=now, step_s=decision.step_time_s),
         layout_note=decision.note,
     )
+
+
+def run_budget(train: TrainConfig, cluster: Target, nodes: int, *, started_at: float, now: float, step_s: float | None = None) -> Budget | None:
+    """JOB_MAX_COST_USD priced at the nodes the run occupies (the given price, else the GPU type's
+    list price); a budget without a price, or below what the run has spent since `started_at`
+    plus one step, is refused."""
+    from raydlc.train.budget import Budget, check_budget, hourly_price, list_prices
+
+    if train.max_cost_usd is None:
+        return None
+    price = cluster.usd_per_hour if cluster.usd_per_hour is not None else hourly_price(cluster.instance_type, nodes, list_prices())
+    where = f"{nodes} x {cluster.instance_type}" if cluster.instance_type else "a local run"
+    spent_s = max(0.0, now - started_at)
+    check_budget(train.max_cost_usd, price, step_s=step_s, where=where if cluster.usd_per_hour is None else "the given price", startup_s=spent_s)
+    assert price is not None
+    return Budget(usd=train.max_cost_usd, usd_per_hour=price, started_at=started_at, nodes=nodes,
+                  instance_type=cluster.instance_type if cluster.usd_per_hour is None else None)
 

@@ -11,12 +11,22 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from raydlc.config import TrainConfig
+from raydlc.train.budget import Budget
 from raydlc.train.layout import Mesh
 from raydlc.train.tokenizer import TokenizerInfo
 
 
 class Crash(BaseModel):
     """Fault injection for tests and drills: `rank` exits at `step` of the first attempt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int
+    step: int
+
+
+class Hang(BaseModel):
+    """Fault injection for the stall guard's test, never set by a setting: `rank` stops making progress at `step` of the first attempt."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -38,6 +48,8 @@ class RunSpec(BaseModel):
     data_digest: str
     resume_from: str | None = None
     crash: Crash | None = None
+    hang: Hang | None = None
+    budget: Budget | None = None  # JOB_MAX_COST_USD with the price it is spent at and when the clock started
     layout_note: str | None = None  # where the step came from (the planner, or the config), for people
 
     @model_validator(mode="after")

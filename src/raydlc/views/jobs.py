@@ -39,6 +39,12 @@ def print_job(j: Job, console: Any) -> None:
     console.print(f"  entrypoint: {j.entrypoint}", highlight=False)
 
 
+def print_cost(cost: dict[str, Any], console: Any) -> None:
+    """The budget line of `job status`: spend at the last step the job printed, and the forecast to its last step."""
+    forecast = f", forecast to the last step ${cost['forecast_usd']:.2f}" if cost.get("forecast_usd") is not None else ""
+    console.print(f"  spend at step {cost['step']}: ${cost['spent_usd']:.2f} of ${cost['budget_usd']:.2f}{forecast} (list prices)", highlight=False)
+
+
 def print_verdict(v: Verdict, console: Any) -> None:
     from rich.table import Table
 
