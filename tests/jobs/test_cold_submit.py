@@ -9,7 +9,7 @@ engines outside raydlc would do, in their own words:
 - the Kubernetes Cluster Autoscaler: a `TriggeredScaleUp` event on each Pending pod, in its format
   (cluster-autoscaler-1.36.1 processors/status/eventing_scale_up_processor.go), and its Deployment's
   `--max-node-provision-time` flag (charts/cluster-autoscaler: `./cluster-autoscaler` with `--key=value` flags);
-- the Auto Scaling group: its scaling activities. moto 5.2 answers DescribeScalingActivities with an
+- the Auto Scaling group: its scaling activities. moto 5.2.5 answers DescribeScalingActivities with an
   empty list always (autoscaling/responses.py), so a botocore `before-call` handler answers it from the
   test's table instead, as AWS would (FIDELITY.md); and, when capacity is there, GPU nodes that join Ready.
 """
