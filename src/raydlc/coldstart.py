@@ -289,8 +289,8 @@ def expected_wait(activities: Iterable[Mapping[str, Any]], instance_type: str) -
             and isinstance(a.get("StartTime"), datetime) and isinstance(a.get("EndTime"), datetime)]
     if done:
         last = max(done, key=lambda a: a["StartTime"])
-        took = max((last["EndTime"] - last["StartTime"]).total_seconds(), 0.0)
-        return took, f"the node group's last scale-up took {took(took)}"
+        seconds = max((last["EndTime"] - last["StartTime"]).total_seconds(), 0.0)
+        return seconds, f"the node group's last scale-up took {took(seconds)}"
     est = catalog.scale_up_estimate_s(instance_type)
     return est, f"raydlc's estimate for {instance_type} nodes, no scale-up of this node group seen yet"
 

@@ -153,3 +153,42 @@ def test_expected_wait_is_the_last_launch_else_the_catalogue_estimate() -> None:
 
 def test_go_durations_of_the_autoscaler_flags() -> None:
     assert [parse_duration(t) for t in ("15m0s", "10m", "1h30m", "90s", "2s", "", "soon", "15")] == [900, 600, 5400, 90, 2, None, None, None]
+
+
+# ---- the job's side: a driver on a cluster whose GPU group is at zero asks for its GPUs ---------------------------
+
+
+def test_a_driver_that_finds_too_few_gpus_asks_rays_autoscaler_for_them_and_withdraws_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling ray.nodes() creates no demand; `request_resources` does (Ray 2.58.0 ray/autoscaler/sdk/sdk.py), and it
+    persists until overridden, so it is withdrawn once the wait ends, whatever its outcome."""
+    import ray.autoscaler.sdk
+
+    from raydlc import rayedge
+
+    asked: list[Any] = []
+    waits: list[tuple[int, float]] = []
+    monkeypatch.setattr(ray.autoscaler.sdk, "request_resources", lambda bundles=None, **kw: asked.append(bundles))
+
+    def capacities(resource: str, *, at_least: int = 0, wait_s: float = 0.0) -> list[int]:
+        waits.append((at_least, wait_s))
+        return [4, 4] if wait_s else []
+
+    monkeypatch.setattr(rayedge, "node_capacities", capacities)
+    assert rayedge.await_resources("GPU", 8, wait_s=1800) == [4, 4]
+    assert asked == [[{"GPU": 1.0}] * 8, []] and waits == [(0, 0.0), (8, 1800)]
+    asked.clear()
+    monkeypatch.setattr(rayedge, "node_capacities", lambda resource, **kw: [4, 4])
+    assert rayedge.await_resources("GPU", 8, wait_s=1800) == [4, 4] and asked == []  # warm: nothing asked
+
+
+def test_the_builtin_program_on_the_cluster_uses_gpus_even_while_the_gpu_group_is_at_zero() -> None:
+    from raydlc.api._jobs import _builtin_env, _gpus_needed
+    from raydlc.config import load_config
+
+    cfg = load_config(env={})
+    assert _builtin_env(cfg, False, cluster=True)["RAYDLC_USE_GPU"] == "true"
+    assert "RAYDLC_USE_GPU" not in _builtin_env(cfg, False)  # --address: a head raydlc did not make, as before
+    assert _builtin_env(load_config(env={"RAYDLC_USE_GPU": "false"}), False, cluster=True)["RAYDLC_USE_GPU"] == "false"
+    assert _gpus_needed(cfg, None, builtin=True) == 8 and _gpus_needed(cfg, None, builtin=False) == 0
+    assert _gpus_needed(cfg, 3, builtin=False) == 3
+    assert _gpus_needed(load_config(env={"RAYDLC_USE_GPU": "false"}), None, builtin=True) == 0

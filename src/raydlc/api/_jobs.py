@@ -54,13 +54,19 @@ def _reached(local: bool, address: str | None, config: PathLike | None, settings
         yield reached, cfg
 
 
-def _builtin_env(cfg: Config, local: bool) -> dict[str, str]:
-    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads."""
+def _builtin_env(cfg: Config, local: bool, *, cluster: bool = False) -> dict[str, str]:
+    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads; on a cluster
+    USE_GPU left empty is true: a GPU group scaled to zero has no GPU yet, and the job must ask for them."""
     from raydlc.config import with_local_defaults
     from raydlc.jobenv import absolute_local_paths
     from raydlc.render.raycluster import job_env
 
-    return absolute_local_paths(job_env(with_local_defaults(cfg))) if local else job_env(cfg)
+    if local:
+        return absolute_local_paths(job_env(with_local_defaults(cfg)))
+    env = job_env(cfg)
+    if cluster and cfg.train.use_gpu is None:  # "when the Ray cluster has GPUs": the cluster's workers are GPU nodes, even while at zero
+        env.setdefault("RAYDLC_USE_GPU", "true")
+    return env
 
 
 def _image_versions(cfg: Config, local: bool) -> dict[str, str]:
@@ -141,7 +147,7 @@ def submit(
     env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
     spec = jobenv.build(
         script=program, args=list(args), working_dir=Path(working_dir) if working_dir is not None else None, pip=list(pip),
-        env=jobenv.parse_env(env_pairs), settings_env=_builtin_env(cfg, is_local) if program is None else {},
+        env=jobenv.parse_env(env_pairs), settings_env=_builtin_env(cfg, is_local, cluster=target.kind == heads.CLUSTER) if program is None else {},
         image=_image_versions(cfg, is_local), name=name, target=target.kind,
     )
     for w in spec.warnings:
@@ -445,7 +451,7 @@ def bench_transport(*, steps: int = 20, local: bool = False, address: str | None
     cfg = load(config, settings, STEPS=steps)
     if target.kind == heads.LOCAL:  # every local run is gloo: two of them would only time the same thing twice
         return BenchResult(target, (), bench.compare([], target=target.kind))
-    runs_specs = bench.specs(_builtin_env(cfg, False), _image_versions(cfg, False), target=target.kind)
+    runs_specs = bench.specs(_builtin_env(cfg, False, cluster=target.kind == heads.CLUSTER), _image_versions(cfg, False), target=target.kind)
     with heads.reach(target, cfg) as reached:
         names = kube_facts(reached.kube, cfg).names if reached.kube is not None else None
         runs = bench.run_both(reached.dashboard, runs_specs, target=target.kind, names=names, write=write, notice=notice)
