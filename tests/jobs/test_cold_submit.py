@@ -72,6 +72,17 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[heads.HeadRecord]
         mp.setenv("HOME", str(home))
         rec = heads.running_head()
     assert rec is not None
+    from raydlc.dashboard import Dashboard
+    from raydlc.errors import RayError
+
+    deadline = time.monotonic() + 120  # a head just started may answer /api/version before its Jobs API
+    while True:
+        try:
+            Dashboard(rec.dashboard_url).jobs()
+            break
+        except RayError:
+            assert time.monotonic() < deadline, "the head's Jobs API never answered"
+            time.sleep(1)
     yield rec
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))
