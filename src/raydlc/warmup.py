@@ -51,8 +51,15 @@ def parse_duration(text: str) -> float | None:
 
 
 def provision_limit(kube: Kube) -> tuple[float, str]:
-    """The cluster autoscaler's `--max-node-provision-time` as its Deployment runs it, else its documented default."""
-    for dep in kube.list("apps/v1", "Deployment"):
+    """The cluster autoscaler's `--max-node-provision-time` as its Deployment runs it, else its documented default
+    (also when Deployments cannot be listed cluster-wide: a user's RBAC may not allow it)."""
+    from raydlc.errors import KubeError
+
+    try:
+        deployments = kube.list("apps/v1", "Deployment")
+    except KubeError as e:
+        return float(coldstart.NODE_PROVISION_S), f"the cluster autoscaler's default max-node-provision-time ({e.message[:80]})"
+    for dep in deployments:
         for c in (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []:
             argv = [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
             if not any(a.rsplit("/", 1)[-1] == CA_BINARY for a in argv[:1]) and CA_BINARY not in str(c.get("image", "")):
