@@ -192,3 +192,66 @@ def test_the_builtin_program_on_the_cluster_uses_gpus_even_while_the_gpu_group_i
     assert _gpus_needed(cfg, None, builtin=True) == 8 and _gpus_needed(cfg, None, builtin=False) == 0
     assert _gpus_needed(cfg, 3, builtin=False) == 3
     assert _gpus_needed(load_config(env={"RAYDLC_USE_GPU": "false"}), None, builtin=True) == 0
+
+
+class _Deployments:
+    """Just `list` of a Kube: the Deployments the cluster runs, or the API's refusal."""
+
+    def __init__(self, items: list[dict[str, Any]] | Exception) -> None:
+        self.items = items
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None, **kw: Any) -> list[dict[str, Any]]:
+        if isinstance(self.items, Exception):
+            raise self.items
+        return self.items
+
+
+def _ca(*flags: str) -> dict[str, Any]:
+    return {"metadata": {"name": "cluster-autoscaler"}, "spec": {"template": {"spec": {"containers": [
+        {"name": "aws-cluster-autoscaler", "image": "registry.k8s.io/autoscaling/cluster-autoscaler:v1.36.1",
+         "command": ["./cluster-autoscaler", "--cloud-provider=aws", *flags]}]}}}}
+
+
+def test_the_wait_is_the_autoscalers_own_provision_time_else_its_documented_default() -> None:
+    from raydlc.errors import KubeError
+    from raydlc.warmup import provision_limit
+
+    other = {"metadata": {"name": "kuberay-operator"}, "spec": {"template": {"spec": {"containers": [{"name": "op", "args": ["--max-node-provision-time=1s"]}]}}}}
+    assert provision_limit(_Deployments([other, _ca("--max-node-provision-time=20m0s")])) == (
+        1200.0, "--max-node-provision-time=20m0s of the cluster autoscaler")
+    assert provision_limit(_Deployments([_ca()]))[0] == coldstart.NODE_PROVISION_S == 900  # FAQ: 15m0s
+    assert provision_limit(_Deployments([other]))[1].endswith("(no autoscaler found)")  # another container's flag is not the autoscaler's
+    refused = provision_limit(_Deployments(KubeError("kubernetes: cannot list deployments (403 Forbidden: …)")))
+    assert refused[0] == 900 and "403 Forbidden" in refused[1]
+
+
+def test_follow_says_each_reason_once_and_ends_warm_or_raises_with_the_judges_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydlc import warmup
+    from raydlc.config import load_config
+
+    sched = tuple(event(p, "FailedScheduling", SCHED) for p in PODS)
+    trig = sched + tuple(event(p, "TriggeredScaleUp", TRIGGERED, 5) for p in PODS)
+    ready = (node("n1"), node("n2"))
+    seq = [snap(), snap(events=sched), snap(events=trig), snap(events=trig, nodes=ready),
+           snap(events=trig, nodes=ready, pods=tuple(pod(p, "Running") for p in PODS))]
+    looks = iter(seq[1:])
+    monkeypatch.setattr(warmup, "look", lambda *a, **kw: next(looks))
+    monkeypatch.setattr(warmup, "provision_limit", lambda kube: (900.0, "the default"))
+    said: list[str] = []
+    ticks = iter(range(100))
+    v = warmup.follow(None, load_config(env={}), TWO_NODES, said.append, first=seq[0], clock=lambda: float(next(ticks)),  # type: ignore[arg-type]
+                      sleep=lambda s: None)
+    assert v.state == WARM
+    assert said[0].startswith("GPU nodes are at 0 of 2; expected wait ~8 min") and said[0].endswith("gives up after 15.0 min (the default)")
+    assert said[1:] == [f"scheduler: {SCHED}", f"cluster-autoscaler: {TRIGGERED}", "GPU nodes Ready: 2 of 2",
+                        "2 of 2 GPU worker pods running after 5 s"]
+
+    stuck = iter([snap(events=sched)] * 50)
+    monkeypatch.setattr(warmup, "look", lambda *a, **kw: next(stuck))
+    monkeypatch.setattr(warmup, "provision_limit", lambda kube: (3.0, "--max-node-provision-time=3s of the cluster autoscaler"))
+    ticks = iter(range(100))
+    with pytest.raises(warmup.ColdStartFailed) as failed:
+        warmup.follow(None, load_config(env={}), TWO_NODES, said.append, first=snap(), clock=lambda: float(next(ticks)),  # type: ignore[arg-type]
+                      sleep=lambda s: None)
+    assert failed.value.message.startswith("GPU nodes still at 0 of 2 after 3 s, the node group's scale-up time limit (3 s")
+    assert failed.value.message.endswith(f"scheduler: {SCHED}") and failed.value.exit_code == 1
