@@ -29,7 +29,7 @@ PathLike = str | os.PathLike[str]
 Write = Callable[[str], None]
 EXPECT = ("efa", "socket", "ib")
 MAX_BENCH_STEPS = 100_000
-MAX_GPUS = 450 * 16  # EKS's nodes per managed node group x the most GPUs of any EC2 type
+MAX_GPUS = 450 * 16  # config.EKS_NODEGROUP_MAX nodes per managed node group x the most GPUs of any EC2 type (16)
 
 
 def _quiet(_: str) -> None:
@@ -94,7 +94,6 @@ class SubmitResult:
     builtin: bool  # raydlc's training program ran (so a summary is looked for)
     summary: dict[str, Any] | None = None
     cold_start: dict[str, Any] | None = None  # the GPU workers it waited for on a cold cluster: gpus, pods, waited_s
-
 
     @property
     def ok(self) -> bool:
