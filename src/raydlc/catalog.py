@@ -197,3 +197,21 @@ CLUSTER_AUTOSCALER_IMAGES: dict[str, str] = {
 def cluster_autoscaler_image(k8s_version: str) -> str | None:
     """The Cluster Autoscaler image tag for a Kubernetes minor version; None when none is pinned."""
     return CLUSTER_AUTOSCALER_IMAGES.get(k8s_version)
+
+
+# How long a scale-up of one GPU node group takes, from the cluster autoscaler raising the Auto
+# Scaling group to a Ray worker pod running: EC2 launch, EKS bootstrap and join, the device plugins,
+# and the first pull of the DLC image (tens of GiB). raydlc's estimates, not measured figures:
+# `submit` on a cold cluster shows the node group's own last launch time when its ASG has one.
+SCALE_UP_ESTIMATE_MIN: dict[str, float] = {
+    "g5": 8.0, "g6": 8.0, "g6e": 8.0,  # PCIe GPU nodes: a few minutes to boot and join, the rest the image pull
+    "p4d": 12.0, "p4de": 12.0,  # 8 GPUs and 4 EFA interfaces to bring up before the node is Ready
+    "p5": 15.0, "p5e": 15.0, "p5en": 15.0,  # 8 GPUs and up to 32 EFA interfaces
+}
+SCALE_UP_DEFAULT_MIN = 10.0
+
+
+def scale_up_estimate_s(instance_type: str) -> float:
+    """raydlc's estimate (seconds) of a scale-up of nodes of this type, by instance family."""
+    family = instance_type.split(".", 1)[0]
+    return SCALE_UP_ESTIMATE_MIN.get(family, SCALE_UP_DEFAULT_MIN) * 60

@@ -612,6 +612,7 @@ def submit(
     env: list[str] | None = typer.Option(None, "--env", help="K=V for the job's processes, NCCL_* and FI_* too; repeatable. Secrets are refused."),
     working_dir: Path | None = typer.Option(None, "--working-dir", help="Uploaded with the job, without .git and ignored files (default: SCRIPT's directory)."),
     no_wait: bool = typer.Option(False, "--no-wait", help="Return once the job is submitted."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs the job needs on the cluster's GPU workers: on a cold cluster submit follows them up before streaming (default: the built-in program's workers, 0 for a script)."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout (logs go to stderr)."),
     *,
     named: dict[str, Any],
@@ -633,7 +634,7 @@ def submit(
     layers["settings"] = {**layers["settings"], **named_settings(SUBMIT_OPTIONS, named, caller="submit")}
     with _detaching(local, address):
         result = api.submit(script, args, builtin=builtin, local=local, address=address, name=name, pip=pip or [], env=env or [], working_dir=working_dir,
-                            no_wait=no_wait, **layers, write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
+                            no_wait=no_wait, gpus=gpus, **layers, write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
     job = result.job
     if json_:
         emit_json(result.to_dict())

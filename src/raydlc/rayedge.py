@@ -233,6 +233,25 @@ def node_capacities(resource: str, *, at_least: int = 0, wait_s: float = 0.0) ->
         time.sleep(2.0)
 
 
+def await_resources(resource: str, count: int, *, wait_s: float) -> list[int]:
+    """`node_capacities` for a cluster whose workers may be at zero: when fewer than `count` of
+    `resource` are there, ask Ray's autoscaler for `count` one-unit bundles (what a placement group
+    of the run would ask; a driver that only polls `ray.nodes()` asks for nothing and would wait
+    in vain), wait up to `wait_s` for them, then withdraw the request — it persists until
+    overridden (Ray 2.58.0 `ray.autoscaler.sdk.request_resources`), and the run's placement
+    group holds what it uses."""
+    caps = node_capacities(resource)
+    if sum(caps) >= count:
+        return caps
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[{resource: 1.0}] * count)
+    try:
+        return node_capacities(resource, at_least=count, wait_s=wait_s)
+    finally:
+        request_resources(bundles=[])
+
+
 # ---- a mailbox actor: workers post, the driver drains ------------------------------------------------
 
 

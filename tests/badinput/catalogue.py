@@ -384,6 +384,10 @@ JOBS = [
       files={"kc": "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"}),
     r("job-list-plain-kubeconfig-missing", "job list", 2, "gone/kubeconfig does not exist", env={"KUBECONFIG": "{work}/gone/kubeconfig"}, sub=True),
     r("submit-kubeconfig-a-directory", "submit --builtin --kubeconfig kc", 2, "is a directory", files={"kc": DIR}),
+    # --gpus: the GPUs a job needs on the cluster's GPU workers (a cold cluster is followed up to that many).
+    r("submit-gpus-negative", "submit --builtin --gpus -1", 2, "--gpus must be between 0 and 7,200, got -1"),
+    r("submit-gpus-beyond-any-node-group", "submit --local --gpus 7201 --json", 2, "--gpus must be between 0 and 7,200", sub=True),
+    r("submit-gpus-not-a-number", "submit --local --gpus many", 2, "Invalid value for '--gpus'"),
     r("bench-kubeconfig-missing", "bench-transport --kubeconfig nope.yaml", 2, "nope.yaml does not exist"),
     # Head records raydlc does not believe: reported, and neither the process nor the directory they name is touched.
     r("job-list-head-record-dead-pid", "job list --local", 1, f"PID {DEAD_PID} is not running",

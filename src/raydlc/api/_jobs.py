@@ -29,6 +29,7 @@ PathLike = str | os.PathLike[str]
 Write = Callable[[str], None]
 EXPECT = ("efa", "socket", "ib")
 MAX_BENCH_STEPS = 100_000
+MAX_GPUS = 450 * 16  # config.EKS_NODEGROUP_MAX nodes per managed node group x the most GPUs of any EC2 type (16)
 
 
 def _quiet(_: str) -> None:
@@ -53,13 +54,19 @@ def _reached(local: bool, address: str | None, config: PathLike | None, settings
         yield reached, cfg
 
 
-def _builtin_env(cfg: Config, local: bool) -> dict[str, str]:
-    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads."""
+def _builtin_env(cfg: Config, local: bool, *, cluster: bool = False) -> dict[str, str]:
+    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads; on a cluster
+    USE_GPU left empty is true: a GPU group scaled to zero has no GPU yet, and the job must ask for them."""
     from raydlc.config import with_local_defaults
     from raydlc.jobenv import absolute_local_paths
     from raydlc.render.raycluster import job_env
 
-    return absolute_local_paths(job_env(with_local_defaults(cfg))) if local else job_env(cfg)
+    if local:
+        return absolute_local_paths(job_env(with_local_defaults(cfg)))
+    env = job_env(cfg)
+    if cluster and cfg.train.use_gpu is None:  # "when the Ray cluster has GPUs": the cluster's workers are GPU nodes, even while at zero
+        env.setdefault("RAYDLC_USE_GPU", "true")
+    return env
 
 
 def _image_versions(cfg: Config, local: bool) -> dict[str, str]:
@@ -86,6 +93,7 @@ class SubmitResult:
     waited: bool
     builtin: bool  # raydlc's training program ran (so a summary is looked for)
     summary: dict[str, Any] | None = None
+    cold_start: dict[str, Any] | None = None  # the GPU workers it waited for on a cold cluster: gpus, pods, waited_s
 
     @property
     def ok(self) -> bool:
@@ -93,13 +101,15 @@ class SubmitResult:
 
     def to_dict(self) -> dict[str, Any]:
         extra = {"summary": self.summary} if self.waited and self.builtin else {}
+        if self.cold_start is not None:
+            extra["cold_start"] = self.cold_start
         return _job_doc(self.job, self.target, attached=self.attached, **extra)
 
 
 def submit(
     script: PathLike | None = None, args: Sequence[str] = (), *, builtin: bool = False, local: bool = False, address: str | None = None,
     name: str | None = None, pip: Sequence[str] = (), env: Mapping[str, str] | Sequence[str] = (), working_dir: PathLike | None = None,
-    no_wait: bool = False, config: PathLike | None = None, settings: Mapping[str, Any] | None = None,
+    no_wait: bool = False, gpus: int | None = None, config: PathLike | None = None, settings: Mapping[str, Any] | None = None,
     write: Write = _quiet, notice: Write = _quiet,
 ) -> SubmitResult:
     """Run `script` (or, with `builtin`, raydlc's training program with the config's settings) as a Ray job.
@@ -108,6 +118,11 @@ def submit(
     target — on `local`, starting raydlc's local head when none runs — and submits; a `name` whose
     job still runs is attached to instead. Unless `no_wait`, the job's log streams through `write`
     until it ends; the result says how it ended (the call does not raise for a failed job).
+
+    On the cluster target a job that needs GPUs (`gpus`; by default the built-in program's
+    workers, none for a script) and finds fewer GPU worker pods running follows them from Pending
+    to Running through `notice` before its log streams (docs/jobs.md, "A cold cluster"); a job
+    the RayCluster's GPU workers can never hold is refused before it is submitted.
 
     Example:
         import raydlc.api as api
@@ -120,6 +135,8 @@ def submit(
 
     if builtin and script is not None:
         raise InputError("builtin=True runs raydlc's own training program: give no script")
+    if gpus is not None and not 0 <= gpus <= MAX_GPUS:
+        raise InputError(f"--gpus must be between 0 and {MAX_GPUS:,}, got {gpus}", hint="the GPUs the job needs on the cluster's GPU workers")
     target = heads.choose(local, address)
     cfg = load(config, settings)
     is_local = target.kind == heads.LOCAL
@@ -131,7 +148,7 @@ def submit(
     env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
     spec = jobenv.build(
         script=program, args=list(args), working_dir=Path(working_dir) if working_dir is not None else None, pip=list(pip),
-        env=jobenv.parse_env(env_pairs), settings_env=_builtin_env(cfg, is_local) if program is None else {},
+        env=jobenv.parse_env(env_pairs), settings_env=_builtin_env(cfg, is_local, cluster=target.kind == heads.CLUSTER) if program is None else {},
         image=_image_versions(cfg, is_local), name=name, target=target.kind,
     )
     for w in spec.warnings:
@@ -141,14 +158,69 @@ def submit(
     with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING),
                      on_doubt=lambda text: notice(f"warning: {text}")) as reached:
         dash = reached.dashboard
+        cold = _cold(reached, cfg, _gpus_needed(cfg, gpus, builtin=program is None)) if reached.kube is not None else None
         job, attached = jobs.submit(dash, spec)
         notice(f"{'attached to the running job' if attached else 'submitted job'} {job.submission_id} on {target.where}")
         if no_wait:
+            if cold is not None:
+                from raydlc import coldstart
+
+                notice(coldstart.headline(cold[2], cfg.gpu_nodes.instance_type))
             return SubmitResult(job, target, attached, waited=False, builtin=spec.builtin)
+        waited = _warm_up(reached, cfg, cold, job, attached, notice) if cold is not None else None
         job = jobs.follow(dash, job.submission_id, write)
         builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
         summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
-    return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary)
+    return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary, cold_start=waited)
+
+
+def _gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:
+    """GPUs the job needs on the GPU workers: as asked; else the built-in program's workers (one GPU each
+    unless USE_GPU=false); else none — a script's needs are its own."""
+    if gpus is not None:
+        return gpus
+    return cfg.num_workers if builtin and cfg.train.use_gpu is not False else 0
+
+
+def _cold(reached: Reached, cfg: Config, gpus: int) -> tuple[Any, Any, Any] | None:
+    """(demand, ASG reader, first snapshot) when the job needs GPU worker pods that are not running yet; None when
+    it needs none or they run. A job the GPU workers can never hold is refused here, before submission."""
+    from raydlc import coldstart, warmup
+
+    if gpus <= 0:
+        return None
+    assert reached.kube is not None
+    need = warmup.demand(reached.kube, cfg, gpus)
+    never = coldstart.never_fits(need)
+    if never:
+        raise InputError(f"{never}; nothing was submitted",
+                         hint="ask for fewer GPUs (--workers, --gpus), or raise GPU_NODE_COUNT and run `raydlc up`")
+    if coldstart.running_pods(warmup.look(reached.kube, cfg, need, None).pods) >= need.pods:
+        return None  # warm: nothing is asked of AWS
+    asg = warmup.AsgReader(cfg)
+    return need, asg, warmup.look(reached.kube, cfg, need, asg)
+
+
+def _warm_up(reached: Reached, cfg: Config, cold: tuple[Any, Any, Any], job: Job, attached: bool, notice: Write) -> dict[str, Any]:
+    """Follow the GPU worker pods until they run; on failure stop the job this call submitted (a job left
+    waiting would take the nodes whenever they come, with nobody watching) and raise."""
+    import time
+
+    from raydlc import aws, jobs, warmup
+
+    assert reached.kube is not None
+    need, asg, first = cold
+    t0 = time.monotonic()
+    try:
+        with aws.command_budget("submit"):
+            warmup.follow(reached.kube, cfg, need, notice, asg=asg, first=first)
+    except warmup.ColdStartFailed as e:
+        if not attached:
+            jobs.stop(reached.dashboard, job.submission_id, wait_s=30)
+        raise warmup.ColdStartFailed(e.message + ("" if attached else f"; job {job.submission_id} was stopped"), hint=e.hint) from None
+    except KeyboardInterrupt:
+        raise jobs.Detached(job.submission_id) from None
+    return {"gpus": need.gpus, "pods": need.pods, "waited_s": round(time.monotonic() - t0, 1)}
 
 
 def _check_budget(cfg: Config, target: Target) -> None:
@@ -396,7 +468,7 @@ def bench_transport(*, steps: int = 20, local: bool = False, address: str | None
     cfg = load(config, settings, STEPS=steps)
     if target.kind == heads.LOCAL:  # every local run is gloo: two of them would only time the same thing twice
         return BenchResult(target, (), bench.compare([], target=target.kind))
-    runs_specs = bench.specs(_builtin_env(cfg, False), _image_versions(cfg, False), target=target.kind)
+    runs_specs = bench.specs(_builtin_env(cfg, False, cluster=target.kind == heads.CLUSTER), _image_versions(cfg, False), target=target.kind)
     with heads.reach(target, cfg) as reached:
         names = kube_facts(reached.kube, cfg).names if reached.kube is not None else None
         runs = bench.run_both(reached.dashboard, runs_specs, target=target.kind, names=names, write=write, notice=notice)

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from raydlc.config import Config
 
 NODE_WAIT_S = 600.0  # on a cluster, how long to wait for worker nodes still joining before refusing the run
+# GPU workers scaling up from zero: as long as `submit` follows them (coldstart.NODE_PROVISION_S + POD_START_S)
+COLD_WAIT_S = 30 * 60.0
 PROGRESS_EVERY_S = 1.0  # how often the driver drains rank 0's progress (rank 0 posts at most this often too)
 
 
@@ -104,6 +106,8 @@ def run(
     if prepared is None and checked is None and train.num_workers > 0:
         checked = check(train, where)  # before Ray starts
     with rayedge.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
+        if not where.local and train.use_gpu and train.num_workers > 0:  # GPU workers that may be at zero come when asked for
+            rayedge.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
         resources = rayedge.cluster_resources()
         workers = resolve_resources(train, resources)
         p = prepared or prepare(train, where, workers=workers.num_workers, checked=checked, on_progress=on_progress)
