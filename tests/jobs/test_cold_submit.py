@@ -196,6 +196,8 @@ def cold_cluster(world: Any, head: heads.HeadRecord, *, capacity: bool, provisio
     rc["spec"]["enableInTreeAutoscaling"] = True
     rc["spec"]["workerGroupSpecs"][0].update(replicas=0, minReplicas=0, maxReplicas=2)
     kube.create(rc)
+    kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{RC}-ray-token", "namespace": NS},  # what `up` creates
+                 "data": {"auth_token": "dW51c2VkLWJ5LWFuLWF1dGgtZGlzYWJsZWQtaGVhZA=="}})
     eks = world.client("eks")
     eks.create_cluster(name=CLUSTER, roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": []})
     ng = eks.create_nodegroup(clusterName=CLUSTER, nodegroupName=NODEGROUP, nodeRole="arn:aws:iam::123456789012:role/node",
