@@ -3,7 +3,8 @@
 The NetworkPolicy (`raydlc.render.netpol`) admits only pods carrying the cluster's label (and the
 operator), so the proof is from inside the cluster, both ways: a short-lived pod in the namespace
 with none of those labels tries a TCP connect to the head Service's dashboard port, and a Ray task
-on each GPU node (`python -m raydlc.probe --head`) tries the same. A connect that times out or is
+on each GPU node (`python -m raydlc.probe --head auto`) tries the dashboard address the head
+registered (its pod IP: the policy guards the pod, whichever way it is addressed). A connect that times out or is
 refused is the policy at work (EKS's VPC CNI drops the packets); a name that does not resolve
 proves nothing. The pod runs the Ray image, already on the head's node (pinned there with
 `nodeName`, every taint tolerated): nothing is pulled. It reports through its termination message,
@@ -140,7 +141,7 @@ class HeadReach:
 
     target: str  # host:port tried
     outside: PodOutcome | None  # the unlabelled pod; None when it could not be made
-    inside: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU node -> its Ray task's `connect` answer
+    inside: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU node -> its Ray task's `connect` answer (to the head pod's registered address)
     note: str | None = None  # why a side is missing
 
 
@@ -162,9 +163,10 @@ def judge(reach: HeadReach) -> tuple[bool, list[str], list[str]]:
     if not reach.inside:
         evidence.append(f"no Ray pod tried {reach.target}" + (f": {reach.note}" if reach.note and out is not None else ""))
     for node, said in sorted(reach.inside.items()):
+        where = said.get("address") or reach.target
         if said.get("connected"):
-            evidence.append(f"{node} (Ray pod) opened {reach.target}")
+            evidence.append(f"{node} (Ray pod) opened {where}")
         else:
             failed.append(node)
-            evidence.append(f"{node} (Ray pod) could not open {reach.target}: {said.get('error') or 'the probe task did not run'}")
+            evidence.append(f"{node} (Ray pod) could not open {where}: {said.get('error') or 'the probe task did not run'}")
     return kept_out and bool(reach.inside) and not failed, evidence, failed

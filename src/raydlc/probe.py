@@ -4,7 +4,8 @@ One short Ray task pinned to each alive node (NodeAffinitySchedulingStrategy, no
 probes asked for there: `fi_info -p efa` (`--fi-info`), a probe object under the run prefix and
 one outside it (`--storage URI`, `raydlc.storeprobe`; `--storage ""` takes the driver's own
 STORAGE_PATH, which the head pod carries), a TCP connect to the head's dashboard port (`--head
-HOST:PORT`, `raydlc.netprobe`). With no flag it runs `fi_info` alone. The driver prints every
+HOST:PORT`, or `auto` for the dashboard address the head registered in the GCS: its pod IP and
+port on a cluster; `raydlc.netprobe`). With no flag it runs `fi_info` alone. The driver prints every
 node's answer as one JSON line, the job's last. Going through Ray rather than `kubectl exec` keeps
 one channel to the cluster, and reaches the node as a Ray worker sees it: the same container,
 devices, env and pod identity.
@@ -51,7 +52,7 @@ def probe_node(checks: dict[str, Any]) -> dict[str, Any]:
         from raydlc import netprobe
 
         host, _, port = checks["head"].rpartition(":")
-        out["head"] = netprobe.connect(host, int(port))
+        out["head"] = {**netprobe.connect(host, int(port)), "address": checks["head"]}
     return out
 
 
@@ -62,7 +63,7 @@ def parse(argv: list[str]) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m raydlc.probe")
     p.add_argument("--fi-info", action="store_true")
     p.add_argument("--storage", default=None, help="s3:// URI; empty: this driver's RAYDLC_STORAGE_PATH")
-    p.add_argument("--head", default=None, help="HOST:PORT to connect to")
+    p.add_argument("--head", default=None, help="HOST:PORT to connect to; auto: the dashboard's address as the head registered it")
     a = p.parse_args(argv)
     storage = a.storage if a.storage else (os.environ.get("RAYDLC_STORAGE_PATH", "") if a.storage is not None else None)
     return {"fi_info": a.fi_info or (a.storage is None and a.head is None), "storage": storage, "head": a.head,
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     checks = parse(sys.argv[1:] if argv is None else argv)
-    ray.init(address="auto", log_to_driver=False)
+    ctx = ray.init(address="auto", log_to_driver=False)
+    if checks["head"] == "auto":  # the head's node IP and dashboard port (localhost only on a local head)
+        checks["head"] = str(ctx.dashboard_url or "").split("://")[-1] or None
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     task = ray.remote(num_cpus=0, max_retries=0)(probe_node)
     refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(checks) for n in nodes]

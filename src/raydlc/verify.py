@@ -112,7 +112,8 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
     logs = jobs.job_nccl(dash, job.job_id, names) if job is not None and job.job_id else None
     kind, uri = storage_target(cfg, target)
     head = f"{reached.head.service}.{reached.head.namespace}.svc:{reached.head.port}" if reached.head is not None else None
-    probed = _probe(dash, logs.nodes if logs else dash.nodes(), target, names, fi_info=expect == "efa", storage=uri, head=head)
+    probed = _probe(dash, logs.nodes if logs else dash.nodes(), target, names, fi_info=expect == "efa", storage=uri,
+                    head="auto" if head else None)
     reach = _head_reach(reached, cfg, kube, head, probed.inside) if head is not None else None
     return Facts(
         target=target, job=_job_fact(job), expect=expect,

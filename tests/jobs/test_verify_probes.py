@@ -291,3 +291,30 @@ def test_on_a_cluster_the_rows_name_the_failing_node_and_a_missing_probe_fails()
     none = _rows(verify.gate(Facts("cluster", JOB, storage_kind="s3", storage_note="no GPU node in the Ray cluster to probe")))
     assert none["storage"].status == FAIL and none["storage"].evidence == ["no GPU node in the Ray cluster to probe"]
     assert none["head-port"].status == FAIL
+
+
+# ---- what the probe job is asked, and what verify asks it ---------------------------------------------
+
+
+def test_the_probe_job_runs_fi_info_alone_by_default_and_an_empty_storage_is_the_heads_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydlc import probe
+
+    assert {k: v for k, v in probe.parse([]).items() if k != "token"} == {"fi_info": True, "storage": None, "head": None}
+    monkeypatch.setenv("RAYDLC_STORAGE_PATH", "s3://b/runs")
+    asked = probe.parse(["--storage", "", "--head", "auto"])
+    assert asked["storage"] == "s3://b/runs" and asked["head"] == "auto" and not asked["fi_info"]
+    monkeypatch.delenv("RAYDLC_STORAGE_PATH")
+    missing = probe.probe_node({**probe.parse(["--storage", ""]), "fi_info": False})
+    assert storeprobe.judge("n1", missing["storage"]).evidence == "n1: no STORAGE_PATH on the driver's node (the head pod)"
+
+
+@pytest.mark.parametrize("overrides, target, expected", [
+    ({"STORAGE_PATH": "s3://b/team/runs"}, "cluster", ("s3", "s3://b/team/runs")),
+    ({"STORAGE_BUCKET": "team-bucket"}, "address", ("s3", "s3://team-bucket/runs")),
+    ({}, "cluster", ("s3", "")),  # the bucket named from the account: the head pod knows it, `up` set it there
+    ({}, "address", ("unset", None)),
+    ({"STORAGE_PATH": "/fsx/runs", "STORAGE_SHARED": True}, "cluster", ("path", None)),
+])
+def test_verify_probes_the_prefix_the_config_names_else_the_head_pods(overrides: dict[str, Any], target: str, expected: tuple[str, str | None],
+                                                                       clean_env: Path) -> None:
+    assert verify.storage_target(load_config(env={}, overrides=overrides, cwd=clean_env), target) == expected
