@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         checks["head"] = str(ctx.dashboard_url or "").split("://")[-1] or None
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     task = ray.remote(num_cpus=0, max_retries=0)(probe_node)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(checks) for n in nodes]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+        {**checks, "token": f"{checks['token']}-{n['NodeID'][:12]}"}) for n in nodes]  # one probe object per node: no race
     answers = []
     for n, ref in zip(nodes, refs):
         try:

@@ -114,7 +114,7 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
     head = f"{reached.head.service}.{reached.head.namespace}.svc:{reached.head.port}" if reached.head is not None else None
     probed = _probe(dash, logs.nodes if logs else dash.nodes(), target, names, fi_info=expect == "efa", storage=uri,
                     head="auto" if head else None)
-    reach = _head_reach(reached, cfg, kube, head, probed.inside) if head is not None else None
+    reach = _head_reach(reached, cfg, head, probed.inside) if head is not None else None
     return Facts(
         target=target, job=_job_fact(job), expect=expect,
         gpus_per_node=cfg.gpu_nodes.gpus_per_node if kube else None, gpu_node_count=cfg.gpu_nodes.count if kube else None,
@@ -180,18 +180,26 @@ def _probe(dash: Dashboard, ray_nodes: list[RayNode], target: str, names: Mappin
     )
 
 
-def _head_reach(reached: Reached, cfg: Config, kube: KubeFacts | None, head: str, inside: dict[str, dict[str, Any]]) -> HeadReach:
+def _head_pod(kube: Kube, pod: str, namespace: str, default_image: str) -> tuple[str | None, str]:
+    """The head pod's node and image: the probe pod runs there, from an image that node already holds."""
+    found = kube.get("v1", "Pod", pod, namespace) or {}
+    spec = found.get("spec") or {}
+    image = next((c.get("image") for c in spec.get("containers") or [] if c.get("image")), None)
+    return spec.get("nodeName"), image or default_image
+
+
+def _head_reach(reached: Reached, cfg: Config, head: str, inside: dict[str, dict[str, Any]]) -> HeadReach:
     """The unlabelled pod's try at the head's port, beside the Ray pods' tries."""
     import secrets
 
     from raydlc import netprobe
     from raydlc.errors import RaydlcError
 
+    assert reached.kube is not None and reached.head is not None
     host, _, port = head.rpartition(":")
-    node = next((p.node for p in (kube.pods if kube else []) if p.role == "head" and p.node), None)
+    node, image = _head_pod(reached.kube, reached.head.pod, reached.head.namespace, cfg.images.dlc_image)
     name = f"raydlc-netprobe-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    doc = netprobe.pod_doc(name, cfg.cluster.namespace, cfg.images.dlc_image, node, host, int(port))
-    assert reached.kube is not None
+    doc = netprobe.pod_doc(name, reached.head.namespace, image, node, host, int(port))
     try:
         outside: netprobe.PodOutcome | None = netprobe.run_pod(reached.kube, doc)
         note = None

@@ -140,7 +140,7 @@ def test_submit_the_builtin_program_with_a_pinned_package(head: heads.HeadRecord
     assert v.returncode == 0, v.stderr[-2000:]
     rows = {r["criterion"]: r["status"] for r in last_json(v)["criteria"]}
     assert rows == {"gpu-nodes": "not applicable", "pods": "not applicable", "fi-info": "not applicable",
-                    "nccl": "not applicable", "job": "pass"}
+                    "nccl": "not applicable", "storage": "not applicable", "head-port": "not applicable", "job": "pass"}
 
 
 def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: heads.HeadRecord, tmp_path: Path) -> None:
