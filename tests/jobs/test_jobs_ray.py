@@ -343,18 +343,8 @@ def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPat
         labels = {"ray.io/cluster": name, "ray.io/node-type": "head"}
         kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{name}-head-svc", "namespace": ns, "labels": labels},
                      "spec": {"selector": labels, "ports": [{"name": "gcs-server", "port": 6379}, {"name": "dashboard", "port": 8265}]}})
-        kubeconfig = home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig"
-        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": server.url}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
-        bin_dir = tmp / "bin"
-        bin_dir.mkdir()
-        servers.install_doubles(bin_dir, sys.executable)
-        scenario, log = tmp / "scenario.json", tmp / "calls.jsonl"
-        scenario.write_text(json.dumps({"forward": {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")}}))
-        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log)}
+        servers.write_kubeconfig(home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig", server.url)
+        env, log = servers.doubles_env(tmp, sys.executable, {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
         kube.create(head_policy(load_config(env={}, overrides={"NAMESPACE": ns, "RAY_CLUSTER_NAME": name}, cwd=tmp), name))
         with netpolicy.Kubelet(server.url) as kubelet:  # runs verify's probe pod, judged by that policy
             yield {"kube": kube, "env": env, "log": log, "ns": ns, "name": name, "kubelet": kubelet}
