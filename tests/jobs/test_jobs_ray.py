@@ -463,6 +463,6 @@ def test_down_local_ends_the_head_and_everything_it_started(head: heads.HeadReco
     assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True, "doubted_record": None}
     with pytest.raises(ProcessLookupError):
         os.killpg(head.pid, 0)  # no process of the head's group is left
-    assert not Path(head.temp_dir).exists() and heads.read_head() is None
+    assert not Path(head.temp_dir).exists() and heads.check_record() is None  # no record left, not even a doubted one
     gone = cli("job", "list", "--local", cwd=tmp_path)
     assert gone.returncode == 1 and "no local Ray head of raydlc runs" in gone.stderr
