@@ -77,6 +77,22 @@ def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.Captur
     assert doc["out"] == str(out) and sorted(doc["files"]) == ALL_FILES == files_under(out)
 
 
+def test_render_without_credentials_succeeds_and_says_who_uploads_the_code_zip(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from raydlc import codezip
+
+    assert main([*STORE, "render", "--only", "rayjob"]) == 0
+    out = capsys.readouterr()
+    uri = codezip.build().uri("raydlc-runs")
+    (line,) = [ln for ln in out.err.splitlines() if "code zip" in ln]
+    assert line.startswith(f"raydlc's code zip {uri} is not uploaded (no AWS credentials found")
+    assert line.endswith("`raydlc up` or `raydlc submit --rayjob` uploads it")
+    assert uri in out.out  # the RayJob names it all the same
+    assert main([*STORE, "render", "--only", "rayjob", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["code_zip"]["uri"] == uri and (doc["code_zip"]["uploaded"], doc["code_zip"]["present"]) == (False, False)
+    assert main([*STORE, "render", "--only", "raycluster"]) == 0 and "code zip" not in capsys.readouterr().err  # no RayJob, no zip
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [

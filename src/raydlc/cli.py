@@ -161,6 +161,8 @@ def render(
             console.print(f"wrote {p}")
     else:
         sys.stdout.write(rendered.to_yaml())
+    if rendered.code is not None and not json_:
+        _notice(rendered.code.line)
 
 
 @app.command("capacity")

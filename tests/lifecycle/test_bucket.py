@@ -98,6 +98,28 @@ def test_up_puts_the_code_zip_the_rayjob_names_once_and_reports_it_apart_from_th
 
 
 @pytest.mark.slow
+def test_render_uploads_the_code_zip_once_the_bucket_exists_and_never_fails_for_want_of_it(world, capsys) -> None:
+    from raydlc import codezip, lifecycle
+    from raydlc.cli import main
+
+    code, s3 = codezip.build(), world.client("s3")
+    uri = code.uri(BUCKET)
+    assert main(["render", "--only", "rayjob"]) == 0
+    assert (f"raydlc's code zip {uri} is not uploaded (S3 bucket {BUCKET} does not exist yet, so raydlc's code zip has "
+            "nowhere to go): `raydlc up` or `raydlc submit --rayjob` uploads it") in capsys.readouterr().err
+    assert buckets(world) == []  # render makes no bucket
+    assert lifecycle.up(world.config(), only="storage").ok
+    s3.delete_object(Bucket=BUCKET, Key=code.key)
+    assert main(["render", "--only", "rayjob", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["code_zip"] == {"uri": uri, "uploaded": True, "present": True, "why": None}
+    assert json.loads(doc["files"]["rayjob.yaml"]["spec"]["runtimeEnvYAML"])["py_modules"] == [uri]
+    assert s3.get_object(Bucket=BUCKET, Key=code.key)["Body"].read() == code.data
+    assert main(["render", "--only", "rayjob"]) == 0
+    assert f"raydlc's code zip {uri} is in the bucket already" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_an_owned_tagged_bucket_is_adopted_and_its_missing_settings_repaired(world) -> None:
     from raydlc import lifecycle
 

@@ -158,6 +158,14 @@ def has_object(s3: Any, bucket: str, key: str) -> bool:
         raise
 
 
+def put_code(s3: Any, bucket: str, code: codezip.CodeZip) -> bool:
+    """`upload_code` for `render` and `submit --rayjob`, which make no bucket: one that is missing is an InputError."""
+    if not _exists(s3, bucket):
+        raise InputError(f"S3 bucket {bucket} does not exist yet, so raydlc's code zip has nowhere to go",
+                         hint="raydlc up (its storage step makes the bucket and puts the zip there)")
+    return upload_code(s3, bucket, code)
+
+
 def upload_code(s3: Any, bucket: str, code: codezip.CodeZip) -> bool:
     """Put the code zip at its content-addressed key unless it is there already; True when it was uploaded.
     The key names the zip's hash, so an object found there holds the same bytes: nothing is overwritten."""
