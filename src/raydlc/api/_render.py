@@ -40,8 +40,10 @@ class CodeUpload:
 
 @dataclass(frozen=True)
 class Rendered:
-    """filename -> document, and, when written, the directory and the files (in the order written); `code`: the
-    RayJob's code zip, when a RayJob with one was rendered."""
+    """filename -> document, and, when written, the directory and the files (in the order written).
+
+    `code` is the RayJob's code zip and whether it is in the bucket; None when no RayJob naming one was rendered.
+    """
 
     docs: Mapping[str, dict[str, Any]]
     out: Path | None = None
