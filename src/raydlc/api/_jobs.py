@@ -208,8 +208,29 @@ def _check_rayjob_flags(rayjob: bool, yes: bool, *, local: bool, address: str | 
 
 def _submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, write: Write, notice: Write) -> SubmitResult:
     """Render the RayJob, upload the code zip it names, apply it, and follow its Ray job as `submit` follows any job."""
-    from raydlc import aws, codezip, heads, jobs, rayjobs
-    from raydlc.lifecycle.resources.storage import put_code
+    from raydlc import heads, jobs, rayjobs
+
+    cfg, bucket, doc = _rendered_rayjob(cfg)
+    target = heads.choose(False, None)
+    with heads.reach(target, cfg) as reached:
+        cold = _cold(reached, cfg, _gpus_needed(cfg, gpus, builtin=True))
+        info = _apply_rayjob(reached, cfg, bucket, doc, yes=yes, notice=notice)
+        assert reached.kube is not None
+        job_id = rayjobs.submission_id(reached.kube, doc)
+        notice(f"applied RayJob {info['namespace']}/{info['name']}; KubeRay submits it as job {job_id}")
+        job = rayjobs.submitted(reached.kube, reached.dashboard, doc, job_id, notice)
+        notice(f"submitted job {job_id} on {target.where}")
+        if no_wait:
+            return SubmitResult(job, target, attached=False, waited=False, builtin=True, rayjob=info)
+        waited = _warm_up(reached, cfg, cold, job, False, notice) if cold is not None else None
+        job = jobs.follow(reached.dashboard, job_id, write)
+        summary = jobs.training_summary(reached.dashboard.logs(job_id))
+    return SubmitResult(job, target, attached=False, waited=True, builtin=True, summary=summary, cold_start=waited, rayjob=info)
+
+
+def _rendered_rayjob(cfg: Config) -> tuple[Config, Any, dict[str, Any]]:
+    """(config with the cluster's bucket, the bucket, the RayJob) exactly as `render --only rayjob` makes them."""
+    from raydlc import aws
     from raydlc.render import FILES, render_all
     from raydlc.render.storage import bucket_of, for_cluster
 
@@ -218,35 +239,29 @@ def _submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, w
     if bucket is None:
         raise InputError(f"--rayjob ships raydlc to the cluster as a zip in its S3 bucket, and STORAGE_PATH ({cfg.origin('STORAGE_PATH')}) "
                          "is not on S3", hint="raydlc submit --builtin (the Jobs API uploads raydlc with the job), or STORAGE_PATH=s3://<bucket>/runs")
-    doc = render_all(cfg, only="rayjob")[FILES["rayjob"]]
+    return cfg, bucket, render_all(cfg, only="rayjob")[FILES["rayjob"]]
+
+
+def _apply_rayjob(reached: Reached, cfg: Config, bucket: Any, doc: dict[str, Any], *, yes: bool, notice: Write) -> dict[str, Any]:
+    """Refuse (or with `yes` replace) a RayJob of the same name, put the code zip in the bucket, create the RayJob."""
+    from raydlc import aws, codezip, rayjobs
+    from raydlc.lifecycle.resources.storage import put_code
+
+    kube = reached.kube
+    assert kube is not None
     ns, name = rayjobs.where(doc)
+    old = rayjobs.existing(kube, doc)
+    if old is not None and not yes:
+        raise rayjobs.refuse_existing(old, doc)
     code = codezip.build()
-    target = heads.choose(False, None)
-    with heads.reach(target, cfg) as reached:
-        kube, dash = reached.kube, reached.dashboard
-        assert kube is not None
-        cold = _cold(reached, cfg, _gpus_needed(cfg, gpus, builtin=True))
-        old = rayjobs.existing(kube, doc)
-        if old is not None and not yes:
-            raise rayjobs.refuse_existing(old, doc)
-        with aws.command_budget("submit"):
-            uploaded = put_code(aws.client(aws.session(cfg.cluster.region), "s3"), bucket.name, code)
-        notice(f"{'uploaded' if uploaded else 'found'} raydlc's code zip {code.uri(bucket.name)}")
-        if old is not None:
-            rayjobs.remove(kube, dash, old, doc)
-            notice(f"deleted the RayJob {ns}/{name} that existed ({rayjobs.describe(old)})")
-        kube.create(doc)
-        job_id = rayjobs.submission_id(kube, doc)
-        notice(f"applied RayJob {ns}/{name}; KubeRay submits it as job {job_id}")
-        job = rayjobs.submitted(kube, dash, doc, job_id, notice)
-        notice(f"submitted job {job_id} on {target.where}")
-        info = {"name": name, "namespace": ns, "replaced": old is not None, "code_zip": code.uri(bucket.name), "code_uploaded": uploaded}
-        if no_wait:
-            return SubmitResult(job, target, attached=False, waited=False, builtin=True, rayjob=info)
-        waited = _warm_up(reached, cfg, cold, job, False, notice) if cold is not None else None
-        job = jobs.follow(dash, job_id, write)
-        summary = jobs.training_summary(dash.logs(job_id))
-    return SubmitResult(job, target, attached=False, waited=True, builtin=True, summary=summary, cold_start=waited, rayjob=info)
+    with aws.command_budget("submit"):
+        uploaded = put_code(aws.client(aws.session(cfg.cluster.region), "s3"), bucket.name, code)
+    notice(f"{'uploaded' if uploaded else 'found'} raydlc's code zip {code.uri(bucket.name)}")
+    if old is not None:
+        rayjobs.remove(kube, reached.dashboard, old, doc)
+        notice(f"deleted the RayJob {ns}/{name} that existed ({rayjobs.describe(old)})")
+    kube.create(doc)
+    return {"name": name, "namespace": ns, "replaced": old is not None, "code_zip": code.uri(bucket.name), "code_uploaded": uploaded}
 
 
 def _gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:
