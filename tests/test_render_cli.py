@@ -137,17 +137,19 @@ def test_out_that_is_a_file_is_an_input_error(clean_env: Path, capsys: pytest.Ca
     assert "not a directory" in capsys.readouterr().err
 
 
-def test_render_command_imports_nothing_heavy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("only, heavy", [([], "boto3"), (["--only", "raycluster"], "")])
+def test_render_command_imports_nothing_heavy(tmp_path: Path, only: list[str], heavy: str) -> None:
+    """Only boto3, and only to offer the RayJob's code zip to the bucket (render.md): nothing else heavy, ever."""
     code = (
-        "import sys; from raydlc.cli import main; rc = main(['--set', 'STORAGE_PATH=s3://b/p', 'render', '--zones', %r]); "
+        "import sys; from raydlc.cli import main; rc = main(['--set', 'STORAGE_PATH=s3://b/p', 'render', '--zones', %r, *%r]); "
         "sys.stderr.write('HEAVY=' + ','.join(sorted(m for m in ('torch','ray','transformers','kubernetes','boto3') "
-        "if m in sys.modules)) + '\\n'); sys.exit(rc)" % ZONES
+        "if m in sys.modules)) + '\\n'); sys.exit(rc)" % (ZONES, only)
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-800:]
-    assert "HEAVY=\n" in r.stderr
-    assert "kind: RayJob" in r.stdout
+    assert f"HEAVY={heavy}\n" in r.stderr
+    assert ("kind: RayJob" in r.stdout) is not only
 
 
 def test_render_refuses_a_document_its_schema_rejects_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -13,7 +13,7 @@ The name and the run prefix come from `raydlc.render.storage` (the config `for_c
 rendered RayJob, so that a `kubectl apply -f rayjob.yaml` works on its own. The zip's name carries its
 hash, so a key that exists already holds those bytes: `upload_code` asks HeadObject first and uploads
 only what is absent. The counts `status` and `down` report are the runs' (everything outside `code/`);
-the zips are named apart (`plus N code zips`), so a fresh bucket still reads "0 objects".
+the zips are named apart (`plus N code zips`; `status --json` has their bytes), so a fresh bucket still reads "0 objects".
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class Contents:
 
     def describe(self) -> str:
         text = f"{self.objects} objects, {human(self.size)}"
-        if self.code_objects:
-            text += f", plus {self.code_objects} code zip{'s' if self.code_objects != 1 else ''} ({human(self.code_size)})"
+        if self.code_objects:  # no name or size: both follow every source change, and the line is stable across them
+            text += f", plus {self.code_objects} code zip{'s' if self.code_objects != 1 else ''}"
         return text
 
 
@@ -217,7 +217,7 @@ class Storage(Resource):
         facts = {"bucket": bucket.name, "lacks": lacks}
         if lacks:
             return Observation("degraded", f"S3 bucket {bucket.name} lacks: {', '.join(lacks)}", facts)
-        return Observation("ready", f"S3 bucket {bucket.name} private, encrypted, holds {code.name}", facts)
+        return Observation("ready", f"S3 bucket {bucket.name} private, encrypted", facts)
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
         if obs.state == "ready":
