@@ -8,6 +8,7 @@ fake nodes in tests/test_autoscale_ray.py.
 from __future__ import annotations
 
 import fnmatch
+import re
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from raydlc.render import autoscaler as ca
 ZONES = ["us-east-2a", "us-east-2b"]
 RUNS = "s3://raydlc-runs/team"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "default"
+CODE_ZIP = re.compile(r"raydlc-[0-9][^\"/\s]*-[0-9a-f]{12}\.zip")  # as test_render.py: the zip's hash follows every source change
 
 
 def docs_for(tmp_path: Path, **overrides: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
@@ -37,14 +39,14 @@ def gpu_group(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def test_defaults_autoscale_the_gpu_workers_between_zero_and_the_node_count(tmp_path: Path) -> None:
     cfg, docs = docs_for(tmp_path)
     assert cfg.gpu_nodes.idle_minutes == 15
-    for spec in (docs[FILES["raycluster"]]["spec"], docs[FILES["rayjob"]]["spec"]["rayClusterSpec"]):
-        assert spec["enableInTreeAutoscaling"] is True
-        assert spec["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": 900, "upscalingMode": "Default"}
-        (group,) = spec["workerGroupSpecs"]
-        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, 2)
-        # KubeRay sets RAY_enable_autoscaler_v2 on the head itself for version v2 (common/pod.go): not rendered twice
-        head_env = {e["name"] for e in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
-        assert "RAY_enable_autoscaler_v2" not in head_env
+    spec = docs[FILES["raycluster"]]["spec"]  # the RayJob runs on this cluster (clusterSelector): no spec of its own
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": 900, "upscalingMode": "Default"}
+    (group,) = spec["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, 2)
+    # KubeRay sets RAY_enable_autoscaler_v2 on the head itself for version v2 (common/pod.go): not rendered twice
+    head_env = {e["name"] for e in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "RAY_enable_autoscaler_v2" not in head_env
 
 
 def test_the_gpu_node_group_carries_what_the_cluster_autoscaler_needs_to_scale_from_zero(tmp_path: Path) -> None:
@@ -149,7 +151,7 @@ def test_idle_minutes_zero_renders_exactly_todays_documents(tmp_path: Path) -> N
     on_disk = sorted(str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml"))
     assert on_disk == sorted(docs)  # no cluster-autoscaler values file
     for name, doc in docs.items():
-        assert (GOLDEN / name).read_text() == to_yaml(doc), name
+        assert (GOLDEN / name).read_text() == CODE_ZIP.sub("raydlc-VERSION-HASH.zip", to_yaml(doc)), name
 
 
 @pytest.mark.parametrize("minutes", [1, 5, catalog.GPU_NODE_STARTUP_MINUTES - 1])

@@ -750,7 +750,7 @@ def verify_cmd(
     kubeconfig: Path | None = _kubeconfig_opt(),
     json_: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """The gate: GPU nodes, pods, fi_info per node, NCCL per node from the job's own worker logs, the job's status.
+    """The gate: GPU nodes, pods, fi_info, NCCL from the job's own worker logs, the run prefix, the head's port, the job's status.
 
     Exit 0 only when no criterion fails, 3 when one does.
     """

@@ -14,7 +14,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -259,23 +259,26 @@ def _scan_worker_file(dash: Dashboard, parser: Any, node_id: str, filename: str,
         scanner.close()
 
 
-def probe_fabric(dash: Dashboard, *, target: str, timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
-    """fi_info on every alive node, as a short job of pinned Ray tasks (`python -m raydlc.probe`)."""
+def probe_nodes(dash: Dashboard, *, target: str, args: Sequence[str] = ("--fi-info",), timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
+    """The per-node probes `args` asks for on every alive node, as a short job of pinned Ray tasks (`python -m raydlc.probe`)."""
+    import shlex
+
     from raydlc import __version__
     from raydlc.jobenv import JobSpec, raydlc_module_dir
 
     name = f"raydlc-probe-{time.strftime('%Y%m%d-%H%M%S')}-{int(time.time() * 1000) % 1000:03d}"
-    spec = JobSpec("python -m raydlc.probe", {"py_modules": [str(raydlc_module_dir())]}, {"raydlc": __version__, "program": "probe", "target": target}, name)
+    entry = " ".join(["python -m raydlc.probe", *(shlex.quote(a) for a in args)])
+    spec = JobSpec(entry, {"py_modules": [str(raydlc_module_dir())]}, {"raydlc": __version__, "program": "probe", "target": target}, name)
     job, _ = submit(dash, spec)
     done = wait(dash, job.submission_id, timeout=timeout)
     text = dash.logs(job.submission_id)
     if not done.terminal:
         stop(dash, job.submission_id, wait_s=10)
-        raise RayError(f"the fi_info probe job {name} did not end within {timeout:.0f} s", hint=f"`raydlc job logs {name}` shows how far it got")
+        raise RayError(f"the probe job {name} did not end within {timeout:.0f} s", hint=f"`raydlc job logs {name}` shows how far it got")
     for line in reversed(text.splitlines()):
         if line.startswith('{"probe"'):
             return list(json.loads(line)["nodes"])
-    raise RayError(f"the fi_info probe job {name} ended {done.status} without an answer", hint=f"`raydlc job logs {name}` shows why")
+    raise RayError(f"the probe job {name} ended {done.status} without an answer", hint=f"`raydlc job logs {name}` shows why")
 
 
 def failure(job: Job, hint: str) -> RaydlcError:

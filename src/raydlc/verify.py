@@ -10,6 +10,7 @@ pure: facts in, rows out.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,16 +20,20 @@ if TYPE_CHECKING:
     from raydlc.dashboard import Dashboard, Job, RayNode
     from raydlc.heads import Reached
     from raydlc.kube import Kube
+    from raydlc.netprobe import HeadReach
+    from raydlc.storeprobe import StoreAnswer
     from raydlc.telemetry.fabric import Fabric
     from raydlc.telemetry.nccl import NcclReport
 
 PASS, FAIL, NA = "pass", "fail", "not applicable"
-CRITERIA = ("gpu-nodes", "pods", "fi-info", "nccl", "job")
+CRITERIA = ("gpu-nodes", "pods", "fi-info", "nccl", "storage", "head-port", "job")
 TITLES = {
     "gpu-nodes": "GPU nodes: nvidia.com/gpu = GPUS_PER_NODE, vpc.amazonaws.com/efa >= 1",
     "pods": "head Ready, every worker Running",
     "fi-info": "fi_info -p efa lists an RDM endpoint on every GPU node",
     "nccl": "NCCL carried the job over {expect} on every node",
+    "storage": "every GPU node writes, reads, deletes under the run prefix; a write outside is refused",
+    "head-port": "a pod without the Ray labels cannot open the head's dashboard port, the Ray pods can",
     "job": "the job SUCCEEDED",
 }
 
@@ -74,6 +79,11 @@ class Facts:
     nccl_files: dict[str, list[str]] = field(default_factory=dict)  # node -> the job's training workers' files read there
     nccl_workers: dict[str, list[int]] | None = None  # node -> the PIDs of the job's training workers; None: not looked up
     nccl_lost: dict[str, str] = field(default_factory=dict)  # node -> why some of its workers show no NCCL line
+    storage_kind: str = "unset"  # s3 | path | unset: what STORAGE_PATH is where the probe looked
+    storage: list[StoreAnswer] | None = None  # the GPU nodes' probe answers; None: not probed
+    storage_note: str | None = None  # why there is no answer to judge
+    head_reach: HeadReach | None = None  # both sides of the head-port probe; None: not probed
+    head_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,8 @@ class KubeFacts:
 
 def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect: str = "efa") -> Facts:
     """Every fact the gate judges, read once: the job (the named one, else the newest), Kubernetes'
-    nodes and pods on a cluster, the job's training workers' logs per node, and fi_info on the GPU nodes."""
+    nodes and pods on a cluster, the job's training workers' logs per node, and the GPU nodes' probes
+    (fi_info, the run prefix, the head's port) in one job; on a cluster, the unlabelled probe pod."""
     from raydlc import jobs
 
     dash, target = reached.dashboard, reached.target.kind
@@ -99,36 +110,102 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
     kube = kube_facts(reached.kube, cfg) if reached.kube is not None else None
     names = kube.names if kube else None
     logs = jobs.job_nccl(dash, job.job_id, names) if job is not None and job.job_id else None
-    fabric, note = _fabric(dash, logs.nodes if logs else dash.nodes(), target, expect, names) if expect == "efa" else (None, None)
+    kind, uri = storage_target(cfg, target)
+    head = f"{reached.head.service}.{reached.head.namespace}.svc:{reached.head.port}" if reached.head is not None else None
+    probed = _probe(dash, logs.nodes if logs else dash.nodes(), target, names, fi_info=expect == "efa", storage=uri,
+                    head="auto" if head else None)
+    reach = _head_reach(reached, cfg, head, probed.inside) if head is not None else None
     return Facts(
         target=target, job=_job_fact(job), expect=expect,
         gpus_per_node=cfg.gpu_nodes.gpus_per_node if kube else None, gpu_node_count=cfg.gpu_nodes.count if kube else None,
-        kube_nodes=kube.nodes if kube else None, pods=kube.pods if kube else None, fabric=fabric, fabric_note=note,
+        kube_nodes=kube.nodes if kube else None, pods=kube.pods if kube else None, fabric=probed.fabric, fabric_note=probed.note,
         nccl=logs.report if logs else None, nccl_files=logs.files if logs else {},
         nccl_workers=logs.workers if logs else None, nccl_lost=logs.lost if logs else {},
+        storage_kind=kind, storage=probed.storage, storage_note=probed.note,
+        head_reach=reach, head_note=None if head else "the head Service was not found through Kubernetes",
     )
+
+
+def storage_target(cfg: Config, target: str) -> tuple[str, str | None]:
+    """(what STORAGE_PATH is, the URI to probe): on a cluster an unset one is the head pod's own (`""`), which `up` set."""
+    from raydlc.render.storage import bucket_of
+    from raydlc.storage import scheme
+
+    bucket = bucket_of(cfg)
+    if bucket is not None:
+        return "s3", bucket.uri
+    if cfg.train.storage_path is not None:
+        return ("s3" if scheme(cfg.train.storage_path) == "s3" else "path"), None
+    return ("s3", "") if target == "cluster" else ("unset", None)
 
 
 def _job_fact(job: Job | None) -> JobFact | None:
     return JobFact(job.submission_id, job.job_id, job.status, job.message) if job else None
 
 
-def _fabric(dash: Dashboard, ray_nodes: list[RayNode], target: str, expect: str,
-            names: Mapping[str, str] | None) -> tuple[list[Fabric] | None, str | None]:
-    """fi_info's answers from the GPU nodes (every node on the local target), or why there are none."""
-    from raydlc.jobs import probe_fabric
+@dataclass(frozen=True)
+class _Probed:
+    fabric: list[Fabric] | None = None
+    storage: list[StoreAnswer] | None = None
+    inside: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU node -> its connect to the head's port
+    note: str | None = None  # why there are no answers
+
+
+def _probe(dash: Dashboard, ray_nodes: list[RayNode], target: str, names: Mapping[str, str] | None, *,
+           fi_info: bool, storage: str | None, head: str | None) -> _Probed:
+    """One probe job for the GPU nodes (every node on the local target): fi_info, the run prefix, the head's port."""
+    from raydlc import storeprobe
+    from raydlc.jobs import probe_nodes
     from raydlc.telemetry.fabric import judge
 
     local = target == "local"
+    storage = None if local else storage
+    args = (["--fi-info"] if fi_info else []) + (["--storage", storage] if storage is not None else []) + (["--head", head] if head else [])
+    if not args:
+        return _Probed()
     if not local and not any(n.alive and n.gpus > 0 for n in ray_nodes):
-        return None, "no GPU node in the Ray cluster to probe"
+        return _Probed(note="no GPU node in the Ray cluster to probe")
     by_id = {n.node_id: n for n in ray_nodes}
 
     def name_of(a: dict[str, Any]) -> str:
         n = by_id.get(a["node_id"])
         return (names or {}).get(a.get("ip") or "") or (n.name if n else f"{a.get('ip')}/{a['node_id'][:8]}")
 
-    return [judge(name_of(a), a) for a in probe_fabric(dash, target=target) if local or a.get("gpus", 0) > 0], None
+    answers = [(name_of(a), a) for a in probe_nodes(dash, target=target, args=args) if local or a.get("gpus", 0) > 0]
+    failed = {"failed": True, "error": "the probe task did not run"}
+    return _Probed(
+        fabric=[judge(n, a) for n, a in answers] if fi_info else None,
+        storage=[storeprobe.judge(n, a.get("storage") or (a if a.get("failed") else failed)) for n, a in answers] if storage is not None else None,
+        inside={n: a.get("head") or {"connected": False, "error": a.get("error")} for n, a in answers} if head else {},
+    )
+
+
+def _head_pod(kube: Kube, pod: str, namespace: str, default_image: str) -> tuple[str | None, str]:
+    """The head pod's node and image: the probe pod runs there, from an image that node already holds."""
+    found = kube.get("v1", "Pod", pod, namespace) or {}
+    spec = found.get("spec") or {}
+    image = next((c.get("image") for c in spec.get("containers") or [] if c.get("image")), None)
+    return spec.get("nodeName"), image or default_image
+
+
+def _head_reach(reached: Reached, cfg: Config, head: str, inside: dict[str, dict[str, Any]]) -> HeadReach:
+    """The unlabelled pod's try at the head's port, beside the Ray pods' tries."""
+    import secrets
+
+    from raydlc import netprobe
+    from raydlc.errors import RaydlcError
+
+    assert reached.kube is not None and reached.head is not None
+    host, _, port = head.rpartition(":")
+    node, image = _head_pod(reached.kube, reached.head.pod, reached.head.namespace, cfg.images.dlc_image)
+    name = f"raydlc-netprobe-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    doc = netprobe.pod_doc(name, reached.head.namespace, image, node, host, int(port))
+    try:
+        outside: netprobe.PodOutcome | None = netprobe.run_pod(reached.kube, doc)
+        note = None
+    except RaydlcError as e:
+        outside, note = None, f"the probe pod {name} could not be run: {e.message}"
+    return netprobe.HeadReach(head, outside, inside, note)
 
 
 def kube_facts(kube: Kube, cfg: Config) -> KubeFacts:
@@ -182,7 +259,7 @@ class Verdict:
 
 
 def gate(f: Facts) -> Verdict:
-    rows = [_gpu_nodes(f), _pods(f), _fi_info(f), _nccl(f), _job(f)]
+    rows = [_gpu_nodes(f), _pods(f), _fi_info(f), _nccl(f), _storage(f), _head_port(f), _job(f)]
     return Verdict(f.target, f.job, rows)
 
 
@@ -329,6 +406,35 @@ def _local_nccl_evidence(f: Facts) -> list[str]:
         return ["a local run trains over gloo: NCCL carries nothing"]
     lines = "no NCCL lines" if f.nccl is None or not f.nccl.ranks else f"NCCL verdict {f.nccl.verdict} on one machine"
     return [f"{files} worker log files of job {f.job.job_id or '?'} read: {lines}; a local run trains over gloo"]
+
+
+def _storage(f: Facts) -> Row:
+    """Judged on every GPU node: the checkpoints are written from each of them, with that pod's identity."""
+    if f.target == "local":
+        return _row("storage", NA, ["a local run keeps its files on this machine: no bucket, no run prefix"])
+    if f.storage_kind == "path":
+        return _row("storage", NA, ["STORAGE_PATH is a file system path, not S3: there is no prefix policy to prove"])
+    if f.storage_kind == "unset":
+        return _row("storage", NA, [f"the {f.target} target names no s3:// STORAGE_PATH (or STORAGE_BUCKET) to prove"])
+    if not f.storage:
+        return _row("storage", FAIL, [f.storage_note or "the storage probe did not run"])
+    failed = [a.node for a in f.storage if not a.ok]
+    return _row("storage", FAIL if failed else PASS, [a.evidence for a in f.storage], failed)
+
+
+def _head_port(f: Facts) -> Row:
+    if f.target == "local":
+        return _row("head-port", NA, ["a local Ray head runs in no Kubernetes namespace: there is no NetworkPolicy to prove"])
+    if f.target == "address":
+        return _row("head-port", NA, ["--address has no Kubernetes channel to start the unlabelled probe pod from"])
+    if f.head_reach is None:
+        return _row("head-port", FAIL, [f.head_note or "the head-port probe did not run"])
+    from raydlc.netprobe import judge
+
+    ok, evidence, failed = judge(f.head_reach)
+    if not f.head_reach.inside and f.storage_note:
+        evidence.append(f.storage_note)
+    return _row("head-port", PASS if ok else FAIL, evidence, failed)
 
 
 def _job(f: Facts) -> Row:

@@ -284,6 +284,33 @@ def install_doubles(bin_dir: Any, python: str) -> None:
         shim.chmod(0o755)
 
 
+def write_kubeconfig(path: Any, server_url: str) -> None:
+    """A kubeconfig whose one context is kmock at `server_url` (where raydlc keeps a cluster's: ~/.raydlc/<name>-<region>/)."""
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": server_url}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
+
+
+def doubles_env(tmp: Any, python: str, forward: dict[str, str]) -> tuple[dict[str, str], Any]:
+    """The tool doubles on PATH with a scenario whose `kubectl port-forward`s go to `forward`'s addresses:
+    the environment for a CLI run, and the doubles' call log."""
+    import json
+    import os
+    from pathlib import Path
+
+    bin_dir = Path(tmp) / "bin"
+    bin_dir.mkdir()
+    install_doubles(bin_dir, python)
+    scenario, log = Path(tmp) / "scenario.json", Path(tmp) / "calls.jsonl"
+    scenario.write_text(json.dumps({"forward": forward}))
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log)}, log
+
+
 @contextlib.contextmanager
 def refusing_sts() -> Iterator[str]:
     """An STS that refuses every signature, as AWS does for expired or bad credentials (HTTP 403, its error XML)."""

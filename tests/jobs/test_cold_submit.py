@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -38,6 +37,7 @@ pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "doubles"))
 
+import servers  # noqa: E402
 from world import Kube, node_allocatable  # noqa: E402
 
 
@@ -196,18 +196,15 @@ def cold_cluster(world: Any, head: heads.HeadRecord, *, capacity: bool, provisio
     rc["spec"]["enableInTreeAutoscaling"] = True
     rc["spec"]["workerGroupSpecs"][0].update(replicas=0, minReplicas=0, maxReplicas=2)
     kube.create(rc)
+    kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{RC}-ray-token", "namespace": NS},  # what `up` creates
+                 "data": {"auth_token": "dW51c2VkLWJ5LWFuLWF1dGgtZGlzYWJsZWQtaGVhZA=="}})
     eks = world.client("eks")
     eks.create_cluster(name=CLUSTER, roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": []})
     ng = eks.create_nodegroup(clusterName=CLUSTER, nodegroupName=NODEGROUP, nodeRole="arn:aws:iam::123456789012:role/node",
                               subnets=["subnet-1"], instanceTypes=["g6.12xlarge"],
                               scalingConfig={"minSize": 0, "maxSize": 2, "desiredSize": 0})["nodegroup"]
     asg = ng["resources"]["autoScalingGroups"][0]["name"]
-    kubeconfig = Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig"
-    kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": world.kube.url}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
+    servers.write_kubeconfig(Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig", world.kube.url)
     world.scenario(forward={f"{NS}/{RC}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
     engines = Engines(kube, head.dashboard_url, job, asg, capacity=capacity)
     make = raydlc.aws.client

@@ -140,7 +140,7 @@ def test_submit_the_builtin_program_with_a_pinned_package(head: heads.HeadRecord
     assert v.returncode == 0, v.stderr[-2000:]
     rows = {r["criterion"]: r["status"] for r in last_json(v)["criteria"]}
     assert rows == {"gpu-nodes": "not applicable", "pods": "not applicable", "fi-info": "not applicable",
-                    "nccl": "not applicable", "job": "pass"}
+                    "nccl": "not applicable", "storage": "not applicable", "head-port": "not applicable", "job": "pass"}
 
 
 def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: heads.HeadRecord, tmp_path: Path) -> None:
@@ -312,8 +312,13 @@ def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: heads.He
 @pytest.fixture(scope="module")
 def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     sys.path.insert(0, str(TESTS / "doubles"))
+    import netpolicy
     import servers
     from world import Kube
+
+    from raydlc.config import load_config
+    from raydlc.render.netpol import head_policy
+    from raydlc.render.raycluster import CLUSTER_LABEL
 
     tmp = tmp_path_factory.mktemp("cluster")
     with pytest.MonkeyPatch.context() as mp, servers.kube_server(mp.setattr) as server:
@@ -333,24 +338,16 @@ def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPat
                                     (f"{name}-gpu-worker-0", "worker", "ip-10-0-1-5", "10.0.1.21"),
                                     (f"{name}-gpu-worker-1", "worker", "ip-10-0-2-7", "10.0.2.22")):
             kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns, "labels": {
-                "ray.io/cluster": name, "ray.io/node-type": role}}, "spec": {"nodeName": node},
+                "ray.io/cluster": name, "ray.io/node-type": role, CLUSTER_LABEL: name}}, "spec": {"nodeName": node},
                 "status": {"phase": "Running", "conditions": ready, "podIP": ip}})
         labels = {"ray.io/cluster": name, "ray.io/node-type": "head"}
         kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{name}-head-svc", "namespace": ns, "labels": labels},
                      "spec": {"selector": labels, "ports": [{"name": "gcs-server", "port": 6379}, {"name": "dashboard", "port": 8265}]}})
-        kubeconfig = home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig"
-        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": server.url}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
-        bin_dir = tmp / "bin"
-        bin_dir.mkdir()
-        servers.install_doubles(bin_dir, sys.executable)
-        scenario, log = tmp / "scenario.json", tmp / "calls.jsonl"
-        scenario.write_text(json.dumps({"forward": {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")}}))
-        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log)}
-        yield {"kube": kube, "env": env, "log": log, "ns": ns, "name": name}
+        servers.write_kubeconfig(home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig", server.url)
+        env, log = servers.doubles_env(tmp, sys.executable, {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
+        kube.create(head_policy(load_config(env={}, overrides={"NAMESPACE": ns, "RAY_CLUSTER_NAME": name}, cwd=tmp), name))
+        with netpolicy.Kubelet(server.url) as kubelet:  # runs verify's probe pod, judged by that policy
+            yield {"kube": kube, "env": env, "log": log, "ns": ns, "name": name, "kubelet": kubelet}
 
 
 def forwards(log: Path) -> list[dict[str, Any]]:
@@ -378,6 +375,14 @@ def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
     assert rows["fi-info"]["status"] == "pass" and sorted(rows["fi-info"]["evidence"]) == sorted(  # the GPU nodes' fi_info, through pinned tasks
         f"{n}: fi_info -p efa lists FI_EP_RDM on rdmap0s31-rdm" for n in (second_node, third_node))
     assert rows["job"]["status"] == "pass"
+    # the same probe job's other answers: this head was started without RAYDLC_STORAGE_PATH, and its own
+    # dashboard is what every GPU node's task opened; the unlabelled pod was kept out by the policy
+    assert rows["storage"]["status"] == "fail" and sorted(rows["storage"]["failed_nodes"]) == sorted((second_node, third_node))
+    assert all("no STORAGE_PATH on the driver's node" in e for e in rows["storage"]["evidence"])
+    assert rows["head-port"]["status"] == "pass", rows["head-port"]
+    assert rows["head-port"]["evidence"][0].endswith("could not open ray-train-cluster-head-svc.ray-train.svc:8265 (timeout)")
+    assert [p["metadata"]["labels"] for p in cluster["kubelet"].seen][-1]["app.kubernetes.io/name"] == "raydlc-netprobe"
+    assert not [p for p in cluster["kube"].list("Pod", cluster["ns"]) if "netprobe" in p["metadata"]["name"]]  # deleted
 
 
 def test_the_cluster_target_refuses_a_missing_raycluster_and_a_head_not_ready(cluster: dict[str, Any], tmp_path: Path) -> None:
@@ -428,10 +433,19 @@ def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str,
     args = [f"{second_node.split('/')[1]}=efa_a.log", f"{third_node.split('/')[1]}=efa_b.log"]
     p = cli("submit", "print_nccl.py", "--name", "reference-path", "--json", "--", *args, cwd=work)
     assert p.returncode == 0 and last_json(p)["target"] == "cluster", p.stderr[-3000:]
-    v = cli("verify", "--job", "reference-path", "--json", cwd=tmp_path)
+    sys.path.insert(0, str(TESTS / "doubles"))
+    import netpolicy
+
+    with netpolicy.Kubelet(world.kube.url) as kubelet:  # runs verify's probe pod against the NetworkPolicy `up` applied
+        v = cli("verify", "--job", "reference-path", "--json", cwd=tmp_path)
     doc = last_json(v)
-    assert v.returncode == 0 and doc["passed"], json.dumps(doc, indent=1)
-    assert {r["criterion"]: r["status"] for r in doc["criteria"]} == dict.fromkeys(("gpu-nodes", "pods", "fi-info", "nccl", "job"), "pass")
+    statuses = {r["criterion"]: r["status"] for r in doc["criteria"]}
+    # Every criterion passes but storage: the local head standing in for the cluster's was started
+    # without the head pod's RAYDLC_STORAGE_PATH and pod identity, so its nodes have no run prefix to prove.
+    assert statuses == {**dict.fromkeys(("gpu-nodes", "pods", "fi-info", "nccl", "head-port", "job"), "pass"), "storage": "fail"}, json.dumps(doc, indent=1)
+    assert v.returncode == 3 and len(kubelet.seen) == 1 and not kubelet.errors
+    storage = next(r for r in doc["criteria"] if r["criterion"] == "storage")
+    assert all("no STORAGE_PATH on the driver's node" in e for e in storage["evidence"]), storage
     assert [a for a in world.calls("kubectl") if "port-forward" in a] and all("--address" in a for a in world.calls("kubectl") if "port-forward" in a)
     assert lifecycle.down(world.config(), timings=fast).ok
     assert world.tagged("eks-cluster") == {}

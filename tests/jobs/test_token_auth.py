@@ -137,18 +137,8 @@ def cluster(head: LocalHead, home: Path, tmp_path_factory: pytest.TempPathFactor
         secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-ray-token", "namespace": ns},
                   "data": {"auth_token": base64.b64encode(TOKEN.encode()).decode()}}
         kube.create(secret)
-        kubeconfig = home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig"
-        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": server.url}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
-        bin_dir = tmp / "bin"
-        bin_dir.mkdir()
-        servers.install_doubles(bin_dir, sys.executable)
-        scenario, log = tmp / "scenario.json", tmp / "calls.jsonl"
-        scenario.write_text(json.dumps({"forward": {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")}}))
-        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DOUBLES_SCENARIO": str(scenario), "DOUBLES_LOG": str(log)}
+        servers.write_kubeconfig(home / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig", server.url)
+        env, log = servers.doubles_env(tmp, sys.executable, {f"{ns}/{name}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
         yield {"kube": kube, "env": env, "ns": ns, "secret": secret, "log": log}
 
 

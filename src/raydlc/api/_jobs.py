@@ -486,7 +486,7 @@ def job_stop(job_id: str, *, local: bool = False, address: str | None = None, co
 
 def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, address: str | None = None,
            config: PathLike | None = None, settings: Mapping[str, Any] | None = None) -> Verdict:
-    """The gate: GPU nodes, pods, fi_info per node, NCCL per node from the job's own worker logs, the job's status.
+    """The gate: GPU nodes, pods, fi_info, NCCL from the job's own worker logs, the run prefix, the head's port, the job's status.
 
     `job` defaults to the newest job on the target; `verdict.passed` is False when a criterion fails.
 
