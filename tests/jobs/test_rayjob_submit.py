@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow  # a Ray head starts once (~30-60 s on a busy mach
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "doubles"))
 
+import servers  # noqa: E402
 from rayjobs import RayJobController  # noqa: E402
 from world import Kube, node_allocatable  # noqa: E402
 
@@ -89,12 +90,7 @@ def standing_cluster(world: Any, head: LocalHead, monkeypatch: pytest.MonkeyPatc
     kube.create(render_raycluster(world.config()))
     kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{RC}-ray-token", "namespace": NS},
                  "data": {"auth_token": base64.b64encode(TOKEN.encode()).decode()}})
-    kubeconfig = Path(os.environ["HOME"]) / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig"
-    kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": world.kube.url}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
+    servers.write_kubeconfig(Path(os.environ["HOME"]) / ".raydlc" / "eks-cluster-us-east-2" / "kubeconfig", world.kube.url)
     world.scenario(forward={f"{NS}/{RC}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
     deadline = time.monotonic() + 60
     while not any(p["metadata"]["name"] == f"{RC}-head" and (p.get("status") or {}).get("phase") == "Running" for p in kube.list("Pod", NS)):
