@@ -473,11 +473,15 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     assert env["RAYDLC_STEPS"] == "11" and env["RAYDLC_LEARNING_RATE"] == "3e-05"
     assert (env["RAYDLC_WEIGHT_DECAY"], env["RAYDLC_BF16"], env["RAYDLC_HSDP_REPLICAS"]) == ("0.1", "true", "2")
     assert env["RAYDLC_NUM_WORKERS"] == "8"
-    # Every non-default training setting travels, and nothing else: the job has the same defaults.
+    # Every non-default training setting travels, and nothing else but USE_GPU: the job has the same defaults, and
+    # on the cluster an empty USE_GPU is true (GPU workers scaled to zero show no GPU when the job starts).
     assert sorted(env) == sorted(["RAYDLC_STEPS", "RAYDLC_LEARNING_RATE", "RAYDLC_WEIGHT_DECAY", "RAYDLC_BF16",
-                                  "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH"])
+                                  "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH", "RAYDLC_USE_GPU"])
+    assert env["RAYDLC_USE_GPU"] == "true"
     reloaded = load_config(env=env, cwd=empty_dir)
-    assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers})
+    assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers, "use_gpu": True})
+    cpu = render_all(make_config({"USE_GPU": "false"}, empty_dir), ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
+    assert yaml.safe_load(cpu["runtimeEnvYAML"])["env_vars"]["RAYDLC_USE_GPU"] == "false"  # a setting given is kept
     assert runtime["py_modules"] == [f"s3://raydlc-runs/code/raydlc-{raydlc.__version__}-{codezip.build().digest}.zip"]
 
 

@@ -77,6 +77,22 @@ def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.Captur
     assert doc["out"] == str(out) and sorted(doc["files"]) == ALL_FILES == files_under(out)
 
 
+def test_render_without_credentials_succeeds_and_says_who_uploads_the_code_zip(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from raydlc import codezip
+
+    assert main([*STORE, "render", "--only", "rayjob"]) == 0
+    out = capsys.readouterr()
+    uri = codezip.build().uri("raydlc-runs")
+    (line,) = [ln for ln in out.err.splitlines() if "code zip" in ln]
+    assert line.startswith(f"raydlc's code zip {uri} is not uploaded (no AWS credentials found")
+    assert line.endswith("`raydlc up` or `raydlc submit --rayjob` uploads it")
+    assert uri in out.out  # the RayJob names it all the same
+    assert main([*STORE, "render", "--only", "rayjob", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["code_zip"]["uri"] == uri and (doc["code_zip"]["uploaded"], doc["code_zip"]["present"]) == (False, False)
+    assert main([*STORE, "render", "--only", "raycluster"]) == 0 and "code zip" not in capsys.readouterr().err  # no RayJob, no zip
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -121,17 +137,19 @@ def test_out_that_is_a_file_is_an_input_error(clean_env: Path, capsys: pytest.Ca
     assert "not a directory" in capsys.readouterr().err
 
 
-def test_render_command_imports_nothing_heavy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("only, heavy", [([], "boto3"), (["--only", "raycluster"], "")])
+def test_render_command_imports_nothing_heavy(tmp_path: Path, only: list[str], heavy: str) -> None:
+    """Only boto3, and only to offer the RayJob's code zip to the bucket (render.md): nothing else heavy, ever."""
     code = (
-        "import sys; from raydlc.cli import main; rc = main(['--set', 'STORAGE_PATH=s3://b/p', 'render', '--zones', %r]); "
+        "import sys; from raydlc.cli import main; rc = main(['--set', 'STORAGE_PATH=s3://b/p', 'render', '--zones', %r, *%r]); "
         "sys.stderr.write('HEAVY=' + ','.join(sorted(m for m in ('torch','ray','transformers','kubernetes','boto3') "
-        "if m in sys.modules)) + '\\n'); sys.exit(rc)" % ZONES
+        "if m in sys.modules)) + '\\n'); sys.exit(rc)" % (ZONES, only)
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-800:]
-    assert "HEAVY=\n" in r.stderr
-    assert "kind: RayJob" in r.stdout
+    assert f"HEAVY={heavy}\n" in r.stderr
+    assert ("kind: RayJob" in r.stdout) is not only
 
 
 def test_render_refuses_a_document_its_schema_rejects_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:

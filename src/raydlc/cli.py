@@ -161,6 +161,8 @@ def render(
             console.print(f"wrote {p}")
     else:
         sys.stdout.write(rendered.to_yaml())
+    if rendered.code is not None and not json_:
+        _notice(rendered.code.line)
 
 
 @app.command("capacity")
@@ -613,13 +615,15 @@ def submit(
     working_dir: Path | None = typer.Option(None, "--working-dir", help="Uploaded with the job, without .git and ignored files (default: SCRIPT's directory)."),
     no_wait: bool = typer.Option(False, "--no-wait", help="Return once the job is submitted."),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs the job needs on the cluster's GPU workers: on a cold cluster submit follows them up before streaming (default: the built-in program's workers, 0 for a script)."),
+    rayjob: bool = typer.Option(False, "--rayjob", help="Run the built-in program as the RayJob `render --only rayjob` makes: upload raydlc's code zip, apply it, follow its job."),
+    yes: bool = typer.Option(False, "--yes", help="With --rayjob: replace a RayJob of the same name (its job is stopped first)."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout (logs go to stderr)."),
     *,
     named: dict[str, Any],
 ) -> None:
     """Run a job on the Ray cluster (or --local, --address) and stream its logs; the exit code follows the job.
 
-    Ctrl-C detaches and leaves the job running.
+    Ctrl-C detaches and leaves the job running. --rayjob applies the rendered RayJob instead of using the Jobs API to submit.
     """
     from raydlc import api
 
@@ -634,7 +638,8 @@ def submit(
     layers["settings"] = {**layers["settings"], **named_settings(SUBMIT_OPTIONS, named, caller="submit")}
     with _detaching(local, address):
         result = api.submit(script, args, builtin=builtin, local=local, address=address, name=name, pip=pip or [], env=env or [], working_dir=working_dir,
-                            no_wait=no_wait, gpus=gpus, **layers, write=_writer(sys.stderr if json_ else sys.stdout), notice=_notice)
+                            no_wait=no_wait, gpus=gpus, rayjob=rayjob, yes=yes, **layers, write=_writer(sys.stderr if json_ else sys.stdout),
+                            notice=_notice)
     job = result.job
     if json_:
         emit_json(result.to_dict())

@@ -239,14 +239,16 @@ class RayConfig(_Section):
         le=30 * DAY_S, why="30 days",
     )
     job_name: Annotated[str, Dns1123(40)] = _env(
-        "RAY_JOB_NAME", "name of the RayJob resource (its cluster is named after it)", default="ray-train-job"
+        "RAY_JOB_NAME", "name of the RayJob resource (`submit --rayjob` applies it to the RayCluster RAY_CLUSTER_NAME)", default="ray-train-job"
     )
     job_ttl_s: NonNegative = _env(
-        "JOB_TTL_S", "RayJob ttlSecondsAfterFinished: how long a finished job's cluster stays for logs", default=600,
+        "JOB_TTL_S", "no effect (kept so configs that set it load): the RayJob runs on the standing RayCluster, "
+        "which KubeRay never deletes, so no TTL is rendered", default=600,
         le=30 * DAY_S, why="30 days",
     )
     job_backoff_limit: NonNegative = _env(
-        "JOB_BACKOFF_LIMIT", "RayJob backoffLimit: whole-job retries, each on a fresh cluster", default=0,
+        "JOB_BACKOFF_LIMIT", "RayJob backoffLimit: must stay 0; KubeRay retries a job only on a fresh cluster of its own, "
+        "and the RayJob runs on the standing RayCluster", default=0,
         le=100, why="each retry starts a fresh cluster",
     )
     submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = _env(

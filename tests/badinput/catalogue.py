@@ -388,6 +388,13 @@ JOBS = [
     r("submit-gpus-negative", "submit --builtin --gpus -1", 2, "--gpus must be between 0 and 7,200, got -1"),
     r("submit-gpus-beyond-any-node-group", "submit --local --gpus 7201 --json", 2, "--gpus must be between 0 and 7,200", sub=True),
     r("submit-gpus-not-a-number", "submit --local --gpus many", 2, "Invalid value for '--gpus'"),
+    r("submit-rayjob-local", "submit --rayjob --local", 2, "--rayjob and --local cannot be combined", sub=True),
+    r("submit-rayjob-address", "submit --rayjob --address http://127.0.0.1:8265", 2, "--rayjob and --address cannot be combined"),
+    r("submit-rayjob-script", "submit --rayjob train.py", 2, "give no SCRIPT train.py", files={"train.py": "print(1)\n"}),
+    r("submit-rayjob-name-env", "submit --rayjob --name x1 --env A=b", 2, "--name, --env cannot be combined with it"),
+    r("submit-yes-without-rayjob", "submit --local --yes", 2, "--yes replaces an existing RayJob: it goes with --rayjob"),
+    r("submit-rayjob-storage-not-s3", "submit --rayjob", 2, "is not on S3",
+      env={"RAYDLC_STORAGE_PATH": "/mnt/shared/runs", "RAYDLC_STORAGE_SHARED": "true"}),
     r("bench-kubeconfig-missing", "bench-transport --kubeconfig nope.yaml", 2, "nope.yaml does not exist"),
     # Head records raydlc does not believe: reported, and neither the process nor the directory they name is touched.
     r("job-list-head-record-dead-pid", "job list --local", 1, f"PID {DEAD_PID} is not running",

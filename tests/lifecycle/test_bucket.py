@@ -71,6 +71,55 @@ def test_up_makes_a_private_encrypted_tagged_bucket_and_a_second_up_changes_noth
 
 
 @pytest.mark.slow
+def test_up_puts_the_code_zip_the_rayjob_names_once_and_reports_it_apart_from_the_runs(world) -> None:
+    from raydlc import codezip, lifecycle
+    from raydlc.render.raycluster import render_rayjob
+    from raydlc.render.storage import for_cluster
+
+    s3 = world.client("s3")
+    code = codezip.build()
+    run = lifecycle.up(world.config(), only="storage")
+    assert run.ok and f"s3:PutObject s3://{BUCKET}/{code.key}" in run.results[0].commands, run.results
+    named = render_rayjob(for_cluster(world.config(), lambda: "123456789012"), code.uri(BUCKET))["spec"]["runtimeEnvYAML"]
+    assert json.loads(named)["py_modules"] == [f"s3://{BUCKET}/{code.key}"]
+    assert s3.get_object(Bucket=BUCKET, Key=code.key)["Body"].read() == code.data  # what `kubectl apply` of the RayJob fetches
+    first = s3.head_object(Bucket=BUCKET, Key=code.key)["LastModified"]
+    s3.delete_bucket_encryption(Bucket=BUCKET)  # drift unrelated to the zip: repaired without uploading it again
+    again = lifecycle.up(world.config(), only="storage")
+    assert [(r.action, r.outcome) for r in again.results] == [("repair", "done")]
+    assert not [c for c in again.results[0].commands if "PutObject" in c]
+    assert s3.head_object(Bucket=BUCKET, Key=code.key)["LastModified"] == first
+    status = lifecycle.status(world.config()).to_dict()["storage"]
+    assert (status["objects"], status["size_bytes"], status["code_zips"], status["code_size_bytes"]) == (0, 0, 1, len(code.data))
+    s3.delete_object(Bucket=BUCKET, Key=code.key)  # gone (deleted by hand): status says so, and up puts it back
+    row = next(s for s in lifecycle.status(world.config()).to_dict()["steps"] if s["step"] == "storage")
+    assert row["state"] == "degraded" and f"raydlc's code zip {code.key}" in row["reason"]
+    assert lifecycle.up(world.config(), only="storage").ok and s3.get_object(Bucket=BUCKET, Key=code.key)["Body"].read() == code.data
+
+
+@pytest.mark.slow
+def test_render_uploads_the_code_zip_once_the_bucket_exists_and_never_fails_for_want_of_it(world, capsys) -> None:
+    from raydlc import codezip, lifecycle
+    from raydlc.cli import main
+
+    code, s3 = codezip.build(), world.client("s3")
+    uri = code.uri(BUCKET)
+    assert main(["render", "--only", "rayjob"]) == 0
+    assert (f"raydlc's code zip {uri} is not uploaded (S3 bucket {BUCKET} does not exist yet, so raydlc's code zip has "
+            "nowhere to go): `raydlc up` or `raydlc submit --rayjob` uploads it") in capsys.readouterr().err
+    assert buckets(world) == []  # render makes no bucket
+    assert lifecycle.up(world.config(), only="storage").ok
+    s3.delete_object(Bucket=BUCKET, Key=code.key)
+    assert main(["render", "--only", "rayjob", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["code_zip"] == {"uri": uri, "uploaded": True, "present": True, "why": None}
+    assert json.loads(doc["files"]["rayjob.yaml"]["spec"]["runtimeEnvYAML"])["py_modules"] == [uri]
+    assert s3.get_object(Bucket=BUCKET, Key=code.key)["Body"].read() == code.data
+    assert main(["render", "--only", "rayjob"]) == 0
+    assert f"raydlc's code zip {uri} is in the bucket already" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_an_owned_tagged_bucket_is_adopted_and_its_missing_settings_repaired(world) -> None:
     from raydlc import lifecycle
 
@@ -112,7 +161,7 @@ def test_a_bucket_raydlc_may_not_adopt_is_refused_and_left_as_it_was(world, tags
 
 @pytest.mark.slow
 def test_down_keeps_the_bucket_and_says_so_and_delete_storage_empties_and_removes_it(world) -> None:
-    from raydlc import lifecycle
+    from raydlc import codezip, lifecycle
 
     assert lifecycle.up(world.config(), only="storage").ok
     s3 = world.client("s3")
@@ -120,12 +169,14 @@ def test_down_keeps_the_bucket_and_says_so_and_delete_storage_empties_and_remove
     s3.put_object(Bucket=BUCKET, Key="runs/r1/checkpoint_000010/a.bin", Body=b"b" * 2048)
     s3.create_multipart_upload(Bucket=BUCKET, Key="runs/r1/checkpoint_000012/big.bin")
     status = lifecycle.status(world.config()).to_dict()
+    code = codezip.build()
     assert status["storage"] == {"bucket": BUCKET, "uri": f"s3://{BUCKET}/runs", "objects": 2, "size_bytes": 4096,
-                                 "newest_checkpoints": {"r1": f"s3://{BUCKET}/runs/r1/checkpoint_000010"}}
+                                 "newest_checkpoints": {"r1": f"s3://{BUCKET}/runs/r1/checkpoint_000010"},
+                                 "code_zips": 1, "code_size_bytes": len(code.data)}
     kept = lifecycle.down(world.config())
     assert kept.ok, [r.reason for r in kept.results]
     doc = kept.to_dict()
-    assert doc["kept"] == [f"S3 bucket {BUCKET} (2 objects, 4.0 KiB)"]
+    assert doc["kept"] == [f"S3 bucket {BUCKET} (2 objects, 4.0 KiB, plus 1 code zip)"]
     assert not any(BUCKET in a for a in doc["absent"]) and BUCKET in buckets(world)
     gone = lifecycle.down(world.config(), delete_storage=True)
     assert gone.ok, [r.reason for r in gone.results]

@@ -463,7 +463,8 @@ def test_down_interrupted_then_rerun_leaves_nothing_tagged_for_the_cluster(world
     assert {r.step: r.action for r in run.results} == {
         **dict.fromkeys(["raycluster", "device-plugins", "kuberay", "gpu-nodegroup"], "none"), "cluster": "delete",
         "storage": "none", "capacity": "delete"}  # the bucket is kept: down leaves it and nothing else
-    assert run.to_dict()["kept"] == ["S3 bucket raydlc-123456789012-us-east-2-eks-cluster (0 objects, 0 B)"]
+    # the zip `up` put under code/ is named apart from the runs
+    assert run.to_dict()["kept"] == ["S3 bucket raydlc-123456789012-us-east-2-eks-cluster (0 objects, 0 B, plus 1 code zip)"]
     assert world.tagged(CLUSTER) == {}
     assert not kubeconfig.exists()
     assert "capacity reservation cr-0probe" in " ".join(run.to_dict()["removed"])

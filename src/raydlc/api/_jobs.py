@@ -94,6 +94,7 @@ class SubmitResult:
     builtin: bool  # raydlc's training program ran (so a summary is looked for)
     summary: dict[str, Any] | None = None
     cold_start: dict[str, Any] | None = None  # the GPU workers it waited for on a cold cluster: gpus, pods, waited_s
+    rayjob: dict[str, Any] | None = None  # with `rayjob`: name, namespace, replaced, code_zip, code_uploaded
 
     @property
     def ok(self) -> bool:
@@ -103,14 +104,16 @@ class SubmitResult:
         extra = {"summary": self.summary} if self.waited and self.builtin else {}
         if self.cold_start is not None:
             extra["cold_start"] = self.cold_start
+        if self.rayjob is not None:
+            extra["rayjob"] = self.rayjob
         return _job_doc(self.job, self.target, attached=self.attached, **extra)
 
 
 def submit(
     script: PathLike | None = None, args: Sequence[str] = (), *, builtin: bool = False, local: bool = False, address: str | None = None,
     name: str | None = None, pip: Sequence[str] = (), env: Mapping[str, str] | Sequence[str] = (), working_dir: PathLike | None = None,
-    no_wait: bool = False, gpus: int | None = None, config: PathLike | None = None, settings: Mapping[str, Any] | None = None,
-    write: Write = _quiet, notice: Write = _quiet,
+    no_wait: bool = False, gpus: int | None = None, rayjob: bool = False, yes: bool = False, config: PathLike | None = None,
+    settings: Mapping[str, Any] | None = None, write: Write = _quiet, notice: Write = _quiet,
 ) -> SubmitResult:
     """Run `script` (or, with `builtin`, raydlc's training program with the config's settings) as a Ray job.
 
@@ -123,6 +126,11 @@ def submit(
     workers, none for a script) and finds fewer GPU worker pods running follows them from Pending
     to Running through `notice` before its log streams (docs/jobs.md, "A cold cluster"); a job
     the RayCluster's GPU workers can never hold is refused before it is submitted.
+
+    With `rayjob`, the built-in program goes as the RayJob `raydlc render --only rayjob` makes
+    (docs/jobs.md, "As a RayJob"): raydlc's code zip is uploaded to the cluster's bucket, the RayJob
+    applied, and its job, once KubeRay's submitter has put it on the head, followed as above. A
+    RayJob of that name that exists already is refused, or with `yes` replaced (its job stopped first).
 
     Example:
         import raydlc.api as api
@@ -137,8 +145,12 @@ def submit(
         raise InputError("builtin=True runs raydlc's own training program: give no script")
     if gpus is not None and not 0 <= gpus <= MAX_GPUS:
         raise InputError(f"--gpus must be between 0 and {MAX_GPUS:,}, got {gpus}", hint="the GPUs the job needs on the cluster's GPU workers")
+    _check_rayjob_flags(rayjob, yes, local=local, address=address, script=script, args=args, name=name, pip=pip, env=env,
+                        working_dir=working_dir)
     target = heads.choose(local, address)
     cfg = load(config, settings)
+    if rayjob:
+        return _submit_rayjob(cfg, yes=yes, no_wait=no_wait, gpus=gpus, write=write, notice=notice)
     is_local = target.kind == heads.LOCAL
     program = None if builtin or script is None else Path(script)
     if program is None and cfg.train.max_cost_usd is not None:
@@ -172,6 +184,84 @@ def submit(
         builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
         summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
     return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary, cold_start=waited)
+
+
+def _check_rayjob_flags(rayjob: bool, yes: bool, *, local: bool, address: str | None, script: PathLike | None, args: Sequence[str],
+                        name: str | None, pip: Sequence[str], env: Mapping[str, str] | Sequence[str], working_dir: PathLike | None) -> None:
+    """`--rayjob` is the rendered RayJob on the cluster: what travels comes from the config, so the flags that shape
+    a Jobs API submission, and the other targets, are refused rather than silently ignored."""
+    if not rayjob:
+        if yes:
+            raise InputError("--yes replaces an existing RayJob: it goes with --rayjob", hint="raydlc submit --rayjob --yes")
+        return
+    if local or address is not None:
+        raise InputError(f"--rayjob and {'--local' if local else '--address'} cannot be combined: a RayJob is applied to the "
+                         "cluster's KubeRay", hint="raydlc submit --rayjob (the cluster of the config), or drop --rayjob")
+    if script is not None or args:
+        raise InputError(f"--rayjob runs raydlc's training program as the rendered RayJob: give no SCRIPT{' ' + str(script)[:200] if script else ''}",
+                         hint="raydlc submit SCRIPT.py (a script goes through the Jobs API)")
+    extra = [flag for flag, given in (("--name", name), ("--pip", pip), ("--env", env), ("--working-dir", working_dir)) if given]
+    if extra:
+        raise InputError(f"--rayjob takes the job from the config (`raydlc render --only rayjob`): {', '.join(extra)} cannot be combined with it",
+                         hint="--set RAY_JOB_NAME=NAME names the RayJob; training settings go in the config or --set")
+
+
+def _submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, write: Write, notice: Write) -> SubmitResult:
+    """Render the RayJob, upload the code zip it names, apply it, and follow its Ray job as `submit` follows any job."""
+    from raydlc import heads, jobs, rayjobs
+
+    cfg, bucket, doc = _rendered_rayjob(cfg)
+    target = heads.choose(False, None)
+    with heads.reach(target, cfg) as reached:
+        cold = _cold(reached, cfg, _gpus_needed(cfg, gpus, builtin=True))
+        info = _apply_rayjob(reached, cfg, bucket, doc, yes=yes, notice=notice)
+        assert reached.kube is not None
+        job_id = rayjobs.submission_id(reached.kube, doc)
+        notice(f"applied RayJob {info['namespace']}/{info['name']}; KubeRay submits it as job {job_id}")
+        job = rayjobs.submitted(reached.kube, reached.dashboard, doc, job_id, notice)
+        notice(f"submitted job {job_id} on {target.where}")
+        if no_wait:
+            return SubmitResult(job, target, attached=False, waited=False, builtin=True, rayjob=info)
+        waited = _warm_up(reached, cfg, cold, job, False, notice) if cold is not None else None
+        job = jobs.follow(reached.dashboard, job_id, write)
+        summary = jobs.training_summary(reached.dashboard.logs(job_id))
+    return SubmitResult(job, target, attached=False, waited=True, builtin=True, summary=summary, cold_start=waited, rayjob=info)
+
+
+def _rendered_rayjob(cfg: Config) -> tuple[Config, Any, dict[str, Any]]:
+    """(config with the cluster's bucket, the bucket, the RayJob) exactly as `render --only rayjob` makes them."""
+    from raydlc import aws
+    from raydlc.render import FILES, render_all
+    from raydlc.render.storage import bucket_of, for_cluster
+
+    cfg = for_cluster(cfg, lambda: aws.account_id(cfg.cluster.region))
+    bucket = bucket_of(cfg)
+    if bucket is None:
+        raise InputError(f"--rayjob ships raydlc to the cluster as a zip in its S3 bucket, and STORAGE_PATH ({cfg.origin('STORAGE_PATH')}) "
+                         "is not on S3", hint="raydlc submit --builtin (the Jobs API uploads raydlc with the job), or STORAGE_PATH=s3://<bucket>/runs")
+    return cfg, bucket, render_all(cfg, only="rayjob")[FILES["rayjob"]]
+
+
+def _apply_rayjob(reached: Reached, cfg: Config, bucket: Any, doc: dict[str, Any], *, yes: bool, notice: Write) -> dict[str, Any]:
+    """Refuse (or with `yes` replace) a RayJob of the same name, put the code zip in the bucket, create the RayJob."""
+    from raydlc import aws, codezip, rayjobs
+    from raydlc.lifecycle.resources.storage import put_code
+
+    kube = reached.kube
+    assert kube is not None
+    ns, name = rayjobs.where(doc)
+    old = rayjobs.existing(kube, doc)
+    if old is not None and not yes:
+        raise rayjobs.refuse_existing(old, doc)
+    code = codezip.build()
+    with aws.command_budget("submit"):
+        uploaded = put_code(aws.client(aws.session(cfg.cluster.region), "s3"), bucket.name, code)
+    notice(f"{'uploaded' if uploaded else 'found'} raydlc's code zip {code.uri(bucket.name)}")
+    if old is not None:
+        rayjobs.remove(kube, reached.dashboard, old, doc)
+        notice(f"deleted the RayJob {ns}/{name} that existed ({rayjobs.describe(old)})")
+    kube.create(doc)
+    return {"name": name, "namespace": ns, "replaced": old is not None, "code_zip": code.uri(bucket.name), "code_uploaded": uploaded}
 
 
 def _gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:

@@ -6,23 +6,55 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydlc.api._config import load
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
+
+
+LATER = "`raydlc up` or `raydlc submit --rayjob` uploads it"
+
+
+@dataclass(frozen=True)
+class CodeUpload:
+    """raydlc's code zip the RayJob names (`py_modules`): whether it is in the bucket now, and why not."""
+
+    uri: str
+    uploaded: bool  # this call put it there
+    present: bool
+    why: str | None = None
+
+    @property
+    def line(self) -> str:
+        if self.uploaded:
+            return f"uploaded raydlc's code zip {self.uri}"
+        if self.present:
+            return f"raydlc's code zip {self.uri} is in the bucket already"
+        return f"raydlc's code zip {self.uri} is not uploaded ({self.why}): {LATER}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uri": self.uri, "uploaded": self.uploaded, "present": self.present, "why": self.why}
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """filename -> document, and, when written, the directory and the files (in the order written)."""
+    """filename -> document, and, when written, the directory and the files (in the order written).
+
+    `code` is the RayJob's code zip and whether it is in the bucket; None when no RayJob naming one was rendered.
+    """
 
     docs: Mapping[str, dict[str, Any]]
     out: Path | None = None
     files: tuple[Path, ...] = ()
+    code: CodeUpload | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        code = {"code_zip": self.code.to_dict()} if self.code is not None else {}
         if self.out is not None:
-            return {"out": str(self.out), "files": [str(p.relative_to(self.out)) for p in self.files]}
-        return {"files": dict(self.docs)}
+            return {"out": str(self.out), "files": [str(p.relative_to(self.out)) for p in self.files], **code}
+        return {"files": dict(self.docs), **code}
 
     def to_yaml(self) -> str:
         """Every document as one multi-document YAML stream, each headed by its filename (what `raydlc render` prints)."""
@@ -46,6 +78,8 @@ def render(
     takes them). With `out`, every file is written under that directory, or none is.
     With neither STORAGE_PATH nor STORAGE_BUCKET set, the runs go to the cluster's bucket,
     `s3://raydlc-<account>-<region>-<cluster>/runs`: the account is read with sts:GetCallerIdentity.
+    When the RayJob is rendered and the bucket exists, raydlc's code zip it names is uploaded (once: its
+    name is its hash); without credentials or a bucket the render still succeeds, and `code` says why not.
 
     Example:
         import raydlc.api as api
@@ -74,6 +108,26 @@ def render(
         render_all(for_cluster(loaded, lambda: "000000000000"), zone_list, only=only)
     cfg = for_cluster(loaded, lambda: aws.account_id(loaded.cluster.region)) if needs_bucket else loaded
     docs = render_all(cfg, zone_list, only=only)
-    if out is None:
-        return Rendered(docs)
-    return Rendered(docs, Path(out), tuple(write(docs, out)))
+    files = tuple(write(docs, out)) if out is not None else ()
+    code = _offer_code(cfg) if only in (None, "rayjob") else None
+    return Rendered(docs, Path(out) if out is not None else None, files, code)
+
+
+def _offer_code(cfg: Config) -> CodeUpload | None:
+    """Upload the RayJob's code zip when this machine may and the bucket is there; never fails the render."""
+    from raydlc import aws, codezip
+    from raydlc.errors import RaydlcError
+    from raydlc.lifecycle.resources.storage import put_code
+    from raydlc.render.storage import bucket_of
+
+    bucket = bucket_of(cfg)
+    if bucket is None:
+        return None
+    code = codezip.build()
+    uri = code.uri(bucket.name)
+    try:
+        with aws.command_budget("render"):
+            uploaded = put_code(aws.client(aws.session(cfg.cluster.region), "s3"), bucket.name, code)
+    except RaydlcError as e:
+        return CodeUpload(uri, uploaded=False, present=False, why=e.message)
+    return CodeUpload(uri, uploaded=uploaded, present=True)

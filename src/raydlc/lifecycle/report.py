@@ -83,7 +83,7 @@ def _storage(cfg: Any, facts: Mapping[str, Any]) -> dict[str, Any] | None:
     if bucket is None or held is None:
         return None
     return {"bucket": bucket.name, "uri": bucket.uri, "objects": held.objects, "size_bytes": held.size,
-            "newest_checkpoints": dict(held.newest)}
+            "newest_checkpoints": dict(held.newest), "code_zips": held.code_objects, "code_size_bytes": held.code_size}
 
 
 def hourly_cost(instance_types: Iterable[str], clusters: int, nat_gateways: int) -> dict[str, Any]:

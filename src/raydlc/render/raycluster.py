@@ -220,8 +220,13 @@ def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
 
     It is written as JSON (which is YAML) because KubeRay reads runtimeEnvYAML with a YAML 1.2
     parser: an unquoted `2e-05` would reach Ray as a float, and Ray rejects non-string env_vars.
+    USE_GPU left empty is true, as for `submit` on the cluster: the job runs on GPU workers, and a group
+    scaled to zero has no GPU when the job starts, so the job must ask for them.
     """
-    env: dict[str, Any] = {"env_vars": job_env(cfg)}
+    variables = job_env(cfg)
+    if cfg.train.use_gpu is None:
+        variables[FIELDS["USE_GPU"].env_var] = "true"
+    env: dict[str, Any] = {"env_vars": variables}
     if code_uri:
         env["py_modules"] = [code_uri]
     return env

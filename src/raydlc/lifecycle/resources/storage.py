@@ -8,6 +8,12 @@ when it is in this account, in the cluster's region and carries that tag; anythi
 refused before anything is made. `down` says it kept the bucket and how much it holds;
 `down --delete-storage` empties it (every object version and incomplete upload) and deletes it.
 The name and the run prefix come from `raydlc.render.storage` (the config `for_cluster` resolved).
+
+`up` also puts raydlc's own code zip under `code/` (raydlc.codezip), the `py_modules` entry of the
+rendered RayJob, so that a `kubectl apply -f rayjob.yaml` works on its own. The zip's name carries its
+hash, so a key that exists already holds those bytes: `upload_code` asks HeadObject first and uploads
+only what is absent. The counts `status` and `down` report are the runs' (everything outside `code/`);
+the zips are named apart (`plus N code zips`; `status --json` has their bytes), so a fresh bucket still reads "0 objects".
 """
 
 from __future__ import annotations
@@ -15,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raydlc import aws
+from raydlc import aws, codezip
 from raydlc.errors import InputError
 from raydlc.lifecycle.resource import Resource, gone
 from raydlc.lifecycle.types import Observation, Plan, StepFailed
 from raydlc.render.eksctl import OWNER_TAG
-from raydlc.render.storage import Bucket, bucket_of
+from raydlc.render.storage import CODE_PREFIX, Bucket, bucket_of
 
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
@@ -33,14 +39,20 @@ SSE = {"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256
 
 @dataclass(frozen=True)
 class Contents:
-    """What a bucket holds: object count, bytes, and the newest checkpoint of each run under the prefix."""
+    """What a bucket holds: the runs' object count and bytes (outside `code/`), the newest checkpoint of each
+    run under the prefix, and apart from them raydlc's code zips (count and bytes)."""
 
     objects: int
     size: int
     newest: dict[str, str]
+    code_objects: int = 0
+    code_size: int = 0
 
     def describe(self) -> str:
-        return f"{self.objects} objects, {human(self.size)}"
+        text = f"{self.objects} objects, {human(self.size)}"
+        if self.code_objects:  # no name or size: both follow every source change, and the line is stable across them
+            text += f", plus {self.code_objects} code zip{'s' if self.code_objects != 1 else ''}"
+        return text
 
 
 def human(n: int) -> str:
@@ -114,14 +126,18 @@ def drift(s3: Any, name: str) -> list[str]:
 
 
 def contents(s3: Any, bucket: Bucket) -> Contents:
-    """Count and size of every object; the newest checkpoint_<step> of each run under the run prefix."""
-    objects = size = 0
+    """Count and size of every object, the code zips apart; the newest checkpoint_<step> of each run under the run prefix."""
+    objects = size = code_objects = code_size = 0
     steps: dict[str, tuple[int, str]] = {}
     head = f"{bucket.prefix}/" if bucket.prefix else ""
     for obj in aws.paginate(s3, "list_objects_v2", "Contents", Bucket=bucket.name):
+        key = str(obj["Key"])
+        if key.startswith(f"{CODE_PREFIX}/"):
+            code_objects += 1
+            code_size += int(obj.get("Size", 0))
+            continue
         objects += 1
         size += int(obj.get("Size", 0))
-        key = str(obj["Key"])
         if not key.startswith(head):
             continue
         parts = key[len(head):].split("/")
@@ -129,7 +145,34 @@ def contents(s3: Any, bucket: Bucket) -> Contents:
             step = int(parts[1][11:])
             if step >= steps.get(parts[0], (-1, ""))[0]:
                 steps[parts[0]] = (step, f"s3://{bucket.name}/{head}{parts[0]}/{parts[1]}")
-    return Contents(objects, size, {run: uri for run, (_, uri) in sorted(steps.items())})
+    return Contents(objects, size, {run: uri for run, (_, uri) in sorted(steps.items())}, code_objects, code_size)
+
+
+def has_object(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        aws.call(s3, "head_object", Bucket=bucket, Key=key)
+        return True
+    except aws.AwsCallError as e:
+        if e.code in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+
+
+def put_code(s3: Any, bucket: str, code: codezip.CodeZip) -> bool:
+    """`upload_code` for `render` and `submit --rayjob`, which make no bucket: one that is missing is an InputError."""
+    if not _exists(s3, bucket):
+        raise InputError(f"S3 bucket {bucket} does not exist yet, so raydlc's code zip has nowhere to go",
+                         hint="raydlc up (its storage step makes the bucket and puts the zip there)")
+    return upload_code(s3, bucket, code)
+
+
+def upload_code(s3: Any, bucket: str, code: codezip.CodeZip) -> bool:
+    """Put the code zip at its content-addressed key unless it is there already; True when it was uploaded.
+    The key names the zip's hash, so an object found there holds the same bytes: nothing is overwritten."""
+    if has_object(s3, bucket, code.key):
+        return False
+    aws.call(s3, "put_object", Bucket=bucket, Key=code.key, Body=code.data, ContentType="application/zip")
+    return True
 
 
 class Storage(Resource):
@@ -168,21 +211,41 @@ class Storage(Resource):
                 f"'TagSet=[{{Key={OWNER_TAG},Value={cfg.cluster.name}}}]' (replaces its tags), or choose another STORAGE_BUCKET",
             )
         lacks = drift(s3, bucket.name)
+        code = codezip.build()
+        if not has_object(s3, bucket.name, code.key):
+            lacks.append(f"raydlc's code zip {code.key}")
+        facts = {"bucket": bucket.name, "lacks": lacks}
         if lacks:
-            return Observation("degraded", f"S3 bucket {bucket.name} lacks: {', '.join(lacks)}", {"bucket": bucket.name})
-        return Observation("ready", f"S3 bucket {bucket.name} private, encrypted", {"bucket": bucket.name})
+            return Observation("degraded", f"S3 bucket {bucket.name} lacks: {', '.join(lacks)}", facts)
+        return Observation("ready", f"S3 bucket {bucket.name} private, encrypted", facts)
 
     def plan_up(self, ctx: Context, obs: Observation) -> Plan:
         if obs.state == "ready":
             return Plan("none", obs.reason)
         name = obs.facts["bucket"]
+        put = f"s3:PutObject s3://{name}/{codezip.build().key}"
         calls = ("s3:PutPublicAccessBlock", "s3:PutBucketEncryption", "s3:PutBucketTagging",
                  "s3:PutBucketLifecycleConfiguration")
         if obs.state == "absent":
-            return Plan("create", f"create S3 bucket {name}", (f"s3:CreateBucket {name}", *calls))
-        return Plan("repair", obs.reason, calls)
+            return Plan("create", f"create S3 bucket {name}", (f"s3:CreateBucket {name}", *calls, put))
+        settings = calls if self._settings_lacking(obs) else ()
+        return Plan("repair", obs.reason, (*settings, put) if self._code_lacking(obs) else settings)
+
+    @staticmethod
+    def _code_lacking(obs: Observation) -> bool:
+        return obs.state == "absent" or any(x.startswith("raydlc's code zip") for x in obs.facts.get("lacks", ()))
+
+    @staticmethod
+    def _settings_lacking(obs: Observation) -> bool:
+        return obs.state == "absent" or any(not x.startswith("raydlc's code zip") for x in obs.facts.get("lacks", ()))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
+        if self._settings_lacking(obs):
+            self._settings(ctx, obs)
+        if self._code_lacking(obs):
+            upload_code(ctx.aws("s3"), obs.facts["bucket"], codezip.build())
+
+    def _settings(self, ctx: Context, obs: Observation) -> None:
         s3, cfg = ctx.aws("s3"), ctx.cfg
         name = obs.facts["bucket"]
         if obs.state == "absent":
