@@ -154,18 +154,22 @@ def test_idle_minutes_zero_renders_exactly_todays_documents(tmp_path: Path) -> N
         assert (GOLDEN / name).read_text() == CODE_ZIP.sub("raydlc-VERSION-HASH.zip", to_yaml(doc)), name
 
 
-@pytest.mark.parametrize("minutes", [1, 5, catalog.GPU_NODE_STARTUP_MINUTES - 1])
-def test_an_idle_time_shorter_than_a_node_takes_to_start_is_refused(tmp_path: Path, minutes: int) -> None:
+@pytest.mark.parametrize(("instance", "minutes"), [("g6.12xlarge", 1), ("g6.12xlarge", 7), ("p5.48xlarge", 14)])
+def test_an_idle_time_shorter_than_a_node_takes_to_start_is_refused(tmp_path: Path, instance: str, minutes: int) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(env={"RAYDLC_IDLE_MINUTES": str(minutes)}, cwd=tmp_path)
+        load_config(env={"RAYDLC_IDLE_MINUTES": str(minutes), "RAYDLC_GPU_NODE_TYPE": instance,
+                                "RAYDLC_GPUS_PER_NODE": "8" if instance.startswith("p5") else "4"}, cwd=tmp_path)
     msg = str(e.value)
     assert "IDLE_MINUTES (env RAYDLC_IDLE_MINUTES)" in msg
-    assert f"at least {catalog.GPU_NODE_STARTUP_MINUTES}" in msg and "to come back" in msg
+    floor = catalog.gpu_node_startup_minutes(instance)
+    assert minutes < floor and f"at least {floor}" in msg and f"a {instance} node" in msg and "to come back" in msg
 
 
 def test_zero_and_the_floor_are_accepted_and_a_negative_is_not(tmp_path: Path) -> None:
     assert load_config(env={"RAYDLC_IDLE_MINUTES": "0"}, cwd=tmp_path).gpu_nodes.idle_minutes == 0
-    floor = catalog.GPU_NODE_STARTUP_MINUTES
+    cfg = load_config(env={}, cwd=tmp_path)
+    floor = catalog.gpu_node_startup_minutes(cfg.gpu_nodes.instance_type)
+    assert floor == 8 and cfg.gpu_nodes.instance_type.startswith("g6.")  # a PCIe GPU node's estimate
     assert load_config(env={"RAYDLC_IDLE_MINUTES": str(floor)}, cwd=tmp_path).gpu_nodes.idle_minutes == floor
     with pytest.raises(ConfigError):
         load_config(env={"RAYDLC_IDLE_MINUTES": "-1"}, cwd=tmp_path)

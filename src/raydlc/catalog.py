@@ -6,6 +6,7 @@ Config validation, rendering and planning need these before any cloud call (and 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -171,13 +172,6 @@ EKS_CONTROL_PLANE_HOURLY_USD = 0.10  # standard support; extended support is 0.6
 NAT_GATEWAY_HOURLY_USD = 0.045  # per gateway, before data processing (0.045 per GB)
 
 
-# How long a GPU node takes from the Cluster Autoscaler's scale-up to a Ray worker that can run: the
-# EC2 launch and the kubelet joining (eksctl's managed node groups come up in about 4 minutes), the
-# NVIDIA and EFA device plugins advertising their resources, and the DLC image pull (tens of GiB) onto
-# an empty root volume. An estimate, used as the floor of IDLE_MINUTES: a node that leaves sooner than
-# one takes to come back makes the next job wait longer than the idle time saved.
-GPU_NODE_STARTUP_MINUTES = 10
-
 # The Cluster Autoscaler's minor version must match the control plane's (its README: "use the
 # Cluster Autoscaler release that matches your Kubernetes minor"); the chart (CLUSTER_AUTOSCALER_VERSION,
 # kubernetes/autoscaler charts/cluster-autoscaler 9.59.0, appVersion 1.35.0) is told the image tag.
@@ -202,7 +196,9 @@ def cluster_autoscaler_image(k8s_version: str) -> str | None:
 # How long a scale-up of one GPU node group takes, from the cluster autoscaler raising the Auto
 # Scaling group to a Ray worker pod running: EC2 launch, EKS bootstrap and join, the device plugins,
 # and the first pull of the DLC image (tens of GiB). raydlc's estimates, not measured figures:
-# `submit` on a cold cluster shows the node group's own last launch time when its ASG has one.
+# `submit` on a cold cluster shows the node group's own last launch time when its ASG has one, and
+# the figure is the floor of IDLE_MINUTES: a node that leaves sooner than one takes to come back
+# makes the next job wait longer than the idle time saved.
 SCALE_UP_ESTIMATE_MIN: dict[str, float] = {
     "g5": 8.0, "g6": 8.0, "g6e": 8.0,  # PCIe GPU nodes: a few minutes to boot and join, the rest the image pull
     "p4d": 12.0, "p4de": 12.0,  # 8 GPUs and 4 EFA interfaces to bring up before the node is Ready
@@ -215,3 +211,8 @@ def scale_up_estimate_s(instance_type: str) -> float:
     """raydlc's estimate (seconds) of a scale-up of nodes of this type, by instance family."""
     family = instance_type.split(".", 1)[0]
     return SCALE_UP_ESTIMATE_MIN.get(family, SCALE_UP_DEFAULT_MIN) * 60
+
+
+def gpu_node_startup_minutes(instance_type: str) -> int:
+    """Whole minutes a GPU node of this type takes to come back: the shortest IDLE_MINUTES worth having."""
+    return math.ceil(scale_up_estimate_s(instance_type) / 60)

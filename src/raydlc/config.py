@@ -519,10 +519,10 @@ def _idle_problems(cfg: Config) -> list[tuple[str, str]]:
     if idle == 0:
         return []
     problems: list[tuple[str, str]] = []
-    floor = catalog.GPU_NODE_STARTUP_MINUTES
+    floor = catalog.gpu_node_startup_minutes(cfg.gpu_nodes.instance_type)
     if idle < floor:
-        problems.append(("IDLE_MINUTES", f"must be 0 (fixed size) or at least {floor}, got {idle}: a GPU node takes about "
-                                         f"{floor} minutes to come back (launch, join, device plugins, the DLC image pull), "
+        problems.append(("IDLE_MINUTES", f"must be 0 (fixed size) or at least {floor}, got {idle}: a {cfg.gpu_nodes.instance_type} node "
+                                         f"takes about {floor} minutes to come back (launch, join, device plugins, the DLC image pull), "
                                          "so a shorter idle time makes every job wait longer than it saves"))
     if catalog.cluster_autoscaler_image(cfg.cluster.k8s_version) is None:
         known = ", ".join(sorted(catalog.CLUSTER_AUTOSCALER_IMAGES))

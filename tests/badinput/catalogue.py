@@ -325,7 +325,7 @@ LIFECYCLE = [
     r("up-from-after-until", "up --from raycluster --until capacity", 2, "covers no step"),
     r("up-yes-takes-no-value", "up --yes=maybe", 2, "--yes"),
     r("up-no-credentials", "up", 2, "no AWS credentials", env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
-    r("up-idle-shorter-than-node-start", "up --dry-run", 2, "IDLE_MINUTES (env RAYDLC_IDLE_MINUTES): must be 0 (fixed size) or at least 10",
+    r("up-idle-shorter-than-node-start", "up --dry-run", 2, "IDLE_MINUTES (env RAYDLC_IDLE_MINUTES): must be 0 (fixed size) or at least 8",
       env={"RAYDLC_IDLE_MINUTES": "3"}),
     r("render-idle-k8s-without-autoscaler", ["--set", "K8S_VERSION=1.29", "render", *ZONES.split()], 2,
       "no Cluster Autoscaler release is pinned for Kubernetes 1.29"),
