@@ -217,11 +217,8 @@ def ensure_local_head(*, start: bool, on_start: Callable[[], None] | None = None
 
 def _start_and_record(rayedge: Any) -> HeadRecord:
     """Start the head and write its record atomically (the caller holds the lock)."""
-    # The job's entrypoint runs through the head's shell: `python` must be this environment's.
-    bin_dir = str(Path(sys.executable).parent)
-    env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     d = local_dir()
-    head = rayedge.start_head(num_cpus=local_cpus(), log_dir=d, env=env, cwd=d, timeout=HEAD_START_TIMEOUT_S)
+    head = rayedge.start_head(num_cpus=local_cpus(), log_dir=d, cwd=d, timeout=HEAD_START_TIMEOUT_S)
     rec = HeadRecord(
         pid=head.process.pid, start_ticks=_start_ticks(head.process.pid), dashboard_url=head.dashboard_url,
         address=head.address, temp_dir=str(head.temp_dir), log=str(head.log), python=sys.executable, started_at=time.time(),

@@ -462,6 +462,8 @@ def start_head(
     slow_start = {k: os.environ.get(k, v) for k, v in SLOW_START_ENV.items()}
     child_env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **slow_start, **worker_env(), **(env or {})}
     child_env.pop("RAY_ADDRESS", None)
+    # A job's entrypoint runs through the head's shell: `python` there must be this environment's.
+    child_env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + child_env.get("PATH", "")
     if token:
         child_env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
         child_env.pop("RAY_AUTH_TOKEN_PATH", None)
