@@ -90,14 +90,26 @@ def baseline_child(source: str, dest: str) -> dict[str, Any]:
     return {"records_per_s": n / wall, "tokens_per_s": tokens / wall, "wall_s": wall}
 
 
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `pid` is `ancestor`'s descendant: the local Ray this process starts forks its workers,
+    so other Ray Train runs on the machine (a test suite beside the benchmark) are not counted."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
 def _worker_peaks(peaks: dict[int, int], stop: threading.Event) -> None:
-    """VmHWM (kB) of every RayTrainWorker process, the last value seen of each."""
+    """VmHWM (kB) of every RayTrainWorker process of this run, the last value seen of each."""
+    me = os.getpid()
     while not stop.wait(0.2):
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
-                if b"RayTrainWorker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"RayTrainWorker" not in Path(f"/proc/{pid}/cmdline").read_bytes() or not _descends_from(int(pid), me):
                     continue
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
