@@ -1,7 +1,7 @@
 """GPU nodes that Ray's own autoscaler adds and removes on this machine: Ray's fake multi-node provider.
 
 Ray 2.58.0 ships `ray.cluster_utils.AutoscalingCluster` for this, but it cannot be used as it is
-here: its `start()` and `shutdown()` run `ray stop --force`, which ends every Ray process on the
+here: its `start()` and `shutdown()` run Ray's stop command with `--force`, which ends every Ray process on the
 machine (other people's too), and its config template
 (`ray/autoscaler/_private/fake_multi_node/example.yaml`) is not in the wheel, nor the defaults the
 autoscaler reads for `type: fake_multinode` (the same file). So this does what
