@@ -284,6 +284,21 @@ def install_doubles(bin_dir: Any, python: str) -> None:
         shim.chmod(0o755)
 
 
+def lifecycle_world(name: str) -> Any:
+    """tests/lifecycle/conftest.py (moto, kmock, the tool doubles, the emulated KubeRay operator) loaded
+    as module `name`, for test modules elsewhere that reuse its fixtures."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "lifecycle" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def write_kubeconfig(path: Any, server_url: str) -> None:
     """A kubeconfig whose one context is kmock at `server_url` (where raydlc keeps a cluster's: ~/.raydlc/<name>-<region>/)."""
     import json

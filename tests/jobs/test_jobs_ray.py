@@ -30,6 +30,10 @@ from raydlc.rayedge import LocalHead
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "doubles"))
+
+import servers  # noqa: E402
+
 NCCL = TESTS / "data" / "nccl"
 RAYDLC = Path(sys.executable).with_name("raydlc")
 TINY = {"RAYDLC_STEPS": "3", "RAYDLC_SEQ_LEN": "32", "RAYDLC_BATCH_SIZE": "2", "RAYDLC_EVAL_FRACTION": "0.02", "RAYDLC_NUM_WORKERS": "1"}
@@ -400,19 +404,7 @@ def test_the_cluster_target_refuses_a_missing_raycluster_and_a_head_not_ready(cl
 # ---- the whole reference path: up -> submit -> verify -> down --------------------------------------
 
 
-def _lifecycle_world() -> Any:
-    """The lifecycle tests' world (moto, kmock, the tool doubles, the emulated KubeRay operator), reused."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lifecycle_world", TESTS / "lifecycle" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_world = _lifecycle_world()
+_world = servers.lifecycle_world("lifecycle_world")  # the lifecycle tests' world, reused
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 

@@ -42,19 +42,7 @@ TOKEN = secrets.token_urlsafe(32)
 WHERE = "import raydlc, sys; print('raydlc from', raydlc.__file__, flush=True)"
 
 
-def _lifecycle_world() -> Any:
-    """The lifecycle tests' world (moto, kmock, the tool doubles, the emulated KubeRay operator), reused."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lifecycle_world_rayjob", TESTS / "lifecycle" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_world = _lifecycle_world()
+_world = servers.lifecycle_world("lifecycle_world_rayjob")  # the lifecycle tests' world, reused
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 
