@@ -5,7 +5,7 @@ GPUs, raydlc's rendered GPU worker group (min 0, max GPU_NODE_COUNT) as the only
 placement group of GPU_NODE_COUNT bundles of GPUS_PER_NODE GPUs on distinct nodes. The nodes are
 raylets on this machine, so the figures are the autoscaler's own reaction times (its 1 s loop, the
 idle timeout), not an EC2 launch or an image pull: on EKS add the node start-up
-(raydlc.catalog.SCALE_UP_ESTIMATE_MIN) and the Cluster Autoscaler's scale-down timing.
+(raydlc.facts.instances.SCALE_UP_ESTIMATE_MIN) and the Cluster Autoscaler's scale-down timing.
 
     PYTHONPATH=src python benchmarks/autoscale_fake_nodes.py [--idle-s 3] [--rounds 1]
 """

@@ -34,7 +34,8 @@ def main() -> None:
         AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
         AWS_EC2_METADATA_DISABLED="true", AWS_MAX_ATTEMPTS="1",
     )
-    from raydlc import aws, capacity
+    from raydlc import capacity
+    from raydlc.edges import aws
 
     def delay(**kw: Any) -> None:
         time.sleep(args.delay_ms / 1000)

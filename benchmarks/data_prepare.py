@@ -72,7 +72,7 @@ def baseline_child(source: str, dest: str) -> dict[str, Any]:
 
     from tokenizers import Tokenizer
 
-    from raydlc.data import records
+    from raydlc.data import formats
 
     tok = Tokenizer.from_file(str(Path(dest) / "tokenizer.json"))
     n = tokens = 0
@@ -80,7 +80,7 @@ def baseline_child(source: str, dest: str) -> dict[str, Any]:
     batch: list[str] = []
     with open(source) as f:
         for line in f:
-            batch.extend(s.text for s in records.segments(j.loads(line)))
+            batch.extend(s.text for s in formats.segments(j.loads(line)))
             n += 1
             if n % 512 == 0:
                 tokens += sum(len(e.ids) for e in tok.encode_batch(batch, add_special_tokens=False)) + 512

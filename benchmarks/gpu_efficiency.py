@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from raydlc.config import TrainConfig
-    from raydlc.models import ModelSpec
+    from raydlc.facts.models import ModelSpec
 
 REFERENCE_BATCH, REFERENCE_SEQ, REFERENCE_LR = 1, 128, 2e-5
 FSDP1_MIN_PARAMS = int(1e7)
@@ -549,7 +549,7 @@ def cpu_name() -> str:
 def hardware(device: str, matmul_n: int) -> dict[str, Any]:
     import torch
 
-    from raydlc.catalog import gpu_for_device_name
+    from raydlc.facts.instances import gpu_for_device_name
 
     name = torch.cuda.get_device_name() if device == "cuda" else cpu_name()
     matmul = measure_matmul_tflops(device, matmul_n)
@@ -561,7 +561,7 @@ def hardware(device: str, matmul_n: int) -> dict[str, Any]:
 def run(cfg: Settings) -> dict[str, Any]:
     import torch
 
-    from raydlc.models import get_spec
+    from raydlc.facts.models import get_spec
 
     spec = get_spec(cfg.model)
     threads = torch.get_num_threads()
@@ -579,7 +579,7 @@ def run(cfg: Settings) -> dict[str, Any]:
 def measure(spec: ModelSpec, cfg: Settings) -> dict[str, Any]:
     import torch
 
-    from raydlc.models import spec_dict
+    from raydlc.facts.models import spec_dict
 
     hw = hardware(cfg.device, cfg.matmul_n)
     log(f"{hw['device_name']}: measured bf16 matmul {hw['matmul_tflops']:.1f} TFLOP/s; peak {hw['peak_tflops']:.1f} ({hw['peak_source']})")

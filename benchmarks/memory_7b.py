@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from raydlc import plan as planner
-from raydlc.models import get_spec
+from raydlc import planner
+from raydlc.facts.models import get_spec
 
 VARIANTS = {"recommended": 1024, "unchunked": 0}  # LOSS_CHUNK of each run
 

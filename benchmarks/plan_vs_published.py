@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from raydlc import plan as planner
-from raydlc.models import get_spec
+from raydlc import planner
+from raydlc.facts.models import get_spec
 
 PUBLISHED = {"efa": 0.5173, "tcp": 0.2513}
 PUBLISHED_TOKENS_PER_STEP = 8 * 1 * 128  # 8 ranks x batch 1 x 128 tokens
@@ -25,7 +25,7 @@ def main() -> None:
     spec = get_spec("qwen2.5-1.5b")
     layout = planner.layout_for(2, 4, instance_type="g6.12xlarge")
     for policy in ("bf16-mixed", "pure-bf16"):
-        p = planner.plan(planner.Workload(spec, seq_len=128, micro_batch=1, policy=policy), layout)
+        p = planner.plan(planner.Workload(spec, seq_len=128, micro_batch=1, policy=policy, compile=False), layout)  # the seed ran eager
         for strategy, s in p.strategies.items():
             st = s.step_time_s
             b = s.per_gpu_bytes

@@ -8,7 +8,7 @@ the last line `ray/torchrun steady-step ratio` of the means (best round of each)
 rotate which launcher goes first, so a change in machine load falls on all of them.
 
 `ray-before` starts the local Ray as raydlc did before it switched off the background work a
-local run does not use (rayedge.LOCAL_ENV, LOCAL_SYSTEM_CONFIG): an A/B in one sitting on a
+local run does not use (ray_runtime.LOCAL_ENV, LOCAL_SYSTEM_CONFIG): an A/B in one sitting on a
 shared machine. With `--cpu` every process of each run is sampled (/proc, once a second) and
 the CPU each kind of process used over the steady window is printed, as a share of one core:
 where the time that is not training goes.
@@ -65,7 +65,7 @@ def worker(cfg_path: str) -> None:
 
     payload = pickle.loads(Path(cfg_path).read_bytes())
     spec = RunSpec.from_wire(payload["run"])
-    run_loop(spec, TorchrunSession(spec.run_dir), payload["data"])
+    run_loop(spec, TorchrunSession(spec.run_dir, keep=spec.train.checkpoint_keep), payload["data"])
 
 
 # ---- where the CPU goes ------------------------------------------------------------------------
@@ -177,19 +177,20 @@ def main() -> None:
     if not launchers or any(x not in LAUNCHERS for x in launchers):
         ap.error(f"--launchers takes a comma list of {', '.join(LAUNCHERS)}")
 
-    from raydlc import rayedge
     from raydlc.config import TrainConfig
-    from raydlc.train.launch import Target, run
+    from raydlc.edges import ray_runtime
+    from raydlc.train.launch import run
     from raydlc.train.metrics import read_jsonl
     from raydlc.train.prepare import new_run_name, prepare
     from raydlc.train.resolve import Granted, resolve
+    from raydlc.train.runspec import RunTarget
 
     tmp = Path(tempfile.mkdtemp(prefix="raydlc-bench-"))
     train = TrainConfig(
         model_id="tiny", steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, num_workers=args.workers,
         learning_rate=2e-3, checkpoint_every=0, report_every=args.report_every, storage_path=str(tmp / "ray"),
     )
-    where = Target(log_to_driver=False)
+    where = RunTarget(log_to_driver=False)
     p = prepare(train, where)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -215,7 +216,7 @@ def main() -> None:
         t0 = time.time()
         if before:  # the local start as it was: Ray's defaults for everything but the dashboard
             ray_mod.init(address="local", num_cpus=max(os.cpu_count() or 1, args.workers), include_dashboard=False,
-                         runtime_env={"env_vars": rayedge.worker_env()}, log_to_driver=False, logging_level=logging.WARNING)
+                         runtime_env={"env_vars": ray_runtime.worker_env()}, log_to_driver=False, logging_level=logging.WARNING)
         try:
             summary = run(train, where, prepared=replace(p, run_name=new_run_name()))  # a new name: Ray would resume an old one
         finally:

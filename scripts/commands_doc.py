@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The reference part of docs/commands.md, generated from the typer app (raydlc.cli.app).
+"""The reference part of docs/commands.md, generated from the typer app (raydlc.cli: cli/app.py and its families).
 
     python scripts/commands_doc.py           # print it
     python scripts/commands_doc.py --write   # put it into docs/commands.md, between its markers
@@ -43,6 +43,13 @@ def leaves(group: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield f"{path} {name}", cmd
 
 
+def shown_params(path: str, cmd: Any) -> list[Any]:
+    """The command's parameters as its --help shows them, without --help itself: a command may fill in its
+    help text only then (`up` names its steps from raydlc.lifecycle.orders)."""
+    ctx = cmd.make_context(path, [], resilient_parsing=True)
+    return [p for p in cmd.get_params(ctx) if p.name != "help"]
+
+
 def _is_argument(p: Any) -> bool:
     return p.param_type_name == "argument"
 
@@ -55,9 +62,9 @@ def _metavar(p: Any) -> str:
     return f"{name}..." if p.nargs == -1 else name
 
 
-def usage(path: str, cmd: Any) -> str:
-    args = [_metavar(p) for p in cmd.params if _is_argument(p)]
-    has_options = any(not _is_argument(p) for p in cmd.params)
+def usage(path: str, params: list[Any]) -> str:
+    args = [_metavar(p) for p in params if _is_argument(p)]
+    has_options = any(not _is_argument(p) for p in params)
     return " ".join([path, *(["[OPTIONS]"] if has_options else []), *args])
 
 
@@ -108,9 +115,10 @@ def params_table(params: list[Any]) -> list[str]:
 
 
 def section(path: str, cmd: Any) -> list[str]:
-    lines = [f"### `{path}`", "", "```", usage(path, cmd), "```", ""]
+    params = shown_params(path, cmd)
+    lines = [f"### `{path}`", "", "```", usage(path, params), "```", ""]
     lines += [escape(part) + "\n" for part in (cmd.help or "").strip().split("\n\n")]
-    table = params_table(cmd.params)
+    table = params_table(params)
     return lines + ([*table, ""] if table else [])
 
 

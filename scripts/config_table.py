@@ -5,7 +5,7 @@
     python scripts/config_table.py --write   # put it into docs/config.md, between its markers
 
 tests/test_docs.py checks that the table in docs/config.md is exactly the one printed here, so a new
-setting is one field in raydlc/config.py and one run of this script.
+setting is one field in raydlc/config/schema.py and one run of this script.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The sample `raydlc status` in README.md, produced for real: `up` on the default config, then `status`.
+"""The sample `raydlc status` in docs/lifecycle.md, produced for real: `up` on the default config, then `status`.
 
 Nothing reaches AWS or a cluster: the world is the one tests/lifecycle runs against — a moto
 server on 127.0.0.1, kmock as the Kubernetes API with the emulated KubeRay operator, and the
@@ -7,7 +7,7 @@ eksctl/helm/kubectl doubles of tests/doubles/ first on PATH. The output is `rayd
 120-column terminal shows it (the doubles name the nodes as EC2 would).
 
     python scripts/sample_status.py           # print it
-    python scripts/sample_status.py --write   # put it into README.md, between its markers
+    python scripts/sample_status.py --write   # put it into docs/lifecycle.md, between its markers
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "doubles"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 WIDTH = 120
+PAGE = REPO / "docs" / "lifecycle.md"
 BLOCK = "status-sample"
 
 
@@ -51,10 +52,11 @@ def sample() -> str:
 
 
 def _status_after_up() -> str:
-    from raydlc import lifecycle, output
+    from raydlc import lifecycle
     from raydlc.cli import main as cli
     from raydlc.config import load_config
     from raydlc.lifecycle import Timings
+    from raydlc.views import output
 
     quick = Timings(poll_s=0.1, cluster_s=60, nodegroup_s=60, stack_s=60, helm_s=60, nodes_s=60, plugins_s=60, pods_s=60)
     run = lifecycle.up(load_config(env={}), timings=quick)
@@ -75,7 +77,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         from docgen import write_block
 
-        changed = write_block(REPO / "README.md", BLOCK, "scripts/sample_status.py", f"```\n{text}```")
-        print(f"README.md: {'updated' if changed else 'unchanged'}")
+        changed = write_block(PAGE, BLOCK, "scripts/sample_status.py", f"```\n{text}```")
+        print(f"{PAGE.relative_to(REPO)}: {'updated' if changed else 'unchanged'}")
     else:
         sys.stdout.write(text)

@@ -16,7 +16,7 @@ import pytest
 import raydlc.api as api
 from raydlc.cli import main
 from raydlc.errors import ConfigError, InputError, RaydlcError
-from raydlc.output import to_json
+from raydlc.views.output import to_json
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl"
 MINE = ("capacity", "config_show", "nccl", "preflight", "render", "version")
@@ -104,7 +104,7 @@ def test_preflight_refuses_bad_arguments_before_starting_anything(fresh: Path, k
 
 
 def test_preflight_passes_what_the_cli_would(fresh: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from raydlc import preflight
+    from raydlc.checks import preflight
 
     calls: list[dict[str, Any]] = []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import inspect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_acceptance_print_plan_without_typer(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.startswith("qwen2.5-1.5b (1,543,714,304 parameters), bf16-mixed, 2 x 4 L4")
-    assert "per-GPU memory" in out and "recommended: hsdp, micro-batch" in out and "why: " in out
+    assert "per-GPU memory" in out and re.search(r"recommended: (fsdp|hsdp), micro-batch \d+", out) and "why: " in out
     assert "[bold]" not in out and "\x1b[" not in out  # plain text, no markup or colour codes
     assert out.rstrip().splitlines()[-1] == "LOADED="
 
@@ -101,7 +102,7 @@ def test_bad_input_raises_the_cli_error(clean_env: Path) -> None:
 
 
 def test_train_takes_every_training_flag_as_a_keyword() -> None:
-    from raydlc import flags
+    from raydlc.config import flags
 
     params = inspect.signature(api.train).parameters
     assert [o.keyword for o in flags.options("train")] == [p for p in params if p not in ("config", "settings", "address", "on_progress", "log_to_driver")]

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from raydlc import catalog
 from raydlc.config import load_config
 from raydlc.errors import ConfigError
+from raydlc.facts import images, instances
 from raydlc.render import FILES, render_all
 from raydlc.render import autoscaler as ca
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "doubles"))
 
 ZONES = ["us-east-2a", "us-east-2b"]
 RUNS = "s3://raydlc-runs/team"
@@ -60,6 +63,8 @@ def test_the_gpu_node_group_carries_what_the_cluster_autoscaler_needs_to_scale_f
     t = "k8s.io/cluster-autoscaler/node-template/"
     assert tags[t + "label/role"] == "gpu-worker"
     assert tags[t + "label/nvidia.com/gpu.present"] == "true"
+    assert tags[t + "label/k8s.amazonaws.com/accelerator"] == "nvidia-l4"  # g6.12xlarge: L4 (CA's GPULabel)
+    assert g["labels"]["k8s.amazonaws.com/accelerator"] == "nvidia-l4"
     # the CA reads a taint tag only as value:Effect (aws_manager.go extractTaintsFromAsg); eksctl writes the value alone
     assert tags[t + "taint/aws.amazon.com/efa"] == "true:NoSchedule"
     assert tags[t + "resources/nvidia.com/gpu"] == "4"
@@ -95,7 +100,7 @@ def test_the_release_runs_on_the_system_node_with_scale_down_aligned_to_idle_min
 
 
 def test_every_pinned_kubernetes_minor_has_its_own_autoscaler_minor() -> None:
-    for minor, tag in catalog.CLUSTER_AUTOSCALER_IMAGES.items():
+    for minor, tag in images.CLUSTER_AUTOSCALER_IMAGES.items():
         assert tag.startswith(f"v{minor}."), (minor, tag)
 
 
@@ -136,8 +141,9 @@ def test_the_autoscalers_role_changes_only_this_clusters_node_groups(tmp_path: P
     for action in ("autoscaling:DeleteAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup", "ec2:TerminateInstances",
                    "ec2:RunInstances", "iam:PassRole", "eks:UpdateNodegroupConfig", "autoscaling:CreateOrUpdateTags"):
         assert not allowed(policy, action, ours), action
-    # the Ray pods' S3 identity is still there, unchanged
-    assert any(a["serviceAccountName"] == "raydlc-ray" for a in docs[FILES["eksctl"]]["iam"]["podIdentityAssociations"])
+    # the Ray pods' S3 identities are still there, unchanged
+    accounts = {a["serviceAccountName"] for a in docs[FILES["eksctl"]]["iam"]["podIdentityAssociations"]}
+    assert accounts >= {"raydlc-ray", "raydlc-ray-worker"}
 
 
 # ---------------------------------------------------------------------- IDLE_MINUTES=0 and bad input
@@ -161,14 +167,14 @@ def test_an_idle_time_shorter_than_a_node_takes_to_start_is_refused(tmp_path: Pa
                                 "RAYDLC_GPUS_PER_NODE": "8" if instance.startswith("p5") else "4"}, cwd=tmp_path)
     msg = str(e.value)
     assert "IDLE_MINUTES (env RAYDLC_IDLE_MINUTES)" in msg
-    floor = catalog.gpu_node_startup_minutes(instance)
+    floor = instances.gpu_node_startup_minutes(instance)
     assert minutes < floor and f"at least {floor}" in msg and f"a {instance} node" in msg and "to come back" in msg
 
 
 def test_zero_and_the_floor_are_accepted_and_a_negative_is_not(tmp_path: Path) -> None:
     assert load_config(env={"RAYDLC_IDLE_MINUTES": "0"}, cwd=tmp_path).gpu_nodes.idle_minutes == 0
     cfg = load_config(env={}, cwd=tmp_path)
-    floor = catalog.gpu_node_startup_minutes(cfg.gpu_nodes.instance_type)
+    floor = instances.gpu_node_startup_minutes(cfg.gpu_nodes.instance_type)
     assert floor == 8 and cfg.gpu_nodes.instance_type.startswith("g6.")  # a PCIe GPU node's estimate
     assert load_config(env={"RAYDLC_IDLE_MINUTES": str(floor)}, cwd=tmp_path).gpu_nodes.idle_minutes == floor
     with pytest.raises(ConfigError):
@@ -189,7 +195,7 @@ def test_status_says_which_gpu_nodes_hold_no_ray_pod_and_for_at_most_how_long() 
     from datetime import datetime, timedelta
     from types import SimpleNamespace
 
-    from raydlc.lifecycle.report import NodeRow, gpu_idleness
+    from raydlc.lifecycle.cluster_status import NodeRow, gpu_idleness
 
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
     joined = (now - timedelta(minutes=12)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -205,7 +211,7 @@ def test_status_says_which_gpu_nodes_hold_no_ray_pod_and_for_at_most_how_long() 
 
 
 def test_the_idle_cost_is_the_cluster_without_its_gpu_nodes_and_the_view_says_so() -> None:
-    from raydlc.lifecycle.report import hourly_cost, idle_cost
+    from raydlc.lifecycle.cluster_status import hourly_cost, idle_cost
     from raydlc.views.lifecycle import _idle_line, _work
 
     cost = hourly_cost(["g6.12xlarge", "g6.12xlarge", "m7i.xlarge"], 1, 1)
@@ -221,3 +227,69 @@ def test_the_idle_cost_is_the_cluster_without_its_gpu_nodes_and_the_view_says_so
     assert _work({"ray_pod": None, "empty_min": 3.2}) == "none <5 min"
     assert _work({"ray_pod": None, "empty_min": 17.9}) == "none 15+ min"
     assert _work({"ray_pod": None, "empty_min": None}) == "-"
+
+
+# --- the Cluster Autoscaler counts GPUs by label or allocatable (tests/doubles/cluster_autoscaler.py) ---
+
+
+@pytest.mark.parametrize(("node_type", "gpus", "label"), [("g6.12xlarge", 4, "nvidia-l4"), ("g5.12xlarge", 4, "nvidia-a10g"),
+                                                          ("p5.48xlarge", 8, "nvidia-h100"), ("p4d.24xlarge", 8, "nvidia-tesla-a100")])
+def test_every_gpu_node_and_its_asg_template_carry_the_accelerator_label(tmp_path: Path, node_type: str, gpus: int,
+                                                                           label: str) -> None:
+    _, docs = docs_for(tmp_path, GPU_NODE_TYPE=node_type, GPUS_PER_NODE=gpus)
+    g = gpu_group(docs)
+    assert g["labels"]["k8s.amazonaws.com/accelerator"] == label
+    assert g["tags"]["k8s.io/cluster-autoscaler/node-template/label/k8s.amazonaws.com/accelerator"] == label
+    system = next(n for n in docs[FILES["eksctl"]]["managedNodeGroups"] if n["name"] == "system")
+    assert "k8s.amazonaws.com/accelerator" not in system["labels"]
+
+
+def _joined(labels: dict[str, str], gpus: int) -> dict[str, Any]:
+    """A GPU node as it joins: the node group's labels, Ready, the NVIDIA plugin registered (`gpus`) or not (0)."""
+    return {"metadata": {"labels": dict(labels)}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)} if gpus else {}}}
+
+
+def test_while_device_plugins_register_the_autoscaler_adds_no_gpu_node_for_the_pods_already_placed(tmp_path: Path) -> None:
+    """A job of 2 nodes on a group of at most 4: the CA raised the target to 2 and both nodes joined, their NVIDIA plugin
+    not registered yet. With the rendered labels the CA waits for them; without the accelerator label (as before) it
+    sees two Ready nodes with no GPU and asks for two more, to the maximum."""
+    import cluster_autoscaler as cad
+
+    _, docs = docs_for(tmp_path, GPU_NODE_COUNT=4)
+    g = gpu_group(docs)
+    pods = [4, 4]
+    joined = [_joined(g["labels"], 0), _joined(g["labels"], 0)]
+    assert all(cad.node_has_gpu(n) for n in joined)
+    assert cad.scale_up(target=2, max_size=g["maxSize"], nodes=joined, pending_gpu_pods=pods, asg_tags=g["tags"]) == 2
+    unlabelled = {k: v for k, v in g["labels"].items() if k != "k8s.amazonaws.com/accelerator"}
+    bare = [_joined(unlabelled, 0), _joined(unlabelled, 0)]
+    assert not any(cad.node_has_gpu(n) for n in bare)
+    assert cad.scale_up(target=2, max_size=g["maxSize"], nodes=bare, pending_gpu_pods=pods, asg_tags=g["tags"]) == 4
+    # once the plugins registered, both count as GPU nodes either way and nothing more is asked
+    ready = [_joined(unlabelled, 4), _joined(unlabelled, 4)]
+    assert all(cad.node_has_gpu(n) for n in ready)
+    assert cad.scale_up(target=2, max_size=g["maxSize"], nodes=ready, pending_gpu_pods=pods, asg_tags=g["tags"]) == 2
+
+
+# --- the workers run under their own service account: storage, no autoscaler RBAC ---
+
+
+def test_workers_have_their_own_service_account_with_storage_and_no_autoscaler_binding(tmp_path: Path) -> None:
+    """KubeRay (the double, as v1.7.0 common/rbac.go) binds the autoscaler's Role to the head's service account only;
+    the workers' account has a pod identity for the bucket (as the head's does) and no RoleBinding."""
+    import kuberay
+
+    _, docs = docs_for(tmp_path)
+    rc = docs[FILES["raycluster"]]
+    head_sa = rc["spec"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"]
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    worker_sa = group["template"]["spec"]["serviceAccountName"]
+    assert (head_sa, worker_sa) == ("raydlc-ray", "raydlc-ray-worker")
+    rbac = kuberay.autoscaler_rbac({**rc, "metadata": {**rc["metadata"], "namespace": rc["metadata"].get("namespace", "ray-train")}})
+    (binding,) = [o for o in rbac if o["kind"] == "RoleBinding"]
+    assert [s["name"] for s in binding["subjects"]] == [head_sa]  # the autoscaler sidecar runs in the head pod
+    assert not any(s["name"] == worker_sa for o in rbac for s in o.get("subjects", []))
+    pias = {a["serviceAccountName"]: a for a in docs[FILES["eksctl"]]["iam"]["podIdentityAssociations"]}
+    assert pias[head_sa]["permissionPolicy"] == pias[worker_sa]["permissionPolicy"]
+    assert pias[head_sa]["roleName"] != pias[worker_sa]["roleName"]
+    assert pias[head_sa]["namespace"] == pias[worker_sa]["namespace"] == "ray-train"

@@ -153,10 +153,10 @@ def test_template_round_trip_gives_defaults(clean_env: Path) -> None:
 
 TRAINING_KNOBS = [
     "MODEL_ID", "STEPS", "SEQ_LEN", "BATCH_SIZE", "LEARNING_RATE", "NUM_WORKERS", "DATA", "CHECKPOINT_EVERY",
-    "STORAGE_PATH", "MAX_FAILURES", "SHARDING", "WARMUP_STEPS", "WEIGHT_DECAY", "MAX_GRAD_NORM", "SEED",
+    "CHECKPOINT_KEEP", "STORAGE_PATH", "MAX_FAILURES", "MAX_PREEMPTIONS", "SHARDING", "WARMUP_STEPS", "WEIGHT_DECAY", "MAX_GRAD_NORM", "MAX_NONFINITE_STEPS", "SEED",
     "EVAL_FRACTION", "EVAL_EVERY", "REPORT_EVERY", "HSDP_REPLICAS", "BF16", "ACTIVATION_CHECKPOINTING", "COMPILE",
     "USE_GPU", "RUN_NAME", "RESUME", "RESUME_FROM", "STORAGE_SHARED", "PREFLIGHT", "GRAD_ACCUM", "GRAD_SYNC", "MAX_GLOBAL_BATCH",
-    "LOSS_ON", "ON_BAD_RECORD", "CHAT_TEMPLATE", "LOSS_CHUNK", "REDUCE_DTYPE",
+    "LOSS_ON", "ON_BAD_RECORD", "CHAT_TEMPLATE", "LOSS_CHUNK", "REDUCE_DTYPE", "LORA_RANK", "LORA_TARGETS",
     "STALL_MINUTES", "STALL_FIRST_MINUTES", "JOB_MAX_COST_USD",
 ]
 
@@ -180,8 +180,8 @@ def test_every_training_knob_is_a_train_field_settable_from_the_environment(clea
     acc = load_config(env={"RAYDLC_GRAD_ACCUM": " Auto ", "RAYDLC_GRAD_SYNC": "all-reduce-once", "RAYDLC_MAX_GLOBAL_BATCH": "65536"}).train
     assert (acc.grad_accum, acc.grad_sync, acc.max_global_batch) == ("auto", "all-reduce-once", 65536)
     assert load_config(env={"RAYDLC_GRAD_ACCUM": "8"}).train.grad_accum == 8
-    guard = load_config(env={"RAYDLC_STALL_MINUTES": "0.5", "RAYDLC_STALL_FIRST_MINUTES": "90", "RAYDLC_JOB_MAX_COST_USD": "12.5"}).train
-    assert (guard.stall_minutes, guard.stall_first_minutes, guard.max_cost_usd) == (0.5, 90.0, 12.5)
+    guard = load_config(env={"RAYDLC_STALL_MINUTES": "1.5", "RAYDLC_STALL_FIRST_MINUTES": "90", "RAYDLC_JOB_MAX_COST_USD": "12.5"}).train
+    assert (guard.stall_minutes, guard.stall_first_minutes, guard.max_cost_usd) == (1.5, 90.0, 12.5)
     empty = load_config(env={"RAYDLC_BF16": "", "RAYDLC_USE_GPU": "", "RAYDLC_RUN_NAME": ""}).train
     assert (empty.bf16, empty.use_gpu, empty.run_name) == (None, None, None)  # empty = decided from the hardware / the clock
 

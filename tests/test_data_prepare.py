@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raydlc.data import dataset, index, pipeline, records, shards, sources
+import reference_packing as RP
+from raydlc.data import dataset, formats, order, pipeline, shards, sources
+from raydlc.data import tokenizer as T
 from raydlc.data.encode import IGNORE, TokenizerSpec, digest, encode_batch
 from raydlc.data.manifest import Manifest, check_use
 from raydlc.errors import InputError
-from raydlc.train import data as D
-from raydlc.train import tokenizer as T
 
 QA = [{"prompt": f"Question {i}: what is {i} plus {i}?", "response": f" It is {2 * i}."} for i in range(120)]
 TEXT = [{"text": f"Document {i} says the number {i} twice: {i} {i}."} for i in range(120)]
@@ -47,20 +47,20 @@ def prepare_in_process(src: sources.Source, tok: TokenizerSpec, dest: Path, seq_
     return written, counts
 
 
-# ---- records ---------------------------------------------------------------------------------------
+# ---- formats ---------------------------------------------------------------------------------------
 
 
 def test_every_format_gives_segments_with_the_loss_where_asked() -> None:
-    assert records.segments({"text": "hello"}) == [records.Segment("hello", True)]
-    assert records.segments({"prompt": "Q", "response": "A"}) == [records.Segment("Q", False), records.Segment("A", True)]
-    assert records.segments({"prompt": "Q", "completion": "A"}, loss_on="all") == [records.Segment("Q", True), records.Segment("A", True)]
+    assert formats.segments({"text": "hello"}) == [formats.Segment("hello", True)]
+    assert formats.segments({"prompt": "Q", "response": "A"}) == [formats.Segment("Q", False), formats.Segment("A", True)]
+    assert formats.segments({"prompt": "Q", "completion": "A"}, loss_on="all") == [formats.Segment("Q", True), formats.Segment("A", True)]
     chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-    segs = records.segments(chat)
+    segs = formats.segments(chat)
     assert "".join(s.text for s in segs) == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
     assert [s.text for s in segs if s.learn] == ["hello<|im_end|>\n"]
-    assert all(s.learn for s in records.segments(chat, loss_on="all"))
+    assert all(s.learn for s in formats.segments(chat, loss_on="all"))
     sharegpt = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
-    assert [s.text for s in records.segments(sharegpt) if s.learn] == ["hello<|im_end|>\n"]
+    assert [s.text for s in formats.segments(sharegpt) if s.learn] == ["hello<|im_end|>\n"]
 
 
 @pytest.mark.parametrize(
@@ -79,21 +79,21 @@ def test_every_format_gives_segments_with_the_loss_where_asked() -> None:
     ],
 )
 def test_bad_records_say_why(rec: object, says: str) -> None:
-    with pytest.raises(records.RecordError, match=says):
-        records.segments(rec)
+    with pytest.raises(formats.BadRecord, match=says):
+        formats.segments(rec)
 
 
 def test_a_chat_template_is_split_turn_by_turn_into_what_the_model_is_given_and_must_produce() -> None:
     from jinja2 import Template
 
     tmpl = Template("{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
-    render = records.template_render(lambda msgs, add_generation_prompt: tmpl.render(messages=msgs, add_generation_prompt=add_generation_prompt))
+    render = formats.template_render(lambda msgs, add_generation_prompt: tmpl.render(messages=msgs, add_generation_prompt=add_generation_prompt))
     msgs = [("user", "hi"), ("assistant", "hello"), ("user", "and?"), ("assistant", "bye")]
     segs = render(msgs, "assistant")
     assert "".join(s.text for s in segs) == "<user>hi</s><assistant>hello</s><user>and?</s><assistant>bye</s>"
     assert [s.text for s in segs if s.learn] == ["hello</s>", "bye</s>"]
-    unstable = records.template_render(lambda msgs, add_generation_prompt: f"{len(msgs)}" + "".join(m["content"] for m in msgs))
-    with pytest.raises(records.RecordError, match="turn by turn"):
+    unstable = formats.template_render(lambda msgs, add_generation_prompt: f"{len(msgs)}" + "".join(m["content"] for m in msgs))
+    with pytest.raises(formats.BadRecord, match="turn by turn"):
         unstable(msgs, "assistant")
 
 
@@ -127,8 +127,8 @@ def test_parquet_rows_are_named_by_file_and_row(tmp_path: Path) -> None:
     assert [(u.group, u.first_row) for u in src.units] == [(0, 0), (1, 2)]
     rows = [r for u in src.units for r in sources.read_unit(u)]
     assert [w.rsplit(":", 1)[1] for w, _, _ in rows] == ["row 1", "row 2", "row 3"]
-    with pytest.raises(records.RecordError, match="no 'text'"):
-        records.segments(json.loads(rows[1][1] or ""))  # the missing value is a bad record, named by its row
+    with pytest.raises(formats.BadRecord, match="no 'text'"):
+        formats.segments(json.loads(rows[1][1] or ""))  # the missing value is a bad record, named by its row
 
 
 # ---- encode and pack -------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_prepared_blocks_equal_the_in_driver_packing_bit_for_bit(tmp_path: Path,
     ids, labels = shards.Rows.open(str(tmp_path / "out"), m).take(np.arange(m.rows))
     from tokenizers import Tokenizer
 
-    ref = D.pack(D.read_local(str(path)), T.encoder(Tokenizer.from_str(tok.tokenizer_json or "")), tok.eos_id, 16)
+    ref = RP.pack(sources.read_local(str(path)), T.encoder(Tokenizer.from_str(tok.tokenizer_json or "")), tok.eos_id, 16)
     assert np.array_equal(ids, ref.input_ids) and np.array_equal(labels, ref.labels)
     assert counts.records_used == len(rows) and counts.tokens == ref.input_ids.size  # type: ignore[attr-defined]
 
@@ -152,7 +152,7 @@ def test_prepared_blocks_equal_the_in_driver_packing_bit_for_bit(tmp_path: Path,
 def test_messages_carry_the_loss_on_assistant_tokens_only(tmp_path: Path) -> None:
     rows = [{"messages": [{"role": "user", "content": f"what is {i}?"}, {"role": "assistant", "content": f"it is {i}"}]} for i in range(50)]
     src = sources.list_source(str(write_jsonl(tmp_path / "chat.jsonl", rows)))
-    tok = bpe_spec([s.text for r in rows for s in records.segments(r)])
+    tok = bpe_spec([s.text for r in rows for s in formats.segments(r)])
     from tokenizers import Tokenizer
 
     t = Tokenizer.from_str(tok.tokenizer_json or "")
@@ -222,8 +222,15 @@ def test_rows_are_read_by_index_across_shards_and_a_bad_checksum_is_refused_by_n
 def test_a_dataset_without_its_manifest_is_never_used_and_a_source_is_prepared_instead(tmp_path: Path) -> None:
     dest, m = small_dataset(tmp_path)
     assert shards.read_manifest(dest) is None  # shards written, manifest not yet: an interrupted prepare
-    with pytest.raises(InputError, match=r"holds no \.jsonl"):
+    with pytest.raises(InputError, match="a dataset raydlc did not finish preparing"):
         dataset.plan(dest, out=None, storage_root=str(tmp_path), model_id="tiny", vocab=300, recipe=pipeline.Recipe(4, "assistant", "model", "fail"))
+    shards.write_text(dest, "manifest.json", m.to_json())
+    with pytest.raises(InputError, match=r"tokenizer\.json is missing \(the manifest names bpe-300"):  # checked whole, before Ray
+        dataset.plan(dest, out=None, storage_root=str(tmp_path), model_id="tiny", vocab=300, recipe=pipeline.Recipe(4, "assistant", "model", "fail"))
+    shards.write_text(dest, "tokenizer.json", "a stand-in")
+    with pytest.raises(InputError, match="is not the tokenizer the manifest names"):
+        dataset.plan(dest, out=None, storage_root=str(tmp_path), model_id="tiny", vocab=300, recipe=pipeline.Recipe(4, "assistant", "model", "fail"))
+    m = replace(m, tokenizer={**m.tokenizer, "sha256": digest("a stand-in")})
     shards.write_text(dest, "manifest.json", m.to_json())
     p = dataset.plan(dest, out=None, storage_root=str(tmp_path), model_id="tiny", vocab=300, recipe=pipeline.Recipe(4, "assistant", "model", "fail"))
     assert p.source is None and p.existing == m
@@ -258,17 +265,17 @@ def test_reuse_needs_the_same_source_tokenizer_and_recipe(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(("n", "world"), [(203, 4), (3433, 2), (50, 1), (10, 2)])
 def test_the_split_by_index_is_the_in_driver_split(n: int, world: int) -> None:
-    packed = D.Packed(np.arange(n, dtype=np.int32).reshape(n, 1), np.zeros((n, 1), dtype=np.int32))
-    ref = D.split(packed, eval_fraction=0.05, world_size=world, seed=3)
-    held = index.eval_rows(n, eval_fraction=0.05, world_size=world, seed=3)
+    packed = RP.Packed(np.arange(n, dtype=np.int32).reshape(n, 1), np.zeros((n, 1), dtype=np.int32))
+    ref = RP.split(packed, eval_fraction=0.05, world_size=world, seed=3)
+    held = order.eval_rows(n, eval_fraction=0.05, world_size=world, seed=3)
     assert held.tolist() == ref.eval.input_ids.ravel().tolist()
-    assert index.train_rows(np.arange(n - len(held)), held).tolist() == ref.train.input_ids.ravel().tolist()
+    assert order.train_rows(np.arange(n - len(held)), held).tolist() == ref.train.input_ids.ravel().tolist()
 
 
 def test_one_by_two_b_and_two_by_b_read_the_same_rows_and_resume_reads_the_same_step() -> None:
-    held = index.eval_rows(1000, eval_fraction=0.05, world_size=2, seed=0)
+    held = order.eval_rows(1000, eval_fraction=0.05, world_size=2, seed=0)
     for step in (1, 7, 40):
-        g = D.global_batch(step, 1000 - len(held), 8, seed=0)
-        two = np.concatenate([index.train_rows(D.rank_slice(g, r, 2), held) for r in range(2)])
-        assert np.array_equal(index.train_rows(D.rank_slice(g, 0, 1), held), two)
+        g = order.global_batch(step, 1000 - len(held), 8, seed=0)
+        two = np.concatenate([order.train_rows(order.rank_slice(g, r, 2), held) for r in range(2)])
+        assert np.array_equal(order.train_rows(order.rank_slice(g, 0, 1), held), two)
         assert not set(two.tolist()) & set(held.tolist())

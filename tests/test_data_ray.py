@@ -19,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from servers import moto_server  # type: ignore[import-not-found]
 
 from raydlc.data import dataset, pipeline, shards
-from raydlc.train import data as D
-from raydlc.train import tokenizer as T
+from raydlc.data import tokenizer as T
+from raydlc.data.corpus import bundled_corpus
+from raydlc.data.sources import read_local
+from reference_packing import pack
 
 pytestmark = pytest.mark.slow
 BUCKET = "raydlc-data-test"
@@ -31,7 +33,7 @@ QA = [{"prompt": f"Question {i}: what is {i} times two?", "completion": f" It is
 
 @pytest.fixture(scope="module")
 def ray_and_s3() -> Iterator[str]:
-    from raydlc import rayedge
+    from raydlc.edges import ray_runtime
 
     with moto_server() as url, pytest.MonkeyPatch.context() as mp:
         for k, v in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -44,7 +46,7 @@ def ray_and_s3() -> Iterator[str]:
 
         if ray.is_initialized():  # an earlier module's Ray: its workers never saw this environment
             ray.shutdown()
-        with rayedge.connected(None, workers=2, log_to_driver=False):
+        with ray_runtime.connected(None, workers=2, log_to_driver=False):
             yield url
 
 
@@ -60,14 +62,14 @@ def test_ray_data_blocks_equal_the_in_driver_packing_and_a_second_run_reuses_the
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"], "response": r["completion"]}) + "\n" for r in QA))
-    (src / "b.txt").write_text(" ".join(d.text for d in D.bundled_corpus(max_chars=30_000)))
+    (src / "b.txt").write_text(" ".join(d.text for d in bundled_corpus(max_chars=30_000)))
     p = dataset.plan(str(src), out=None, storage_root=str(tmp_path / "runs"), model_id="tiny", vocab=512, recipe=recipe())
     made = dataset.make(p)
     assert made.dest.startswith(str(tmp_path / "runs" / "datasets")) and not made.reused
-    docs = D.read_local(str(src))
+    docs = read_local(str(src))
     tok = T.train_bpe([t for d in docs for t in (d.prompt, d.text) if t], 512)
     assert tok.to_str() == made.tokenizer.tokenizer_json  # the driver trained the same tokenizer on the same text
-    ref = D.pack(docs, T.encoder(tok), made.tokenizer.eos_id, 32)
+    ref = pack(docs, T.encoder(tok), made.tokenizer.eos_id, 32)
     ids, labels = all_rows(made)
     assert np.array_equal(ids, ref.input_ids) and np.array_equal(labels, ref.labels)
     assert made.manifest.counts.records_used == len(QA) + 1
@@ -138,3 +140,20 @@ def test_train_on_a_prepared_chat_dataset_reads_it_by_index(ray_and_s3: str, tmp
     assert result.dataset == ds.dest and result.dataset_reused and result.steps == 4
     assert result.train_sequences + result.eval_sequences == ds.rows
     assert result.final_loss is not None and result.first_loss is not None and result.final_loss < result.first_loss
+
+
+def test_the_cli_prepares_quietly_and_a_relative_source_is_found_again_by_its_absolute_path(tmp_path: Path) -> None:
+    """`data prepare X` then the same source named absolutely (as `train --data X` resolves it) reuses the
+    dataset; stderr holds no Ray Data warning (the progress bars are off: raydlc shows its own)."""
+    import os
+    import subprocess
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"record {i} says hello to everyone here"}) + "\n" for i in range(60)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_"))} | {"HF_HUB_OFFLINE": "1"}
+    runs = [subprocess.run([sys.executable, "-m", "raydlc", "data", "prepare", src, "--seq-len", "8", "--json"], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=300) for src in ("d.jsonl", str(tmp_path / "d.jsonl"))]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Progress bars" not in r.stderr and "WARNING" not in r.stderr, r.stderr
+    first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert (first["reused"], second["reused"]) == (False, True) and first["dest"] == second["dest"]

@@ -134,7 +134,7 @@ def test_anchor_slugs_follow_github() -> None:
 
 
 def test_models_table_is_the_built_in_specs() -> None:
-    from raydlc.models import SPECS
+    from raydlc.facts.models import SPECS
 
     text = (DOCS / "training.md").read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z0-9.\-]+)` \| .*$", text, re.M) if m.group(1) in SPECS}
@@ -154,7 +154,7 @@ def _pick(cell: str, i: int) -> str:
 
 
 def test_instance_table_is_the_catalogue() -> None:
-    from raydlc import catalog
+    from raydlc.facts import instances
 
     text = (DOCS / "render.md").read_text()
     table = text.split("| type | GPUs |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
@@ -163,7 +163,7 @@ def test_instance_table_is_the_catalogue() -> None:
         cells = [c.strip() for c in row.strip("|").split("|")]
         names = [n if "." in n else f"{cells[0].split('.')[0]}.{n}" for n in (v.strip() for v in cells[0].split(" / "))]
         for i, name in enumerate(names):
-            t = catalog.INSTANCE_TYPES[name]
+            t = instances.INSTANCE_TYPES[name]
             gpu = t.gpu_model
             assert gpu is not None
             seen.add(name)
@@ -174,17 +174,33 @@ def test_instance_table_is_the_catalogue() -> None:
             assert _pick(cells[5].removesuffix(" Gb/s"), i) == f"{t.network_gbps:g}", name
             assert _pick(cells[6], i) == str(t.efa_interfaces), name
             assert cells[7] == ("yes" if t.gpudirect_rdma else "no"), name
-    assert seen == {n for n, t in catalog.INSTANCE_TYPES.items() if t.gpus}
+    assert seen == {n for n, t in instances.INSTANCE_TYPES.items() if t.gpus}
+
+
+def test_lifecycle_steps_are_the_ones_up_runs() -> None:
+    """docs/lifecycle.md's diagram and table name each step of `raydlc.lifecycle.orders`, the table in up's order;
+    neither it nor the README counts them in prose, where a new step would leave the number behind."""
+    from raydlc.lifecycle.orders import names
+
+    steps = names("up")
+    text = (DOCS / "lifecycle.md").read_text()
+    diagram = text.split("```\n", 2)[1]
+    assert [s for s in steps if not re.search(rf"(?<![\w-]){s}(?![\w-])", diagram)] == [], diagram
+    table = text.split("## Steps\n", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `([a-z-]+)`", table, re.M) == steps
+    counting = r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\s+(?:\w+\s+)?steps\b"  # "six idempotent steps"
+    for page in (README, DOCS / "lifecycle.md"):
+        assert re.findall(counting, page.read_text(), re.I) == [], page.name
 
 
 @pytest.mark.slow
-def test_readme_status_sample_is_what_status_prints() -> None:
-    """`up` then `status` against the doubles, as scripts/sample_status.py runs them: the README shows that output."""
+def test_lifecycle_status_sample_is_what_status_prints() -> None:
+    """`up` then `status` against the doubles, as scripts/sample_status.py runs them: docs/lifecycle.md shows that output."""
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "sample_status.py")], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
-    shown = docgen.block(README, "status-sample")
-    assert shown is not None, "README.md lost its status-sample markers"
-    assert shown == f"```\n{r.stdout}```", "README.md's status sample is stale: run `python scripts/sample_status.py --write`"
+    shown = docgen.block(DOCS / "lifecycle.md", "status-sample")
+    assert shown is not None, "docs/lifecycle.md lost its status-sample markers"
+    assert shown == f"```\n{r.stdout}```", "docs/lifecycle.md's status sample is stale: run `python scripts/sample_status.py --write`"
     assert "hourly cost: $9.55/h (estimate)" in r.stdout and "release cluster-autoscaler 9.59.0 deployed" in r.stdout
 
 
@@ -193,3 +209,17 @@ def test_generators_run_as_scripts(generator: str) -> None:
     r = subprocess.run([sys.executable, str(REPO / "scripts" / f"{generator}.py")], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
+
+
+def test_the_iam_policy_in_docs_is_the_list_up_simulates() -> None:
+    """docs/lifecycle.md's actions and minimal policy come from raydlc.lifecycle.permissions.NEEDS, the list `up`
+    checks with IAM's simulator: a new action is one entry there and one run of scripts/iam_policy_doc.py."""
+    import iam_policy_doc
+    from raydlc.lifecycle import permissions
+
+    shown = docgen.block(DOCS / "lifecycle.md", "iam-policy")
+    assert shown is not None, "docs/lifecycle.md lost its iam-policy markers"
+    assert shown == iam_policy_doc.text(), "docs/lifecycle.md's IAM policy is stale: run `python scripts/iam_policy_doc.py --write`"
+    for need in permissions.NEEDS:
+        assert all(f"`{a}`" in shown for a in need.actions)
+    assert "arn:aws:iam::<account_id>:role/raydlc-<cluster>-<region>-ray-worker" in shown and "iam:PassRole" in shown

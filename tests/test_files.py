@@ -1,4 +1,4 @@
-"""raydlc.files: output locations checked before the work, writes all or nothing, OS errors in one line."""
+"""raydlc.edges.files: output locations checked before the work, writes all or nothing, OS errors in one line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raydlc import files
+from raydlc.edges import files
 from raydlc.errors import InputError, MachineError
 
 

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 import typer
 
-from raydlc import flags
 from raydlc.cli import app, main
-from raydlc.config import FIELDS, LOCAL_DEFAULTS, Flag
+from raydlc.config import FIELDS, LOCAL_DEFAULTS, Flag, flags
 from raydlc.train.__main__ import parse_args
 
 
@@ -27,7 +26,7 @@ def test_raydlc_train_has_one_option_per_flagged_setting_with_its_name_and_help(
         param = got[o.keyword]
         assert param.opts[0] == o.names[0] and list(param.secondary_opts) == list(o.names[1:])
         assert param.help == o.help() and f"[{o.env}" in param.help
-    assert got["out"].type_descriptor.annotation is Path and got["resume"].is_flag and got["bf16"].secondary_opts == ["--fp32"]
+    assert got["out"].type_descriptor.annotation is str and got["out"].metavar == "PATH|URI" and got["resume"].is_flag and got["bf16"].secondary_opts == ["--fp32"]
     # Every training setting the flags name is a train field with its env name; the rest stay env/--set/YAML only.
     assert {o.env for o in opts} <= {f.env for f in FIELDS.values() if f.section == "train"}
     assert {"WARMUP_STEPS", "USE_GPU", "COMPILE"}.isdisjoint({o.env for o in opts})

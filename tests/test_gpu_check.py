@@ -1,91 +1,156 @@
-"""benchmarks/gpu_check.sh: what runs without a GPU (arguments, the planner's prediction, the commands)."""
+"""benchmarks/gpu_check.sh: its limits (time, files), its arguments, and its dry run in a Python
+that, like the GPU machine's image, has no ray and no pydantic (pydantic only from the carried wheels)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from raydlc import plan as planner
-from raydlc.models import get_spec
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+PHASES_PY = ROOT / "benchmarks" / "gpu_check_phases.py"
+PHASES = ("nccl", "throughput", "memory", "l4", "precision")
+# What the GPU image has that the loop needs (docs/gpu-benchmarks.md); no ray, no pydantic.
+IMAGE_LIKE = ("torch==2.13.0", "numpy>=2", "pyyaml>=6", "transformers>=5", "safetensors>=0.4")
+WITHOUT = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
 
 
-def check(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """The script with a PATH whose nvidia-smi only records that it was called, and no PYTHONPATH of ours."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    spy = bin_dir / "nvidia-smi"
-    spy.write_text(f"#!/bin/sh\necho called >> {tmp_path / 'nvidia-smi-called'}\nexit 1\n")
-    spy.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHON")}
-    env |= {"PATH": f"{bin_dir}:{env['PATH']}", "PYTHON": sys.executable}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+def env_without_ours() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHON")}
 
 
-def test_dry_run_predicts_the_train_run_and_lists_the_commands_without_touching_a_gpu(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    r = check(["--dry-run", "--gpu", "h200", str(out)], tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert not (tmp_path / "nvidia-smi-called").exists()  # a dry run needs no GPU
-    plan = json.loads((out / "plan.json").read_text())
-    want = planner.plan(planner.Workload(get_spec("qwen2.5-0.5b"), seq_len=1024, micro_batch=8, grad_accum=4, sync="once", policy="bf16-mixed"),
-                        planner.layout_for(1, 1, gpu="h200", network_gbps=100))
-    assert (plan["step_time_s"], plan["tokens_per_s"], plan["per_gpu_bytes"]) == (
-        want.step_time_s["estimate"], want.step_time_s["tokens_per_s"], want.per_gpu_bytes["total"])
-    assert plan["fits"] and plan["grad_accum"] == 4 and plan["sync"] == "once"
-    commands = (out / "commands.sh").read_text()
-    assert "nvidia-smi" in commands and "benchmarks/gpu_efficiency.py" in commands and "--out " + str(out) in commands
-    train = next(line for line in commands.splitlines() if "-m raydlc.train" in line)
-    for part in ("--model qwen2.5-0.5b", "--workers 1", "--grad-accum 4", "--batch-size 8", "--seq-len 1024", "--bf16", "USE_GPU=true"):
-        assert part in train, part
-    assert "pip" not in SCRIPT.read_text().replace("pipefail", "")  # the GPU machine has no network: nothing is installed
-    # The final table is printed and written, saying plainly what a dry run did not measure.
-    assert f"{want.step_time_s['estimate']:.3f}" in r.stdout and "- (dry run)" in r.stdout
-    assert (out / "summary.txt").read_text().strip() in r.stdout
-    assert json.loads((out / "summary.json").read_text())["measured"] is None
+def script(args: list[str], tmp_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env_without_ours() | {"PYTHON": sys.executable}, cwd=tmp_path)
+
+
+def test_the_phases_timeouts_add_up_to_at_most_480_s_and_every_phase_has_one() -> None:
+    text = SCRIPT.read_text()
+    limits = {k: int(v) for k, v in re.findall(r"^TIMEOUT_([A-Z0-9_]+)_S=(\d+)$", text, re.M)}
+    assert sum(limits.values()) <= 480, limits
+    phases = re.search(r"^PHASES=\((.*)\)$", text, re.M).group(1).split()
+    assert [p.split(":")[0] for p in phases] == list(PHASES)
+    assert [p.split(":")[1] for p in phases] == [f"$TIMEOUT_{n.upper()}_S" for n in PHASES]
+    assert not re.search(r"import ray\b", text) and "pip install" not in text  # nothing installed on the GPU machine
 
 
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--bogus"], "unknown option --bogus"),
-        (["--dry-run", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+        (["--bogus", "out"], "unknown option --bogus"),
+        (["--dry-run"], "no OUTDIR"),
         (["--dry-run", "a", "b"], "one OUTDIR only"),
         (["--dry-run", "--gpu"], "--gpu needs a value"),
-        (["--dry-run", "--python", "/no/such/python"], "no Python at"),
+        (["--dry-run", "--python", "/no/such/python", "out"], "no Python at"),
+        (["--dry-run", "--gpu", "tpu", "out"], "unknown GPU 'tpu'"),
     ],
 )
 def test_bad_arguments_stop_with_one_line_and_exit_2(args: list[str], says: str, tmp_path: Path) -> None:
-    r = check(args, tmp_path)
+    r = script(args, tmp_path)
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not (tmp_path / "nvidia-smi-called").exists()
 
 
-def test_without_a_gpu_the_real_check_refuses_before_running_anything(tmp_path: Path) -> None:
-    r = check([str(tmp_path / "out")], tmp_path)
-    assert r.returncode == 1 and "sees no CUDA GPU" in r.stderr, r.stderr
-    assert not (tmp_path / "out" / "plan.json").exists()
+def test_a_table_row_is_on_disk_the_moment_it_is_added(tmp_path: Path) -> None:
+    sys.path.insert(0, str(PHASES_PY.parent))
+    try:
+        import gpu_check_phases as g
+    finally:
+        sys.path.remove(str(PHASES_PY.parent))
+    g.add_row(tmp_path, {"phase": "throughput", "name": "m eager", "status": "ok", "measured": 900.0, "planned": 1000.0, "unit": " tok/s"})
+    g.add_row(tmp_path, {"phase": "l4", "name": "m capped", "status": "skipped", "planned": 7.0, "note": "no | CUDA"})
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["m eager", "m capped"]
+    table = (tmp_path / "summary.md").read_text()
+    assert "| throughput | m eager | ok | 900 tok/s | 1,000 tok/s | 0.9 |" in table
+    assert "no / CUDA" in table  # a cell never breaks the table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "summary.md"]
 
 
-def test_dry_run_plans_the_7b_shaped_memory_check(tmp_path: Path) -> None:
-    from dataclasses import replace
+# ---- the dry run in a Python like the GPU image's -----------------------------------------------------
 
+
+def image_like_python() -> Path:
+    """A venv with the GPU image's packages the loop needs and neither ray nor pydantic, built once per
+    set of versions (in the temp folder, renamed into place only when complete), from scratch on a clean machine."""
+    key = hashlib.sha256(repr((sys.version_info[:2], IMAGE_LIKE, WITHOUT)).encode()).hexdigest()[:12]
+    home = Path(tempfile.gettempdir()) / f"raydlc-gpu-check-venv-{key}"
+    py = home / "bin" / "python"
+    if (home / "complete").exists():
+        return py
+    # Renamed after the build: only `python -m ...` is used, which a moved venv still runs (its scripts' shebangs would not).
+    staging = Path(str(home) + f".{os.getpid()}")
+    subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True, timeout=120)
+    subprocess.run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", *IMAGE_LIKE], check=True, timeout=900)
+    # transformers pulls typer, whose release here pulls pydantic; the image's typer comes without it: so does this venv's.
+    subprocess.run([str(staging / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", *WITHOUT], check=True, timeout=120)
+    (staging / "complete").write_text("ok\n")
+    try:
+        staging.rename(home)
+    except OSError:  # another run finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return py
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_phase_without_ray_or_pydantic_within_the_limits(tmp_path: Path) -> None:
+    py = image_like_python()
+    for missing in ("ray", "pydantic"):
+        probe = subprocess.run([str(py), "-c", f"import {missing}"], capture_output=True, text=True, env=env_without_ours())
+        assert probe.returncode != 0, f"the image-like venv must lack {missing}"
+    wheels = tmp_path / "wheels"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run(["bash", str(ROOT / "benchmarks" / "fetch_wheels.sh"), "--python-version", version, str(wheels)],
+                   check=True, timeout=300, env=env_without_ours() | {"PIP": f"{sys.executable} -m pip"})
     out = tmp_path / "out"
-    r = check(["--dry-run", "--gpu", "h200", str(out)], tmp_path)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads((out / "memory_7b.json").read_text())
-    spec = replace(get_spec("qwen2.5-7b"), num_layers=4)
-    for name, chunk in (("recommended", 1024), ("unchunked", 0)):
-        row = doc["variants"][name]
-        want = planner.memory_bytes(planner.Workload(spec, seq_len=2048, activation_checkpointing=True, loss_chunk=chunk, reduce_dtype="bf16"), 1)
-        assert row["planned"]["total"] == want["total"] and row["measured"] is None  # a dry run measures nothing
-    assert doc["variants"]["unchunked"]["planned"]["logits"] == 12 * spec.vocab_size * 2048
-    memory = next(line for line in (out / "commands.sh").read_text().splitlines() if "memory_7b.py" in line)
-    assert "--model qwen2.5-7b --layers 4 --seq-len 2048" in memory and "planned" in r.stdout
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--python", str(py), "--wheels", str(wheels), str(out)],
+                       capture_output=True, text=True, timeout=600, env=env_without_ours(), cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr + (out / "log.txt").read_text()
+    print(f"dry run: {took:.0f} s")
+    log = (out / "log.txt").read_text()
+    assert "pydantic from the wheels" in log and "torch 2.13.0" in log
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["phase"] for r in rows} == set(PHASES)
+    assert all(r["status"] in ("ok", "skipped") for r in rows), [r for r in rows if r["status"] not in ("ok", "skipped")]
+    names = {r["name"] for r in rows}
+    assert {"tiny eager", "tiny compiled", "all_reduce bfloat16", "reduce_scatter float32"} <= names
+    assert any("bf16 vs fp32 loss, 30 steps" in n for n in names) and any("chunked vs plain" in n for n in names)
+    throughput = [r for r in rows if r["phase"] == "throughput"]
+    assert all(r["planned"] > 0 and r["measured"] > 0 for r in throughput)  # the planner beside each measurement
+    table = (out / "summary.md").read_text()
+    assert all(f"| {p} |" in table for p in PHASES)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in files), files
+    assert sorted(p.name for p in files) == ["log.txt", "results.json", "summary.md"]
+
+
+@pytest.mark.slow
+def test_a_phase_killed_midway_leaves_the_rows_it_finished(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = env_without_ours() | {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", str(PHASES_PY),
+                          "throughput", "--out", str(out), "--toy"], env=env, cwd=ROOT, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (out / "results.json").exists():
+            time.sleep(0.2)
+        assert (out / "results.json").exists(), "no row within 240 s"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # what `timeout` does to a phase that runs past its limit
+        p.wait()
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert len(rows) < 4 and rows[0]["name"] == "tiny eager" and rows[0]["status"] == "ok"  # killed before the last row
+    assert "| throughput | tiny eager | ok |" in (out / "summary.md").read_text()

@@ -14,9 +14,9 @@ from types import ModuleType
 
 import pytest
 
-from raydlc.catalog import GPUS, gpu_for_device_name
 from raydlc.errors import InputError, TrainError
-from raydlc.models import SPECS
+from raydlc.facts.instances import GPUS, gpu_for_device_name
+from raydlc.facts.models import SPECS
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_efficiency.py"

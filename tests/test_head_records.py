@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from raydlc import heads, rayedge
 from raydlc.cli import main
-from raydlc.files import OWNED_MARKER, make_owned_dir, owned, remove_owned_dir
+from raydlc.edges import local_head
+from raydlc.edges.files import OWNED_MARKER, make_owned_dir, owned, remove_owned_dir
+from raydlc.jobs import targets
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def assert_read_only_commands_touch_nothing(capsys: pytest.CaptureFixture[str], 
 def test_a_dead_pid_deletes_nothing_and_down_removes_only_the_record(home: Path, victim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pid = dead_pid()
     record = write_record(home, pid, victim, start_ticks=12345)
-    assert heads.running_head() is None
+    assert targets.running_head() is None
     assert_read_only_commands_touch_nothing(capsys, record, victim, f"PID {pid} is not running")
     rc, out, _ = run(capsys, "down", "--local", "--dry-run")
     assert rc == 0 and "would remove the local head record" in out and record.exists()
@@ -99,19 +100,19 @@ def test_a_dead_pid_deletes_nothing_and_down_removes_only_the_record(home: Path,
 def test_a_live_unrelated_pid_without_a_start_time_is_neither_ended_nor_reported_as_the_head(
         home: Path, victim: Path, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]) -> None:
     record = write_record(home, sleeper.pid, victim, start_ticks=None)
-    assert heads.running_head() is None
+    assert targets.running_head() is None
     assert_read_only_commands_touch_nothing(capsys, record, victim, "records no start time")
     rc, out, _ = run(capsys, "down", "--local")
     assert rc == 0 and "removed the local head record" in out and "nothing it names was touched" in out
-    assert sleeper.poll() is None and rayedge.process_alive(sleeper.pid)  # still running
+    assert sleeper.poll() is None and local_head.process_alive(sleeper.pid)  # still running
     assert (victim / "thesis.tex").exists() and not record.exists()
 
 
 def test_a_record_whose_command_line_is_not_raydlcs_head_is_refused(
         home: Path, victim: Path, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]) -> None:
     """The PID runs and its start time matches (as after an edit, or a PID reused at once): the command line decides."""
-    record = write_record(home, sleeper.pid, victim, start_ticks=heads._start_ticks(sleeper.pid))
-    claim = heads.check_record()
+    record = write_record(home, sleeper.pid, victim, start_ticks=local_head.start_ticks(sleeper.pid))
+    claim = targets.check_record()
     assert claim is not None and claim.doubt is not None and "is not raydlc's Ray head" in claim.doubt
     assert_read_only_commands_touch_nothing(capsys, record, victim, "is not raydlc's Ray head")
     rc, _, _ = run(capsys, "down", "--local")
@@ -119,10 +120,10 @@ def test_a_record_whose_command_line_is_not_raydlcs_head_is_refused(
 
 
 def test_a_start_time_that_does_not_match_is_a_reused_pid(home: Path, victim: Path, sleeper: subprocess.Popen[bytes]) -> None:
-    ticks = heads._start_ticks(sleeper.pid)
+    ticks = local_head.start_ticks(sleeper.pid)
     assert ticks is not None
     write_record(home, sleeper.pid, victim, start_ticks=ticks - 1)
-    claim = heads.check_record()
+    claim = targets.check_record()
     assert claim is not None and "started after the head did" in str(claim.doubt)
 
 
@@ -157,5 +158,5 @@ def test_raydlc_deletes_only_a_directory_holding_its_own_marker(tmp_path: Path, 
 
 def test_ending_a_head_by_pid_leaves_a_temp_dir_without_the_marker(victim: Path) -> None:
     """`end_head` for a PID that already ended: the directory it was told about is not raydlc's, so it stays."""
-    rayedge.end_head(dead_pid(), victim, timeout=1)
+    local_head.end_head(dead_pid(), victim, timeout=1)
     assert (victim / "thesis.tex").exists()

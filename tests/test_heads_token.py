@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raydlc.errors import InputError
-from raydlc.heads import address_token
+from raydlc.jobs.targets import address_token
 
 
 def test_the_variable_wins_then_the_named_file_then_the_default_file(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from raydlc.errors import InputError
-from raydlc.models import SPECS, ModelSpec, get_spec, model_dir, read_config, resolve_spec, spec_for, spec_from_config
+from raydlc.facts.models import SPECS, ModelSpec, get_spec, model_dir, read_config, resolve_spec, spec_for, spec_from_config
 from raydlc.train.model import build_model
 
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from raydlc.telemetry.nccl import EXPECTABLE, Evidence, NcclFacts, Process, expect_ok, judge
-from raydlc.telemetry.nccl.machines import hosts
+from raydlc.nccl import EXPECTABLE, Evidence, NcclFacts, Process, expect_ok, judge
+from raydlc.nccl.machines import hosts
 
 
 def proc(host: str, pid: int, dev: int = 0, *, rank: int | None = None, nranks: int = 0, addr: str | None = None, **kw) -> Process:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from raydlc import plan as planner
-from raydlc.models import SPECS, ModelSpec
+from raydlc import planner
+from raydlc.facts.models import SPECS, ModelSpec
 
 # Untied head and a vocabulary that does not split evenly, so FSDP2's padding and the root unit show.
 SMALL = ModelSpec("small", 512, 8, 8, 2, 1376, 32003, False, max_position_embeddings=2048)
@@ -50,13 +50,22 @@ def shard_sizes_loop(config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
-    from raydlc.models import ModelSpec
+    from raydlc.facts.models import ModelSpec
     from raydlc.train.model import apply_fsdp, build_model
 
     rank = ray.train.get_context().get_world_rank()
     counts = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
     _count_collectives(dist, counts)
+    buffers: list[int] = []
+    real_copy_in = _fsdp_collectives.foreach_reduce_scatter_copy_in
+
+    def copy_in(grads: Any, buffer: Any, world: int) -> None:
+        buffers.append(buffer.numel() * buffer.element_size())  # FSDP2's fresh reduce-scatter input of one unit
+        real_copy_in(grads, buffer, world)
+
+    _fsdp_collectives.foreach_reduce_scatter_copy_in = copy_in
     out = []
     for spec_d, policy, strategy in config["cases"]:
         spec = ModelSpec(**spec_d)
@@ -70,7 +79,9 @@ def shard_sizes_loop(config: dict[str, Any]) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         ids = torch.randint(0, spec.vocab_size, (1, 16), generator=torch.Generator().manual_seed(rank))
         counts.update(dict.fromkeys(counts, 0))
+        buffers.clear()
         model(input_ids=ids, labels=ids).loss.backward()
+        reduce_buffer = max(buffers, default=0)
         step_counts = dict(counts)
         opt.step()
         params = list(model.parameters())
@@ -80,6 +91,7 @@ def shard_sizes_loop(config: dict[str, Any]) -> None:
             "policy": policy,
             "strategy": strategy,
             "collective_bytes": step_counts,
+            "reduce_buffer": reduce_buffer,
             "params": sum(_local_bytes(p) for p in params),
             "grads": sum(_local_bytes(p.grad) for p in params),
             "optimizer": sum(_local_bytes(v) for v in state),
@@ -123,9 +135,14 @@ def test_fsdp2_local_shards_match_the_planner_within_2_percent(ray_local: Any, t
         assert sum(g["numel"] for g in got) == spec.param_count()  # the shards cover the model exactly once
         expected_dtype = "torch.float32" if policy == "bf16-mixed" else "torch.bfloat16"
         assert all(g["dtypes"] == [expected_dtype] and g["state_dtypes"] == [expected_dtype] for g in got), got
+        # The sharded state: in the optimizer step's phase, where every shard's gradient exists.
+        state = planner.memory_phases(planner.Workload(spec, seq_len=16, policy=policy), 2)["optimizer_step"]
+        buffer = planner.unsharded_parts(planner.Workload(spec, seq_len=16, policy=policy))["reduce_buffer"]
         for g in got:
             for key in ("params", "grads", "optimizer"):
-                assert g[key] == pytest.approx(want[key], rel=0.02), (spec.name, policy, key, g[key], want[key])
+                assert g[key] == pytest.approx(state[key], rel=0.02), (spec.name, policy, key, g[key], state[key])
+            # The largest unit's reduce-scatter buffer, in the reduce dtype (fp32 under bf16-mixed, bf16 under pure-bf16).
+            assert g["reduce_buffer"] == pytest.approx(buffer, rel=0.05), (spec.name, policy, g["reduce_buffer"], buffer)
         assert sum(g["params"] for g in got) == spec.param_count() * b.param
         assert sum(g["grads"] for g in got) == spec.param_count() * b.grad
         # Each rank receives (n-1)/n of every gathered buffer and of every reduce-scattered gradient.

@@ -9,46 +9,27 @@ one of the denied requests below into an allowed one and fails.
 
 from __future__ import annotations
 
-import fnmatch
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raydlc import schemas
 from raydlc.config import load_config
+from raydlc.render.bucket import SERVICE_ACCOUNT, WORKER_SERVICE_ACCOUNT, Bucket, pod_policy, role_name, worker_role_name
 from raydlc.render.eksctl import render_eksctl
-from raydlc.render.storage import SERVICE_ACCOUNT, Bucket, pod_policy, role_name
+
+sys.path.insert(0, str(Path(__file__).parent / "doubles"))
+from s3_iam import Check, evaluate  # type: ignore[import-not-found]
 
 B = Bucket("raydlc-123456789012-us-east-2-eks-cluster", "runs")
 ARN = f"arn:aws:s3:::{B.name}"
 
 
-def _match(pattern: str, value: str, *, case: bool = True) -> bool:
-    pattern = pattern.replace("[", "[[]")  # IAM has only * and ?; fnmatch's [...] must stay literal
-    return fnmatch.fnmatchcase(value, pattern) if case else fnmatch.fnmatchcase(value.lower(), pattern.lower())
-
-
-def _listed(x: Any) -> list[Any]:
-    return x if isinstance(x, list) else [x]
-
-
-def _applies(stmt: dict[str, Any], action: str, resource: str, context: dict[str, str]) -> bool:
-    if not any(_match(a, action, case=False) for a in _listed(stmt.get("Action", []))):
-        return False
-    if not any(_match(r, resource) for r in _listed(stmt.get("Resource", []))):
-        return False
-    for op, keys in (stmt.get("Condition") or {}).items():
-        assert op == "StringLike", f"the evaluator knows StringLike only, got {op}"
-        for key, patterns in keys.items():
-            if key not in context or not any(_match(p, context[key]) for p in _listed(patterns)):
-                return False
-    return True
-
-
 def allowed(policy: dict[str, Any], action: str, resource: str, **context: str) -> bool:
-    """IAM's decision for one identity policy: explicit Deny > Allow > implicit deny."""
-    hits = [s["Effect"] for s in policy["Statement"] if _applies(s, action, resource, {f"s3:{k}": v for k, v in context.items()})]
-    return "Deny" not in hits and "Allow" in hits
+    """IAM's decision for one identity policy (the S3 front's evaluator, tests/doubles/s3_iam.py)."""
+    return evaluate(policy, Check(action, resource, {f"s3:{k}": v for k, v in context.items()}))
 
 
 OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
@@ -62,7 +43,7 @@ def test_object_actions_are_allowed_under_the_run_prefix(action: str, key: str) 
 
 @pytest.mark.parametrize("action", OBJECT_ACTIONS)
 @pytest.mark.parametrize("resource", [
-    f"{ARN}/runsX/r1/a", f"{ARN}/runs", f"{ARN}/other/runs/a",
+    f"{ARN}/runsX/r1/a", f"{ARN}/runsX", f"{ARN}/other/runs/a",
     "arn:aws:s3:::another-bucket/runs/r1/a", f"{ARN}x/runs/r1/a", ARN,
 ])
 def test_object_actions_are_denied_outside_the_prefix_and_on_other_buckets(action: str, resource: str) -> None:
@@ -85,8 +66,16 @@ def test_listing_is_scoped_to_the_run_prefix(prefix: str, ok: bool) -> None:
     assert not allowed(pod_policy(B), "s3:ListBucket", "arn:aws:s3:::another-bucket", prefix=prefix)
 
 
-def test_a_list_without_a_prefix_is_denied() -> None:
-    assert not allowed(pod_policy(B), "s3:ListBucket", ARN)
+def test_head_bucket_is_allowed_as_s3_authorises_it_a_list_without_prefix_context() -> None:
+    """HeadBucket is `s3:ListBucket` with no `s3:prefix`: pyarrow's create_dir(recursive) needs it (and S3's 404)."""
+    assert allowed(pod_policy(B), "s3:ListBucket", ARN)
+    assert not allowed(pod_policy(B), "s3:ListBucket", "arn:aws:s3:::another-bucket")
+
+
+@pytest.mark.parametrize("action", OBJECT_ACTIONS)
+def test_the_key_of_the_prefix_itself_can_be_headed_and_nothing_more(action: str) -> None:
+    """get_file_info("bucket/runs") heads the key `runs` before it lists `runs/`."""
+    assert allowed(pod_policy(B), action, f"{ARN}/runs") == (action == "s3:GetObject")
 
 
 @pytest.mark.parametrize("action", [
@@ -110,6 +99,9 @@ def test_the_evaluator_itself_turns_a_widened_policy_into_an_allowed_request() -
     no_condition = pod_policy(B)
     del no_condition["Statement"][0]["Condition"]
     assert allowed(no_condition, "s3:ListBucket", ARN, prefix="")
+    strict = pod_policy(B)
+    strict["Statement"][0]["Condition"] = {"StringLike": strict["Statement"][0]["Condition"]["StringLikeIfExists"]}
+    assert not allowed(strict, "s3:ListBucket", ARN)  # the policy issue 32 found: HeadBucket refused
 
 
 def test_the_rendered_cluster_config_grants_this_policy_to_the_ray_pods_service_account(tmp_path) -> None:
@@ -117,8 +109,12 @@ def test_the_rendered_cluster_config_grants_this_policy_to_the_ray_pods_service_
     cc = render_eksctl(cfg, ["us-east-2a", "us-east-2b"])
     assert schemas.problems(cc) == []
     # the Ray pods' association; the Cluster Autoscaler's (IDLE_MINUTES > 0) is in tests/test_autoscale.py
-    (pia,) = [a for a in cc["iam"]["podIdentityAssociations"] if a["namespace"] == "ray-train"]
-    assert (pia["namespace"], pia["serviceAccountName"], pia["createServiceAccount"]) == ("ray-train", SERVICE_ACCOUNT, True)
-    assert pia["roleName"] == role_name(cfg) == "raydlc-eks-cluster-us-east-2-ray" and len(pia["roleName"]) <= 64
-    assert pia["permissionPolicy"] == pod_policy(B) and "permissionPolicyARNs" not in pia and "wellKnownPolicies" not in pia
+    # the head's service account and the workers' each get an association, a role of their own and this policy
+    head, worker = [a for a in cc["iam"]["podIdentityAssociations"] if a["namespace"] == "ray-train"]
+    assert (head["namespace"], head["serviceAccountName"], head["createServiceAccount"]) == ("ray-train", SERVICE_ACCOUNT, True)
+    assert (worker["serviceAccountName"], worker["createServiceAccount"]) == (WORKER_SERVICE_ACCOUNT, True)
+    assert head["roleName"] == role_name(cfg) == "raydlc-eks-cluster-us-east-2-ray" and len(head["roleName"]) <= 64
+    assert worker["roleName"] == worker_role_name(cfg) == "raydlc-eks-cluster-us-east-2-ray-worker"
+    for pia in (head, worker):
+        assert pia["permissionPolicy"] == pod_policy(B) and "permissionPolicyARNs" not in pia and "wellKnownPolicies" not in pia
     assert {a["name"] for a in cc["addons"]} >= {"eks-pod-identity-agent"}  # the agent that serves the association

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from raydlc import preflight
+from raydlc.checks import preflight
+from raydlc.checks.preflight import Expectation, Measurement, NodeFacts, judge
 from raydlc.cli import main
-from raydlc.preflight import Expectation, Measurement, NodeFacts, judge
 
 MiB = 1 << 20
 G6 = Expectation(network_gbps=40, efa=True, gpus_per_node=4)  # 4.25 GB/s expected over EFA
@@ -175,7 +175,7 @@ def test_net_plugin_found_on_disk_and_seen_once_loaded(tmp_path: Any) -> None:
     plugin = tmp_path / "libnccl-net-ofi.so"
     shutil.copy(src, plugin)
     code = (
-        "import ctypes, json; from raydlc import collectives as c; before = c._plugin_loaded(); "
+        "import ctypes, json; from raydlc.checks import collectives_job as c; before = c._plugin_loaded(); "
         f"ctypes.CDLL({str(plugin)!r}); print(json.dumps([c._plugin_files(), before, c._plugin_loaded()]))"
     )
     env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))

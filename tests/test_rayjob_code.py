@@ -11,9 +11,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from raydlc import codezip
 from raydlc.config import load_config
-from raydlc.render import FILES, render_all
+from raydlc.render import FILES, codezip, render_all
 
 
 def test_the_rendered_runtime_env_is_one_ray_accepts(tmp_path: Path) -> None:

@@ -23,10 +23,11 @@ import yaml
 from kubernetes_validate.utils import all_versions
 
 import raydlc
-from raydlc import catalog, codezip, schemas
+from raydlc import schemas
 from raydlc.config import Config, load_config
 from raydlc.errors import InputError
-from raydlc.render import FILES, render_all, to_yaml, write
+from raydlc.facts import instances
+from raydlc.render import FILES, codezip, render_all, to_yaml, write
 from raydlc.render.eksctl import availability_zones
 from raydlc.render.helm import releases
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY
@@ -49,6 +50,7 @@ SPREAD: dict[str, tuple[dict[str, Any], list[str]]] = {
     "autoscale": ({"IDLE_MINUTES": 15}, ZONES),
     "namespace": ({"NAMESPACE": "team-a-training", "RAY_CLUSTER_NAME": "team-a", "RAY_JOB_NAME": "team-a-job"}, ZONES),
     "bottlerocket-untainted": ({"NODE_AMI_FAMILY": "Bottlerocket", "GPU_TAINT": False, "NCCL_NET": ""}, ZONES),
+    "spot": ({"GPU_CAPACITY_TYPE": "spot", "GPU_AZ": "us-east-2c"}, ZONES),
     "http-mode": ({"JOB_SUBMISSION_MODE": "HTTPMode", "JOB_DEADLINE_S": 600, "KUBERAY_NAMESPACE": "ray-system"}, ZONES),
 }
 
@@ -230,7 +232,7 @@ def test_no_public_exposure_anywhere(name: str, rendered) -> None:
 @pytest.mark.parametrize("name", SPREAD)
 def test_every_gpu_pod_claims_the_whole_node(name: str, rendered) -> None:
     cfg, docs = rendered[name]
-    it = catalog.instance_type(cfg.gpu_nodes.instance_type)
+    it = instances.instance_type(cfg.gpu_nodes.instance_type)
     assert it is not None
     pods = gpu_pods(docs)
     assert len(pods) == 1  # the RayCluster's worker group; the RayJob runs on it
@@ -306,12 +308,12 @@ def test_p5_worker_claims_8_gpus_and_32_efa_with_gpudirect(rendered) -> None:
         assert "FI_EFA_USE_DEVICE_RDMA" not in {e["name"] for e in template["spec"]["containers"][0]["env"]}
 
 
-GPU_TYPES = [n for n, t in catalog.INSTANCE_TYPES.items() if t.gpus]
+GPU_TYPES = [n for n, t in instances.INSTANCE_TYPES.items() if t.gpus]
 
 
 @pytest.mark.parametrize("instance", GPU_TYPES)
 def test_every_gpu_type_renders_with_all_its_efa_and_gdr_only_where_the_hardware_has_it(instance: str, empty_dir: Path) -> None:
-    it = catalog.INSTANCE_TYPES[instance]
+    it = instances.INSTANCE_TYPES[instance]
     cfg = make_config({"GPU_NODE_TYPE": instance, "GPUS_PER_NODE": it.gpus, "GPU_NODE_COUNT": 16, "SYSTEM_NODE_TYPE": "m7i.2xlarge"}, empty_dir)
     docs = render_all(cfg, ZONES, only="raycluster")
     (group,) = docs[FILES["raycluster"]]["spec"]["workerGroupSpecs"]
@@ -326,10 +328,10 @@ def test_every_gpu_type_renders_with_all_its_efa_and_gdr_only_where_the_hardware
 
 
 def test_efa_interfaces_per_p5_class_type() -> None:
-    assert {n: catalog.INSTANCE_TYPES[n].efa_interfaces for n in ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge")} == {
+    assert {n: instances.INSTANCE_TYPES[n].efa_interfaces for n in ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge")} == {
         "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p4d.24xlarge": 4,
     }
-    assert {n: catalog.INSTANCE_TYPES[n].efa_interfaces for n in ("g6.12xlarge", "g6e.24xlarge", "g6e.48xlarge")} == {
+    assert {n: instances.INSTANCE_TYPES[n].efa_interfaces for n in ("g6.12xlarge", "g6e.24xlarge", "g6e.48xlarge")} == {
         "g6.12xlarge": 1, "g6e.24xlarge": 2, "g6e.48xlarge": 4,
     }
 
@@ -383,7 +385,8 @@ def test_gpu_node_group_is_in_exactly_one_az(name: str, rendered) -> None:
     (az,) = gpu["availabilityZones"]
     assert az == (cfg.gpu_nodes.az or SPREAD[name][1][0])
     assert az in cc["availabilityZones"] and len(cc["availabilityZones"]) >= 2
-    assert gpu["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+    assert gpu["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true",
+                             "k8s.amazonaws.com/accelerator": instances.accelerator_label(cfg.gpu_nodes.instance_type)}
     n = cfg.gpu_nodes.count
     low = 0 if cfg.gpu_nodes.idle_minutes else n  # autoscaling: the Cluster Autoscaler takes idle nodes to 0
     assert (gpu["desiredCapacity"], gpu["minSize"], gpu["maxSize"]) == (n, low, n)
@@ -395,6 +398,24 @@ def test_gpu_node_group_is_in_exactly_one_az(name: str, rendered) -> None:
     # EKS enforces NetworkPolicy only with this set; the value is a JSON string and the flag a string "true".
     assert json.loads(vpc_cni["configurationValues"]) == {"enableNetworkPolicy": "true"}
     assert vpc_cni["version"] == "latest"
+
+
+@pytest.mark.parametrize("kind", ["spot", "spot-then-on-demand"])
+def test_spot_renders_the_gpu_group_as_managed_spot_capacity_in_its_one_az_and_the_system_group_on_demand(
+    kind: str, empty_dir: Path, eksctl_validator
+) -> None:
+    cfg = make_config({"GPU_CAPACITY_TYPE": kind}, empty_dir)
+    cc = render_all(cfg, ZONES, only="eksctl")[FILES["eksctl"]]
+    assert errors_of(eksctl_validator, cc) == []
+    groups = {ng["name"]: ng for ng in cc["managedNodeGroups"]}
+    gpu, system = groups["gpu-workers"], groups["system"]
+    assert gpu["spot"] is True and gpu["instanceType"] == "g6.12xlarge" and "instanceTypes" not in gpu
+    assert gpu["efaEnabled"] is True and gpu["availabilityZones"] == ["us-east-2a"]
+    assert "spot" not in system
+    on_demand = render_all(make_config({}, empty_dir), ZONES, only="eksctl")[FILES["eksctl"]]
+    assert all("spot" not in ng for ng in on_demand["managedNodeGroups"])
+    bad = {**cc, "managedNodeGroups": [{**gpu, "spot": "yes"}, system]}
+    assert any("spot" in e for e in errors_of(eksctl_validator, bad))  # the schema really checks the field
 
 
 @pytest.mark.parametrize("name", SPREAD)
@@ -473,13 +494,16 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     assert env["RAYDLC_STEPS"] == "11" and env["RAYDLC_LEARNING_RATE"] == "3e-05"
     assert (env["RAYDLC_WEIGHT_DECAY"], env["RAYDLC_BF16"], env["RAYDLC_HSDP_REPLICAS"]) == ("0.1", "true", "2")
     assert env["RAYDLC_NUM_WORKERS"] == "8"
-    # Every non-default training setting travels, and nothing else but USE_GPU: the job has the same defaults, and
-    # on the cluster an empty USE_GPU is true (GPU workers scaled to zero show no GPU when the job starts).
+    # Every non-default training setting travels, and nothing else but USE_GPU and the deadline: the job has the same
+    # defaults, on the cluster an empty USE_GPU is true (GPU workers scaled to zero show no GPU when the job starts), and
+    # the job's driver stops itself at the RayJob's activeDeadlineSeconds (KubeRay v1.7.0 only marks the RayJob Failed).
     assert sorted(env) == sorted(["RAYDLC_STEPS", "RAYDLC_LEARNING_RATE", "RAYDLC_WEIGHT_DECAY", "RAYDLC_BF16",
-                                  "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH", "RAYDLC_USE_GPU"])
-    assert env["RAYDLC_USE_GPU"] == "true"
+                                  "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH", "RAYDLC_USE_GPU",
+                                  "RAYDLC_JOB_DEADLINE_S"])
+    assert env["RAYDLC_USE_GPU"] == "true" and env["RAYDLC_JOB_DEADLINE_S"] == "900" == str(job["activeDeadlineSeconds"])
     reloaded = load_config(env=env, cwd=empty_dir)
     assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers, "use_gpu": True})
+    assert reloaded.ray.job_deadline_s == 900 and reloaded.origin("JOB_DEADLINE_S") != "default"
     cpu = render_all(make_config({"USE_GPU": "false"}, empty_dir), ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
     assert yaml.safe_load(cpu["runtimeEnvYAML"])["env_vars"]["RAYDLC_USE_GPU"] == "false"  # a setting given is kept
     assert runtime["py_modules"] == [f"s3://raydlc-runs/code/raydlc-{raydlc.__version__}-{codezip.build().digest}.zip"]
@@ -524,9 +548,9 @@ def test_helm_releases_and_device_plugin_owners(rendered) -> None:
 # --- sizing -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("instance", [n for n, t in catalog.INSTANCE_TYPES.items() if t.gpus])
+@pytest.mark.parametrize("instance", [n for n, t in instances.INSTANCE_TYPES.items() if t.gpus])
 def test_worker_fits_the_node_after_reservations(instance: str) -> None:
-    it = catalog.INSTANCE_TYPES[instance]
+    it = instances.INSTANCE_TYPES[instance]
     size = worker_size(instance)
     cpu, mem = allocatable_for_pods(it)
     assert 1 <= size.cpu <= cpu < it.vcpus - kube_reserved_cpu(it.vcpus)
@@ -635,3 +659,48 @@ def test_default_config_matches_the_golden_files(rendered, name: str, golden: Pa
     assert on_disk == sorted(docs), "golden file set differs; RAYDLC_UPDATE_GOLDEN=1 to rewrite"
     for fname, doc in docs.items():
         assert (golden / fname).read_text() == _golden(doc), f"{fname} differs from its golden file"
+
+
+# --- the system node holds what runs there (raydlc.render.sizing system_node_pods) ---------------------------
+
+
+def test_the_default_system_node_holds_the_head_the_add_ons_the_submitter_and_a_probe(empty_dir: Path) -> None:
+    from raydlc.checks import head_isolation
+    from raydlc.render import sizing
+
+    it = instances.INSTANCE_TYPES["m7i.xlarge"]
+    assert load_config(env={}, cwd=empty_dir).system_nodes.instance_type == it.name
+    names = {p.name for p in sizing.system_node_pods(autoscaling=True)}
+    assert {"Ray autoscaler sidecar", "kuberay-operator", "cluster-autoscaler", "metrics-server", "coredns", "kube-proxy",
+            "aws-node", "eks-pod-identity-agent", "RayJob submitter", "verify's probe pod"} == names
+    assert {p.name for p in sizing.system_node_pods(autoscaling=False)} == names - {"Ray autoscaler sidecar", "cluster-autoscaler"}
+    fit = sizing.system_node_fit(it, autoscaling=True)
+    assert fit.allocatable_cpu == pytest.approx(3.92) and fit.others_cpu == pytest.approx(1.85)
+    head = sizing.head_size(it.name, 8, autoscaling=True)
+    assert (head.cpu, head.memory_gib) == (2, 8)
+    assert head.cpu + fit.others_cpu <= fit.allocatable_cpu and head.memory_gib + fit.others_gib <= fit.allocatable_gib
+    # the figures counted are the ones rendered: the submitter's pod and verify's probe pod
+    sub = render_all(make_config({}, empty_dir), ZONES, only="rayjob")[FILES["rayjob"]]["spec"]["submitterPodTemplate"]
+    assert sub["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
+    probe = head_isolation.pod_doc("p", "ns", "img", None, "h", 1)["spec"]["containers"][0]["resources"]["requests"]
+    assert probe == {"cpu": f"{sizing.PROBE.cpu_m}m", "memory": f"{sizing.PROBE.memory_mi}Mi"}
+
+
+def test_a_system_node_that_cannot_hold_them_is_refused_by_render_and_up_dry_run(
+        empty_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """m7i.large (2 vCPUs, 8 GiB; EC2's figures) leaves the head under 2 CPUs once the add-ons are counted."""
+    from raydlc.cli import main
+
+    monkeypatch.chdir(empty_dir)
+    for k in [k for k in os.environ if k.startswith(("AWS_", "RAYDLC_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setitem(instances.INSTANCE_TYPES, "m7i.large", instances.InstanceType("m7i.large", 2, 8, 0, None, 0, 12.5))
+    with pytest.raises(InputError) as e:
+        render_all(make_config({"SYSTEM_NODE_TYPE": "m7i.large"}, empty_dir), ZONES, only="raycluster")
+    assert e.value.message.startswith("SYSTEM_NODE_TYPE: m7i.large cannot hold what runs on the system node")
+    assert e.value.hint == "set SYSTEM_NODE_TYPE=m7i.xlarge"
+    store = ["--set", "STORAGE_PATH=s3://raydlc-runs/team", "--set", "SYSTEM_NODE_TYPE=m7i.large"]
+    assert main([*store, "render", "--zones", ",".join(ZONES)]) == 2
+    assert "SYSTEM_NODE_TYPE" in capsys.readouterr().err
+    assert main([*store, "up", "--dry-run"]) == 2
+    assert "SYSTEM_NODE_TYPE: m7i.large cannot hold" in capsys.readouterr().err

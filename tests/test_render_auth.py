@@ -9,8 +9,8 @@ import pytest
 
 from raydlc import schemas
 from raydlc.config import load_config
+from raydlc.edges import ray_dashboard
 from raydlc.errors import ConfigError
-from raydlc.render import auth
 from raydlc.render.raycluster import render_raycluster
 
 
@@ -31,5 +31,5 @@ def test_a_ray_without_token_auth_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_header_is_the_one_rays_clients_send() -> None:
-    assert auth.headers("abc") == {"Authorization": "Bearer abc"}
-    assert auth.headers(None) == {} and auth.headers("") == {}
+    assert ray_dashboard.headers("abc") == {"Authorization": "Bearer abc"}
+    assert ray_dashboard.headers(None) == {} and ray_dashboard.headers("") == {}

@@ -78,7 +78,7 @@ def test_render_json_with_out_lists_files(clean_env: Path, capsys: pytest.Captur
 
 
 def test_render_without_credentials_succeeds_and_says_who_uploads_the_code_zip(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from raydlc import codezip
+    from raydlc.render import codezip
 
     assert main([*STORE, "render", "--only", "rayjob"]) == 0
     out = capsys.readouterr()

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from raydlc import catalog, scaleout
-from raydlc import plan as planner
+from raydlc import planner
 from raydlc.cli import main
 from raydlc.errors import InputError
-from raydlc.models import get_spec
+from raydlc.facts import instances
+from raydlc.facts.models import get_spec
+from raydlc.planner import scan
 
 W = planner.Workload
 
@@ -22,7 +23,7 @@ def at(instance_type: str, gpus: int):
 
 @pytest.mark.parametrize(("text", "want"), [("1,2,4", [1, 2, 4]), ("8, 2,2 ,1", [1, 2, 8]), ("450", [450])])
 def test_node_counts_are_sorted_whole_numbers_without_repeats(text: str, want: list[int]) -> None:
-    assert scaleout.parse_node_counts(text) == want
+    assert scan.parse_node_counts(text) == want
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -32,12 +33,12 @@ def test_node_counts_are_sorted_whole_numbers_without_repeats(text: str, want: l
 ])
 def test_bad_node_counts_are_refused_by_name(text: str, says: str) -> None:
     with pytest.raises(InputError, match=says):
-        scaleout.parse_node_counts(text)
+        scan.parse_node_counts(text)
 
 
 def test_each_row_is_the_planners_recommendation_at_that_node_count() -> None:
     spec = get_spec("qwen2.5-72b")
-    s = scaleout.scan(W(spec), COUNTS, at("p5.48xlarge", 8))
+    s = scan.scan(W(spec), COUNTS, at("p5.48xlarge", 8))
     assert [r.nodes for r in s.rows] == COUNTS and [r.gpus for r in s.rows] == [8 * n for n in COUNTS]
     assert s.nvlink and s.efa and s.network_gbps == 3200 and s.gpu == "h100"
     for r in s.rows:
@@ -60,7 +61,7 @@ def test_each_row_is_the_planners_recommendation_at_that_node_count() -> None:
 
 
 def test_efficiency_is_tokens_per_s_against_linear_from_the_first_count_that_fits() -> None:
-    s = scaleout.scan(W(get_spec("qwen2.5-1.5b")), COUNTS, at("g6.12xlarge", 4))
+    s = scan.scan(W(get_spec("qwen2.5-1.5b")), COUNTS, at("g6.12xlarge", 4))
     ref = s.rows[0]
     assert s.reference_nodes == 1 and ref.efficiency == pytest.approx(1.0)
     for r in s.rows:
@@ -75,16 +76,16 @@ def test_efficiency_is_tokens_per_s_against_linear_from_the_first_count_that_fit
 
 def test_pinned_activation_checkpointing_is_honoured() -> None:
     spec = get_spec("qwen2.5-7b")
-    on = scaleout.scan(W(spec), [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=True)
-    off = scaleout.scan(W(spec), [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=False)
+    on = scan.scan(W(spec), [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=True)
+    off = scan.scan(W(spec), [2, 4], at("p4de.24xlarge", 8), activation_checkpointing=False)
     assert all(r.activation_checkpointing for r in on.rows if r.fits)
     assert not any(r.activation_checkpointing for r in off.rows)
 
 
 def test_the_instance_types_facts_decide_the_links() -> None:
-    g6 = scaleout.scan(W(get_spec("qwen2.5-7b")), [2], at("g6e.48xlarge", 8))
-    p5 = scaleout.scan(W(get_spec("qwen2.5-7b")), [2], at("p5.48xlarge", 8))
-    g6e, p5t = catalog.INSTANCE_TYPES["g6e.48xlarge"], catalog.INSTANCE_TYPES["p5.48xlarge"]
+    g6 = scan.scan(W(get_spec("qwen2.5-7b")), [2], at("g6e.48xlarge", 8))
+    p5 = scan.scan(W(get_spec("qwen2.5-7b")), [2], at("p5.48xlarge", 8))
+    g6e, p5t = instances.INSTANCE_TYPES["g6e.48xlarge"], instances.INSTANCE_TYPES["p5.48xlarge"]
     assert (g6.nvlink, g6.network_gbps, g6.gpu) == (g6e.nvlink, g6e.network_gbps, g6e.gpu) == (False, 400, "l40s")
     assert (p5.nvlink, p5.network_gbps, p5.gpu) == (p5t.nvlink, p5t.network_gbps, p5t.gpu) == (True, 3200, "h100")
     assert p5.rows[0].tokens_per_s > g6.rows[0].tokens_per_s
@@ -101,9 +102,9 @@ def test_a_gpu_what_if_takes_the_network_of_a_type_with_that_gpu() -> None:
 def test_seq_len_beyond_positions_and_unknown_policy_are_refused() -> None:
     spec = get_spec("qwen2.5-0.5b")
     with pytest.raises(InputError, match="positions"):
-        scaleout.scan(W(spec, seq_len=spec.max_position_embeddings + 1), [1], at("g6.12xlarge", 4))
+        scan.scan(W(spec, seq_len=spec.max_position_embeddings + 1), [1], at("g6.12xlarge", 4))
     with pytest.raises(InputError, match="precision"):
-        scaleout.scan(W(spec, policy="int4"), [1], at("g6.12xlarge", 4))
+        scan.scan(W(spec, policy="int4"), [1], at("g6.12xlarge", 4))
 
 
 def test_plan_scan_nodes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,10 +1,11 @@
-"""Where runs keep their files: the one URI check, and the file-system calls resume and publish use."""
+"""Where runs keep their files: the one URI check (raydlc.storage), and the file-system calls resume and publish use (raydlc.edges.storage)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from raydlc import storage
+from raydlc.edges import storage as files
 
 
 def test_uri_or_path_is_decided_in_one_place() -> None:
@@ -28,12 +29,12 @@ def test_listing_reading_downloading_and_publishing_through_a_uri(tmp_path: Path
     (src / "a.bin").write_bytes(b"12345")
     (src / "m.json").write_text('{"x": 1}')
     uri = f"file://{tmp_path / 'store'}"
-    assert storage.list_dirs(uri) == ["run-1"] and storage.list_dirs(f"{uri}/nowhere") == []
-    assert storage.file_sizes(f"{uri}/run-1/checkpoint_000002") == {"a.bin": 5, "m.json": 8}
-    assert storage.read_text(f"{uri}/run-1/checkpoint_000002/m.json") == '{"x": 1}'
-    got = storage.download(f"{uri}/run-1/checkpoint_000002", tmp_path / "local")
+    assert files.list_dirs(uri) == ["run-1"] and files.list_dirs(f"{uri}/nowhere") == []
+    assert files.file_sizes(f"{uri}/run-1/checkpoint_000002") == {"a.bin": 5, "m.json": 8}
+    assert files.read_text(f"{uri}/run-1/checkpoint_000002/m.json") == '{"x": 1}'
+    got = files.download(f"{uri}/run-1/checkpoint_000002", tmp_path / "local")
     assert (got / "a.bin").read_bytes() == b"12345"
-    storage.publish(got, f"{uri}/run-2")
-    storage.publish(got, str(tmp_path / "plain"))
+    files.publish(got, f"{uri}/run-2")
+    files.publish(got, str(tmp_path / "plain"))
     assert (tmp_path / "store" / "run-2" / "a.bin").read_bytes() == b"12345"
     assert (tmp_path / "plain" / "m.json").read_text() == '{"x": 1}'

@@ -15,8 +15,8 @@ import pytest
 
 from raydlc.cli import main
 from raydlc.errors import InputError
-from raydlc.telemetry.collect import analyze_node_paths, analyze_paths, expand, log_files
-from raydlc.telemetry.nccl import PROOFS, RULES, VERDICTS, NcclReport, analyze_chunks, analyze_lines, expect_ok
+from raydlc.nccl import PROOFS, RULES, VERDICTS, NcclReport, analyze_chunks, analyze_lines, expect_ok
+from raydlc.nccl.collect import analyze_node_paths, analyze_paths, expand, log_files
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
@@ -256,7 +256,7 @@ def test_cli_reads_stdin_and_imports_nothing_heavy(tmp_path: Path) -> None:
 
 
 def test_numpy_and_plain_newline_counts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.telemetry.nccl import scan
+    from raydlc.nccl import scan
 
     data = b"".join((DATA / n).read_bytes() * 3 for n in ("socket_nccl952_ibext_no_device_fallback.log", "efa_ofi715_cloudwatch_gdr_shared.log"))
     plain = analyze_chunks([data], source="x")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from raydlc.edges.poll import Cancelled
+from raydlc.edges.tools import Runner, ToolFailed, ToolVersionError, command, parse_version
 from raydlc.errors import ToolMissingError
-from raydlc.tools import Cancelled, Runner, ToolFailed, ToolVersionError, command, parse_version
 
 
 def tool(bin_dir: Path, name: str, body: str) -> None:
@@ -126,6 +127,19 @@ def test_a_long_lived_command_is_waited_on_by_its_output_and_stopped(bin_dir: Pa
         m = running.wait_for(r"Forwarding from 127\.0\.0\.1:(\d+)", timeout=10)
         assert m.group(1) == "41234" and running.running
     assert not running.running
+
+
+def test_a_wait_for_a_line_ends_when_the_command_exits_or_the_time_is_up(bin_dir: Path) -> None:
+    tool(bin_dir, "quits", 'echo "error: no such service"\nexit 1\n')
+    tool(bin_dir, "mute", "exec sleep 30\n")
+    r = runner(bin_dir)
+    with r.start(command("quits", mutates=False)) as running, pytest.raises(ToolFailed, match=r"exited \(1\) before printing") as e:
+        running.wait_for("Forwarding", timeout=10)
+    assert e.value.lines == ["error: no such service"]
+    t0 = time.monotonic()
+    with r.start(command("mute", mutates=False)) as running, pytest.raises(ToolFailed, match="printed nothing matching 'Forwarding' within 1 s"):
+        running.wait_for("Forwarding", timeout=1)
+    assert time.monotonic() - t0 < 10
 
 
 def test_commands_print_as_a_shell_would_read_them() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from raydlc.errors import CheckpointError
-from raydlc.models import ModelSpec
+from raydlc.facts.models import ModelSpec
 from raydlc.train import checkpoint as C
 from raydlc.train.model import apply_fsdp, build_model
 
@@ -121,3 +121,40 @@ def test_latest_picks_the_newest_run_and_highest_step(tmp_path: Path) -> None:
             (tmp_path / run / C.dir_name(s)).mkdir(parents=True)
     (tmp_path / "run-20260103-000000-000001").mkdir()  # a run that never checkpointed
     assert C.latest(tmp_path) == str(tmp_path / "run-20260102-000000-000001" / C.dir_name(10))
+
+
+# ---- asynchronous saves ----------------------------------------------------------------------------
+
+
+def test_an_async_save_holds_the_weights_of_its_start_while_training_goes_on(group: None, tmp_path: Path) -> None:
+    """`start` returns once the shards are staged in host memory: steps taken while DCP writes change
+    nothing in the checkpoint; `seal` after the write gives a checkpoint `verify` and `load` accept."""
+    model, opt = trained(seed=4)
+    at_save = full(model)
+    ckpt_group = dist.new_group(backend="gloo")
+    d = tmp_path / C.dir_name(3)
+    digests = C.start(d, model, opt, step=3, rank=0, extra={"history": []}, group=ckpt_group)
+    x = torch.randint(0, SMALL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(9))
+    model(input_ids=x, labels=x).loss.backward()  # training goes on meanwhile
+    opt.step()
+    assert any(not torch.equal(at_save[k], v) for k, v in full(model).items())
+    mine = digests.result(timeout=120)
+    assert set(mine) == {p.name for p in d.iterdir()} and ".metadata" in mine  # hashed in the thread, after the write
+    assert not (d / C.MANIFEST).exists()  # partial until sealed
+    C.seal(d, mine, step=3, rank=0, world_size=1, meta={"model": "t"})
+    assert C.verify(d).step == 3
+    other, other_opt = trained(seed=5)
+    assert C.load(d, other, other_opt, rank=0)["step"] == 3
+    assert all(torch.equal(at_save[k], v) for k, v in full(other).items())
+
+
+def test_prune_keeps_the_newest_complete_checkpoints_and_any_still_arriving(tmp_path: Path) -> None:
+    for step in (2, 4, 6, 8):
+        (tmp_path / C.dir_name(step)).mkdir()
+        if step != 8:
+            (tmp_path / C.dir_name(step) / C.MANIFEST).write_text("{}")
+    (tmp_path / "export").mkdir()
+    deleted = C.prune(tmp_path, keep=2)
+    assert [p.name for p in deleted] == [C.dir_name(2)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [C.dir_name(4), C.dir_name(6), C.dir_name(8), "export"]
+    assert C.prune(tmp_path, keep=0) == [] and len(list(tmp_path.iterdir())) == 4  # 0 keeps all

@@ -8,7 +8,7 @@ import pytest
 
 from raydlc.config import TrainConfig, load_config
 from raydlc.errors import ConfigError, InputError
-from raydlc.train import budget as B
+from raydlc.planner import budget as B
 from raydlc.train import stall as S
 
 # ---- the budget ----------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_the_rayjob_deadline_is_the_smaller_of_the_budget_and_job_deadline_s() -
 
 @pytest.mark.parametrize(("name", "value", "says"), [
     ("JOB_MAX_COST_USD", "-1", "at least 0.01"), ("JOB_MAX_COST_USD", "nan", "JOB_MAX_COST_USD"), ("JOB_MAX_COST_USD", "0", "at least 0.01"),
-    ("STALL_MINUTES", "-5", "0 or more"), ("STALL_MINUTES", "inf", "STALL_MINUTES"), ("STALL_FIRST_MINUTES", "nan", "STALL_FIRST_MINUTES"),
+    ("STALL_MINUTES", "-5", r"0 \(off\) or at least 1 minute"), ("STALL_MINUTES", "0.0001", "would end a healthy run"), ("STALL_MINUTES", "inf", "STALL_MINUTES"), ("STALL_FIRST_MINUTES", "nan", "STALL_FIRST_MINUTES"),
 ])
 def test_bad_budget_and_stall_settings_are_refused(name: str, value: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -123,7 +123,7 @@ def beat(rank: int, step: int, *, entered: int, completed: int = 1, attempt: str
 
 def frames(*names: str, file: str = "/x/torch/distributed/distributed_c10d.py") -> list[dict[str, object]]:
     loop = [{"file": "/x/raydlc/train/loop.py", "line": 10, "name": "run_loop"}]
-    return loop + [{"file": file if n != "injected_hang" else "/x/raydlc/train/loop.py", "line": 5, "name": n} for n in names]
+    return loop + [{"file": file if n != "injected_hang" else "/x/raydlc/train/faults.py", "line": 5, "name": n} for n in names]
 
 
 def answer(rank: int, fr: list[dict[str, object]]) -> dict[str, object]:
@@ -170,7 +170,7 @@ def test_every_rank_in_a_collective_names_none_and_a_silent_rank_is_named() -> N
     for r in (0, 1):
         w.see(beat(r, 2, entered=3), 1.0)
         w.see(answer(r, frames("all_gather")), 2.0)
-    d = S.Decision(True, 1300.0, 1200.0, 2, False)
+    d = S.StallCheck(True, 1300.0, 1200.0, 2, False)
     assert S.suspects(w) == [] and "every rank waits in a collective (all_gather (" in S.reason(w, d, [])
     w.see(beat(2, 1, entered=2), 1.0)  # behind the others, and no answer to the request
     assert S.suspects(w) == [2]
@@ -184,7 +184,7 @@ def test_the_evidence_is_written_under_the_run_folder(tmp_path: object) -> None:
     w = S.Watch(since=0.0)
     w.see(beat(1, 2, entered=3), 1.0)
     w.see(answer(1, frames("injected_hang")), 1.0)
-    doc = S.evidence(w, S.Decision(True, 10.0, 6.0, 2, False), 11.0)
+    doc = S.evidence(w, S.StallCheck(True, 10.0, 6.0, 2, False), 11.0)
     path = S.write_evidence(doc, w, str(tmp_path))
     assert path == str(Path(str(tmp_path)) / "stall" / "evidence.json")
     assert json.loads(Path(path).read_text())["suspects"] == [1]
@@ -192,7 +192,7 @@ def test_the_evidence_is_written_under_the_run_folder(tmp_path: object) -> None:
 
 
 def test_job_status_reads_back_the_spend_line_the_job_prints() -> None:
-    from raydlc.jobs import latest_cost
+    from raydlc.jobs.control import latest_cost
     from raydlc.train.__main__ import cost_note
 
     line = "step 12: loss 2.1000  1,000 tok/s  0.500 s" + cost_note({"spent_usd": 1.2, "budget_usd": 5.0, "forecast_usd": 4.1})
@@ -201,8 +201,8 @@ def test_job_status_reads_back_the_spend_line_the_job_prints() -> None:
 
 
 def test_the_summary_table_and_job_status_show_why_and_what_it_cost() -> None:
-    from raydlc.train.progress import print_summary
     from raydlc.views.jobs import print_cost
+    from raydlc.views.progress import print_summary
     from raydlc.views.text import rendered
 
     s = {"model": "tiny", "workers": 2, "sharding": "fsdp", "steps": 37, "first_loss": 5.0, "final_loss": 3.0, "loss_drop": 0.4,

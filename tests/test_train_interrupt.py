@@ -29,15 +29,15 @@ def env() -> dict[str, str]:
 def test_a_relative_model_directory_trains(tmp_path: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    from raydlc.models import ModelSpec
-    from raydlc.train import data as D
-    from raydlc.train import tokenizer as T
+    from raydlc.data import tokenizer as T
+    from raydlc.data.corpus import bundled_corpus
+    from raydlc.facts.models import ModelSpec
     from raydlc.train.model import build_model
 
     spec = ModelSpec("small", 64, 2, 4, 2, 128, 500, True, max_position_embeddings=512, architecture="llama", qkv_bias=False)
     build_model(spec, seed=1).save_pretrained(tmp_path / "model")
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(d.text for d in D.bundled_corpus(max_chars=40_000)))
+    corpus.write_text("\n\n".join(d.text for d in bundled_corpus(max_chars=40_000)))
     bpe = T.train_bpe([corpus.read_text()], spec.vocab_size)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=T.EOS, pad_token=T.EOS).save_pretrained(tmp_path / "model")
     p = subprocess.run([str(RAYDLC), "train", "--model", "./model", "--data", "corpus.txt", "--steps", "2", *TINY_RUN, "--out", "runs", "--json"],

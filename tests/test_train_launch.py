@@ -16,6 +16,7 @@ from raydlc.errors import CheckpointError, InputError
 from raydlc.train import launch as L
 from raydlc.train import layout
 from raydlc.train import resolve as R
+from raydlc.train.runspec import RunTarget
 
 # What `raydlc train` runs with when nothing is set: the config's defaults under the local table.
 LOCAL = TrainConfig().updated(**{FIELDS[k].key: v for k, v in LOCAL_DEFAULTS.items()})
@@ -25,8 +26,8 @@ G6 = "g6.12xlarge"
 
 
 def test_auto_sharding_asks_the_planner_on_several_nodes_and_bad_names_fail() -> None:
-    from raydlc.models import SPECS
-    from raydlc.plan import Workload, layout_for, recommend_sharding
+    from raydlc.facts.models import SPECS
+    from raydlc.planner import Workload, layout_for, recommend_sharding
 
     big, tiny = SPECS["qwen2.5-1.5b"], SPECS["tiny"]
     planned = recommend_sharding(Workload(big), layout_for(2, 4, instance_type=G6))
@@ -50,18 +51,21 @@ def test_auto_sharding_asks_the_planner_on_several_nodes_and_bad_names_fail() ->
 
 
 def test_grad_accum_auto_runs_the_planners_layout_on_a_known_cluster_and_1_locally() -> None:
-    from raydlc import plan as planner
-    from raydlc.models import SPECS
+    from raydlc import planner
+    from raydlc.facts.models import SPECS
 
     big, tiny = SPECS["qwen2.5-1.5b"], SPECS["tiny"]
     t = TrainConfig(model_id="qwen2.5-1.5b", num_workers=8, grad_accum="auto", use_gpu=True)
     d = layout.decide(t, [4, 4], model=big, instance_type=G6)
-    best = planner.recommend(planner.Workload(big, seq_len=128), planner.layout_for(2, 4, instance_type=G6)).best
+    # ACTIVATION_CHECKPOINTING left empty: searched with the layout.
+    best = planner.recommend(planner.Workload(big, seq_len=128), planner.layout_for(2, 4, instance_type=G6), checkpointing=(False, True)).best
     assert best is not None and d.planned and d.note.startswith("planned: ")
-    assert (d.sharding, d.micro_batch, d.grad_accum, d.grad_sync) == (best.strategy, best.micro_batch, best.grad_accum, best.sync)
-    assert d.grad_accum > 1 and d.micro_batch * d.grad_accum * 8 * 128 <= t.max_global_batch
+    assert (d.sharding, d.micro_batch, d.grad_accum, d.grad_sync, d.activation_checkpointing) == (
+        best.strategy, best.micro_batch, best.grad_accum, best.sync, best.activation_checkpointing)
+    assert d.micro_batch * d.grad_accum > 1 and d.micro_batch * d.grad_accum * 8 * 128 <= t.max_global_batch
     applied = d.apply(t)
-    assert (applied.batch_size, applied.grad_accum, applied.grad_sync) == (d.micro_batch, d.grad_accum, d.grad_sync)
+    assert (applied.batch_size, applied.grad_accum, applied.grad_sync, applied.activation_checkpointing) == (
+        d.micro_batch, d.grad_accum, d.grad_sync, d.activation_checkpointing)
     assert R.global_sequences(applied) == d.micro_batch * d.grad_accum * 8
     # The training set caps the global batch too, and so does MAX_GLOBAL_BATCH.
     few = layout.decide(t, [4, 4], model=big, instance_type=G6, max_sequences=100)
@@ -88,11 +92,11 @@ def test_prepare_counts_accumulation_in_the_global_batch(tmp_path: Path) -> None
     data = tmp_path / "d.txt"
     data.write_text(" ".join(f"word{i % 50}" for i in range(3000)))
     train = TrainConfig(model_id="tiny", num_workers=2, seq_len=32, batch_size=4, data=str(data), storage_path=str(tmp_path / "o"))
-    p = L.prepare(train, L.Target())
-    assert R.resolve(train, L.Target(), p, R.Granted.local(train)).grad_accum == 1 and p.n_train >= 8
+    p = L.prepare(train, RunTarget())
+    assert R.resolve(train, RunTarget(), p, R.Granted.local(train)).grad_accum == 1 and p.n_train >= 8
     too_many = p.n_train // 8 + 1  # 2 workers x 4 sequences x this many micro-batches outgrows the data
     with pytest.raises(InputError, match=f"one global batch of {8 * too_many}"):
-        L.prepare(train.updated(grad_accum=too_many), L.Target())
+        L.prepare(train.updated(grad_accum=too_many), RunTarget())
 
 
 def test_cluster_spec_carries_the_gpu_type_for_the_planner(clean_env: Path) -> None:

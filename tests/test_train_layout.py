@@ -9,12 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from raydlc.config import TrainConfig
+from raydlc.data.tokenizer import TokenizerInfo
 from raydlc.errors import InputError, TrainError
 from raydlc.train import launch as L
 from raydlc.train import resolve as R
+from raydlc.train.faults import Crash
 from raydlc.train.layout import Mesh, check_placement, placement, plan_mesh
-from raydlc.train.runspec import Crash, RunSpec
-from raydlc.train.tokenizer import TokenizerInfo
+from raydlc.train.runspec import RunSpec, RunTarget
 
 
 def test_placement_fills_the_largest_nodes_first_as_ray_packs_them() -> None:
@@ -46,7 +47,7 @@ def test_hsdp_is_refused_when_it_would_not_be_hsdp() -> None:
 def test_a_local_hsdp_run_is_refused_before_ray_starts(tmp_path: Path) -> None:
     train = TrainConfig(model_id="tiny", num_workers=2, seq_len=32, batch_size=2, sharding="hsdp", storage_path=str(tmp_path))
     with pytest.raises(InputError, match="at least 2 replicas"):
-        L.prepare(train, L.Target())
+        L.prepare(train, RunTarget())
     assert not list(tmp_path.iterdir())
 
 
@@ -70,7 +71,7 @@ def spec(**kw: object) -> RunSpec:
         run_dir="/tmp/out/run-x",
         tokenizer=TokenizerInfo(eos_id=0, vocab_size=10, tokenizer_json="{}"),
         data_digest="abc",
-        crash=Crash(rank=1, step=5),
+        faults=Crash(rank=1, step=5),
     )
     return RunSpec(**(base | kw))  # type: ignore[arg-type]
 
@@ -79,7 +80,7 @@ def test_runspec_round_trips_through_json_and_is_validated_again_on_the_worker_s
     s = spec()
     back = RunSpec.from_wire(s.to_wire())
     assert back == s and isinstance(back.mesh, Mesh) and back.mesh.shape == (2, 1)
-    assert (back.train.weight_decay, back.train.warmup_steps, back.crash) == (0.1, 3, Crash(rank=1, step=5))
+    assert (back.train.weight_decay, back.train.warmup_steps, back.faults) == (0.1, 3, Crash(rank=1, step=5))
     assert back.checkpoint_meta() == {"model": "tiny", "spec": "tiny", "seq_len": 128, "global_batch": 2, "seed": 0, "data": "abc"}
     # Accumulation is part of the global batch (the data order), and arrives decided.
     assert spec(train=TrainConfig(model_id="tiny", num_workers=2, batch_size=3, grad_accum=4)).global_batch == 3 * 4 * 2
@@ -107,3 +108,45 @@ def test_a_layout_on_several_nodes_needs_storage_every_node_sees(tmp_path: Path)
     R.check_storage(train.updated(storage_shared=True), two_nodes)
     R.check_storage(train.updated(storage_path="s3://bucket/runs"), two_nodes)
     R.check_storage(train, R.plan_layout(train, [8], model=None, instance_type=None)[0])  # one node: its disk will do
+
+
+# ---- HSDP placement, proven by the workers' own reports ---------------------------------------------
+
+
+def test_shard_groups_are_the_ones_torchs_device_mesh_builds() -> None:
+    """One process pretending to be each rank of 8 (torch's fake process group): the shard group
+    DeviceMesh gives that rank is the one `shard_groups` names."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from raydlc.train.layout import shard_groups
+
+    for mesh in (plan_mesh("hsdp", [4, 4]), plan_mesh("hsdp", [4, 4], hsdp_replicas=4), plan_mesh("fsdp", [4, 4])):
+        groups = shard_groups(mesh)
+        assert sorted(r for g in groups for r in g) == list(range(8))
+        for rank in range(8):
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
+            try:
+                built = init_device_mesh("cpu", mesh.shape, mesh_dim_names=mesh.dim_names)
+                assert built["shard"].mesh.tolist() in groups, (mesh.shape, rank)
+            finally:
+                dist.destroy_process_group()
+
+
+def test_a_shard_group_across_nodes_is_refused_naming_its_ranks() -> None:
+    from raydlc.train.layout import check_nodes
+
+    mesh = plan_mesh("hsdp", [4, 4])  # (2, 4): ranks 0-3 and 4-7 must each share a node
+    check_nodes(mesh, ["10.0.0.1"] * 4 + ["10.0.0.2"] * 4)
+    interleaved = ["10.0.0.1", "10.0.0.2"] * 4  # what a placement not node by node would give
+    with pytest.raises(TrainError, match=r"span nodes: ranks 0-3 on 10\.0\.0\.1 \(ranks 0, 2\), 10\.0\.0\.2 \(ranks 1, 3\); ranks 4-7 on") as e:
+        check_nodes(mesh, interleaved)
+    assert "--sharding fsdp" in (e.value.hint or "")
+    one_off = ["a", "a", "a", "b", "b", "b", "b", "b"]
+    with pytest.raises(TrainError) as one:
+        check_nodes(mesh, one_off)
+    assert one.value.message.endswith("span nodes: ranks 0-3 on a (ranks 0, 1, 2), b (ranks 3)")  # the second group is whole
+    check_nodes(plan_mesh("fsdp", [4, 4]), interleaved)  # FSDP shards across nodes by design
+    with pytest.raises(TrainError, match="7 workers reported"):
+        check_nodes(mesh, ["a"] * 7)

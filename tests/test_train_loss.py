@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raydlc import plan as planner
-from raydlc.models import ModelSpec
-from raydlc.train.data import IGNORE
+from raydlc import planner
+from raydlc.data.encode import IGNORE
+from raydlc.facts.models import ModelSpec
 from raydlc.train.loop import loss_sum
 from raydlc.train.loss import ChunkedCrossEntropy, use_chunked_loss
 from raydlc.train.memprobe import LiveBytes

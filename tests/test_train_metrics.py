@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raydlc.train import metrics as M
+from raydlc.views import lossplot
 
 
 def records() -> list[dict]:
@@ -34,13 +35,13 @@ def test_steps_read_together_on_a_gpu_leave_the_whole_first_window_out() -> None
 def test_jsonl_round_trip_and_plot_is_a_png(tmp_path: Path) -> None:
     M.write_jsonl(records(), tmp_path / "m.jsonl")
     assert M.read_jsonl(tmp_path / "m.jsonl") == records()
-    M.plot(records(), tmp_path / "loss.png")
+    lossplot.plot(records(), tmp_path / "loss.png")
     data = (tmp_path / "loss.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
 def test_people_summary_names_the_figures_and_paths(capsys) -> None:
-    from raydlc.train.progress import print_summary
+    from raydlc.views.progress import print_summary
 
     s = {
         "steps": 300, "first_loss": 8.36, "final_loss": 5.05, "eval_loss": 5.17, "tokens_per_s": 1920.0, "step_time_s": 1.07,
@@ -50,3 +51,23 @@ def test_people_summary_names_the_figures_and_paths(capsys) -> None:
     print_summary(s)
     out = capsys.readouterr().out
     assert "8.36 → 5.05" in out and "40% lower" in out and "/o/r/export" in out and "fsdp" in out
+
+
+def test_eval_loss_rising_over_the_last_evaluations_is_named_beside_the_train_loss() -> None:
+    from raydlc.views.progress import print_summary
+
+    train = [{"step": s, "loss": 5.0 / s, "tokens": 100, "step_time_s": 1.0, "peak_mem_mb": 1.0} for s in range(1, 301)]
+    evals = [{"step": s, "eval_loss": v} for s, v in ((50, 3.0), (100, 2.1), (150, 2.4), (200, 2.6), (250, 2.9), (300, 3.3))]
+    s = M.summarize(train + evals)
+    assert s["overfitting"] == "overfitting: eval loss rose over the last 3 evaluations (2.6 → 3.3; lowest 2.1 at step 100)"
+    assert M.summarize(train + evals[:3])["overfitting"] is None  # two rises after the lowest: not yet three rising in a row
+    assert M.summarize(train + [*evals[:4], {"step": 250, "eval_loss": 2.5}])["overfitting"] is None  # it fell again
+    from io import StringIO
+
+    from rich.console import Console
+
+    buf = StringIO()
+    print_summary({**s, "loss_drop": 0.99, "model": "tiny", "workers": 2, "sharding": "fsdp", "resumed_from": None, "checkpoint": None,
+                   "export": "e", "metrics": "m", "plot": "p", "wall_s": 1.0}, Console(file=buf, width=300))
+    row = next(line for line in buf.getvalue().splitlines() if "loss first → final" in line)
+    assert "5 → 0.01667  (99% lower); overfitting: eval loss rose over the last 3 evaluations" in row

@@ -99,7 +99,7 @@ def test_the_ready_causal_mask_is_the_mask_transformers_would_build() -> None:
     """Skipping transformers' packed-sequence check (a GPU sync per forward) changes no number."""
     import torch
 
-    from raydlc.models import SPECS
+    from raydlc.facts.models import SPECS
     from raydlc.train.model import build_model
 
     model = build_model(SPECS["tiny"])
@@ -117,7 +117,7 @@ def test_a_llama_model_gets_no_mask_mapping_and_its_forward_runs() -> None:
 
     import torch
 
-    from raydlc.models import SPECS
+    from raydlc.facts.models import SPECS
     from raydlc.train.model import build_model
 
     spec = dataclasses.replace(SPECS["tiny"], name="tiny-llama", architecture="llama", qkv_bias=False)

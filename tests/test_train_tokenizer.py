@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raydlc.models import get_spec
-from raydlc.train import data as D
-from raydlc.train import tokenizer as T
+from raydlc.data import tokenizer as T
+from raydlc.data.corpus import bundled_corpus
+from raydlc.facts.models import get_spec
 
 
 def test_bpe_is_deterministic_fits_the_tiny_vocab_and_round_trips(tmp_path: Path) -> None:
-    texts = [d.text for d in D.bundled_corpus(max_chars=300_000)]
+    texts = [d.text for d in bundled_corpus(max_chars=300_000)]
     vocab = get_spec("tiny").vocab_size
     info_a, tok_a = T.for_model("tiny", texts, vocab, has_own=False)
     info_b, _ = T.for_model("tiny", texts, vocab, has_own=False)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tests.test_train_step import world_of_one
 
-from raydlc import plan as planner
-from raydlc.models import SPECS, ModelSpec
+from raydlc import planner
+from raydlc.facts.models import SPECS, ModelSpec
 from raydlc.train import checkpoint as ckpt
 from raydlc.train.loop import loss_sum
 from raydlc.train.loss import use_chunked_loss
@@ -51,22 +51,37 @@ def test_the_units_are_torchtitans_and_what_the_planner_counts(spec: ModelSpec) 
 def test_peak_unsharded_parameters_and_gradients_are_the_planners_within_5_percent() -> None:
     """The real vocabulary of Qwen2.5 on narrow layers: the unsharded head and embeddings dominate, as at 7B."""
     spec = ModelSpec("qwen-vocab", 64, 2, 4, 2, 172, 152064, False, max_position_embeddings=512)
-    with world_of_one():
-        model = apply_fsdp(use_chunked_loss(build_model(spec), 64), param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        ids = torch.randint(0, spec.vocab_size, (1, 128), generator=torch.Generator().manual_seed(0))
-        probe = LiveBytes(model)
-        with probe:
-            with probe.during("forward"):
-                total, _ = loss_sum(model, ids, ids)
-            with probe.during("backward"):
-                total.backward()
-        w = planner.Workload(spec, seq_len=128, loss_chunk=64)
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    for reduce, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        buffers: list[int] = []
+        real = _fsdp_collectives.foreach_reduce_scatter_copy_in
+
+        def counted(grads: Any, buffer: torch.Tensor, world: int, real: Any = real, buffers: list[int] = buffers) -> None:
+            buffers.append(buffer.numel() * buffer.element_size())  # the fresh reduce-scatter input of one unit
+            real(grads, buffer, world)
+
+        _fsdp_collectives.foreach_reduce_scatter_copy_in = counted
+        try:
+            with world_of_one():
+                model = apply_fsdp(use_chunked_loss(build_model(spec), 64), param_dtype=torch.bfloat16, reduce_dtype=reduce)
+                ids = torch.randint(0, spec.vocab_size, (1, 128), generator=torch.Generator().manual_seed(0))
+                probe = LiveBytes(model)
+                with probe:
+                    with probe.during("forward"):
+                        total, _ = loss_sum(model, ids, ids)
+                    with probe.during("backward"):
+                        total.backward()
+        finally:
+            _fsdp_collectives.foreach_reduce_scatter_copy_in = real
+        w = planner.Workload(spec, seq_len=128, loss_chunk=64, reduce_dtype=name)
         want = planner.unsharded_parts(w)
-        got = {k: probe.peak(k) for k in want}
-        print("measured", got, "planned", want, probe.peaks)
-        assert got["unsharded_params"] == pytest.approx(want["unsharded_params"], rel=0.05)
-        # World size 1 reduces nothing, so FSDP2 makes no fp32 copy: the compute-dtype gradient alone.
-        assert got["unsharded_grads"] == pytest.approx(planner.unsharded_parts(w.at(reduce_dtype="bf16"))["unsharded_grads"], rel=0.05)
+        got = {k: probe.peak(k) for k in ("unsharded_params", "unsharded_grads")} | {"reduce_buffer": max(buffers)}
+        print(name, "measured", got, "planned", want, probe.peaks)
+        for term in want:
+            assert got[term] == pytest.approx(want[term], rel=0.05), (name, term)
+        # One buffer per unit that has gradients, each in the reduce dtype, even where that is the compute dtype.
+        assert len(buffers) == spec.num_layers + 2 and got["reduce_buffer"] == planner.fsdp_units(spec)["head"] * (4 if name == "fp32" else 2)
 
 
 def _old_layout(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from raydlc.errors import InputError, TrainError
-from raydlc.models import ModelSpec
+from raydlc.facts.models import ModelSpec
 from raydlc.train.model import build_model
 from raydlc.train.weights import build_sharded, load_shards, safetensors_files, weights_dir
 
@@ -277,27 +277,27 @@ def test_a_run_from_a_model_directory_starts_from_its_weights(ray_local: Any, tm
     from transformers import PreTrainedTokenizerFast
 
     from raydlc.config import TrainConfig
-    from raydlc.train import data as D
-    from raydlc.train import tokenizer as T
-    from raydlc.train.launch import Target, prepare, run
+    from raydlc.data import tokenizer as T
+    from raydlc.data.corpus import bundled_corpus
+    from raydlc.data.order import global_batch, train_rows
+    from raydlc.train.launch import prepare, run
     from raydlc.train.loop import loss_sum, to_batch
+    from raydlc.train.runspec import RunTarget
 
     spec = TINY["llama-tied"]
     directory = export(spec, tmp_path / "model", "60KB")
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(d.text for d in D.bundled_corpus(max_chars=60_000)))
+    corpus.write_text("\n\n".join(d.text for d in bundled_corpus(max_chars=60_000)))
     bpe = T.train_bpe([corpus.read_text()], spec.vocab_size)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=T.EOS, pad_token=T.EOS).save_pretrained(directory)
 
     train = TrainConfig(model_id=str(directory), data=str(corpus), steps=2, seq_len=32, batch_size=2, num_workers=2,
                         learning_rate=1e-3, storage_path=str(tmp_path / "runs"), warmup_steps=0)
-    summary = run(train, Target(log_to_driver=False))
+    summary = run(train, RunTarget(log_to_driver=False))
     assert summary["steps"] == 2 and summary["model"] == str(directory)
 
     p = prepare(train)
-    from raydlc.data.index import train_rows
-
-    gidx = D.global_batch(1, p.n_train, train.batch_size * train.num_workers, train.seed)
+    gidx = global_batch(1, p.n_train, train.batch_size * train.num_workers, train.seed)
     ids, labels = p.data.open().take(train_rows(gidx, np.asarray(p.data.eval_rows)))
     batch = np.arange(len(ids))
     ref = full_load(directory)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raydlc.errors import InputError
-from raydlc.models import ModelSpec, read_config
+from raydlc.facts.models import ModelSpec, read_config
 from raydlc.train.model import build_model
 from raydlc.train.weights import check_against_config, read_header, safetensors_files
 

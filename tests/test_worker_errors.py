@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raydlc import rayedge
+from raydlc.edges import ray_runtime
 from raydlc.errors import ConfigError, InputError, RaydlcError
 
 pytestmark = pytest.mark.slow
@@ -43,12 +43,12 @@ def test_a_raydlc_error_pickles_whole() -> None:
 
 def test_a_worker_input_error_keeps_its_message_hint_and_exit_code(ray_local: Any) -> None:
     raised = InputError("tokenizer of ./m has 5000 tokens, the model only 4096", hint="use the model's own tokenizer")
-    err = rayedge.run_error(_fit(raised, rank=1), "training run r", "see the worker logs")
+    err = ray_runtime.run_error(_fit(raised, rank=1), "training run r", "see the worker logs")
     assert isinstance(err, InputError) and err.exit_code == 2
     assert (err.message, err.hint) == (raised.message, raised.hint)
 
 
 def test_another_worker_exception_gives_its_last_line_and_rank(ray_local: Any) -> None:
-    err = rayedge.run_error(_fit(ZeroDivisionError("division by zero"), rank=1), "training run r", "see the worker logs")
+    err = ray_runtime.run_error(_fit(ZeroDivisionError("division by zero"), rank=1), "training run r", "see the worker logs")
     assert type(err) is not InputError and isinstance(err, RaydlcError) and err.exit_code == 1
     assert err.message == "training run r failed: rank 1: division by zero" and err.hint == "see the worker logs"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from awsstub import Quotas
 
-import raydlc.aws
+import raydlc.edges.aws
 
 
 @pytest.fixture(scope="session")
@@ -57,11 +57,11 @@ def aws_env(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> s
 
 @pytest.fixture
 def clients(aws_env: str) -> Callable[[str], tuple[Any, Any, Any]]:
-    """(ec2, service-quotas, eks) clients made by raydlc.aws for a region."""
+    """(ec2, service-quotas, eks) clients made by raydlc.edges.aws for a region."""
 
     def make(region: str) -> tuple[Any, Any, Any]:
-        sess = raydlc.aws.session(region)
-        return tuple(raydlc.aws.client(sess, s) for s in ("ec2", "service-quotas", "eks"))  # type: ignore[return-value]
+        sess = raydlc.edges.aws.session(region)
+        return tuple(raydlc.edges.aws.client(sess, s) for s in ("ec2", "service-quotas", "eks"))  # type: ignore[return-value]
 
     return make
 
@@ -103,9 +103,9 @@ def offerings(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, list[str]]
 
 @pytest.fixture
 def client_hooks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any]]:
-    """Event handlers (event name -> handler) attached to every client raydlc.aws makes."""
+    """Event handlers (event name -> handler) attached to every client raydlc.edges.aws makes."""
     hooks: dict[str, Callable[..., Any]] = {}
-    make = raydlc.aws.client
+    make = raydlc.edges.aws.client
 
     def client(sess: Any, service: str) -> Any:
         c = make(sess, service)
@@ -113,5 +113,5 @@ def client_hooks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any
             c.meta.events.register(event, handler)
         return c
 
-    monkeypatch.setattr(raydlc.aws, "client", client)
+    monkeypatch.setattr(raydlc.edges.aws, "client", client)
     return hooks

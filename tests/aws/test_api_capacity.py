@@ -10,7 +10,7 @@ import pytest
 import raydlc.api as api
 from raydlc.cli import main
 from raydlc.errors import ConfigError
-from raydlc.output import to_json
+from raydlc.views.output import to_json
 
 
 def _warm(url: str, region: str = "us-west-2") -> None:

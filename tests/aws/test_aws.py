@@ -1,4 +1,4 @@
-"""raydlc.aws against a real moto server: sessions, retries and the error mapping.
+"""raydlc.edges.aws against a real moto server: sessions, retries and the error mapping.
 
 Stubbed calls: only where a test says so, via `before-call`/`before-send` handlers
 (AWS error codes moto never returns: UnauthorizedOperation, Throttling, OptInRequired).
@@ -14,7 +14,7 @@ import pytest
 from awsstub import aws_error  # type: ignore[import-not-found]
 from botocore.awsrequest import AWSResponse
 
-from raydlc import aws
+from raydlc.edges import aws
 from raydlc.errors import CredentialsError, InputError
 
 

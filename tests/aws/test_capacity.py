@@ -161,7 +161,7 @@ def test_cluster_vpc_without_private_subnet_ranks_the_zone_lower(clients: Any, q
 
 
 def test_unreachable_region_stops_instead_of_reporting_all_unknown(clients: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.aws import UnreachableError
+    from raydlc.edges.aws import UnreachableError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -194,6 +194,50 @@ def test_rank_orders_ready_by_spot_score_and_needs_no_aws() -> None:
     assert [(z.zone, z.verdict) for z in r.zones] == [("r-1b", "ready"), ("r-1a", "ready"), ("r-1c", "not-offered")]
     assert r.quota.headroom == 152 and r.best_zone == "r-1b"
     assert "quota headroom 152 >= 96 vCPUs; spot score 8/10" in r.zones[0].reason
+
+
+def test_spot_ranks_equal_scores_by_the_current_spot_price_and_shows_it() -> None:
+    prices = Signal({"r-1a": 1.61, "r-1b": 2.05})
+    even = Signal({"z1": 8, "z2": 8})
+    od = cap.rank(_signals(spot_scores=even, spot_prices=prices), region="r-1", instance_type="g6.12xlarge", count=2)
+    assert [z.zone for z in od.zones][:2] == ["r-1a", "r-1b"]  # on-demand: by name after equal scores
+    sq = Signal(QuotaValue(G_SPOT, "G spot", 192.0, "applied"))
+    sp = cap.rank(_signals(spot_scores=even, spot_prices=Signal({"r-1a": 2.05, "r-1b": 1.61}), spot_quota=sq), region="r-1",
+                  instance_type="g6.12xlarge", count=2, capacity_type="spot")
+    assert [z.zone for z in sp.zones][:2] == ["r-1b", "r-1a"] and sp.best_zone == "r-1b" and sp.capacity_type == "spot"
+    assert sp.zones[0].spot_price_usd == 1.61 and "spot $1.610/h a node" in sp.zones[0].reason
+    # the placement score still comes first: a likelier zone beats a cheaper one
+    sp = cap.rank(_signals(spot_prices=Signal({"r-1a": 1.0, "r-1b": 2.0}), spot_quota=sq), region="r-1", instance_type="g6.12xlarge",
+                  count=2, capacity_type="spot-then-on-demand")
+    assert sp.best_zone == "r-1b"
+
+
+def test_spot_nodes_are_judged_on_the_spot_quota_not_the_on_demand_one() -> None:
+    no_od = _signals(on_demand_quota=Signal(QuotaValue(G, "G", 0.0, "applied")),
+                     spot_quota=Signal(QuotaValue(G_SPOT, "G spot", 192.0, "applied")))
+    assert cap.rank(no_od, region="r-1", instance_type="g6.12xlarge", count=2).best_zone is None  # On-Demand: short
+    sp = cap.rank(no_od, region="r-1", instance_type="g6.12xlarge", count=2, capacity_type="spot")
+    assert (sp.best_zone, sp.quota.code, sp.quota_request) == ("r-1b", G_SPOT, None)
+    assert sp.zones[0].verdict == "unknown" and f"the vCPUs in use under {G_SPOT} could not be counted" in sp.zones[0].reason
+    # spot-then-on-demand: the On-Demand quota while it suffices, the Spot one when it is short
+    both = cap.rank(_signals(spot_quota=Signal(QuotaValue(G_SPOT, "G spot", 192.0, "applied"))), region="r-1",
+                    instance_type="g6.12xlarge", count=2, capacity_type="spot-then-on-demand")
+    assert (both.quota.code, both.zones[0].verdict) == (G, "ready")
+    assert cap.rank(no_od, region="r-1", instance_type="g6.12xlarge", count=2,
+                    capacity_type="spot-then-on-demand").quota.code == G_SPOT
+    short = cap.rank(_signals(), region="r-1", instance_type="g6.12xlarge", count=2, capacity_type="spot")  # Spot quota 0
+    assert short.best_zone is None and short.quota_request is not None and short.quota_request.quota_code == G_SPOT
+    assert "offered; Spot G and VT quota 0 vCPUs" in short.zones[0].reason
+
+
+def test_spot_prices_are_read_from_describe_spot_price_history(clients: Any, quotas: Quotas, offerings: Any) -> None:
+    """moto answers DescribeSpotPriceHistory itself: one fixed price (0.00001) for each AZ offering the type."""
+    offerings("us-east-2", "g6.12xlarge", ["us-east-2b", "us-east-2c"])
+    quotas.values[G] = 192
+    signals = gather(clients, "us-east-2", "g6.12xlarge", answers=(scores({}),))
+    assert signals.spot_prices.value == {"us-east-2b": 0.00001, "us-east-2c": 0.00001}
+    report = cap.rank(signals, region="us-east-2", instance_type="g6.12xlarge", count=2, capacity_type="spot")
+    assert zone(report, "us-east-2b").spot_price_usd == 0.00001 and zone(report, "us-east-2a").spot_price_usd is None
 
 
 def test_rank_unknown_signals_make_unknown_verdicts_not_errors() -> None:
@@ -246,15 +290,15 @@ class Reservations:
             {"CapacityReservationId": rid, "State": "active"} for rid in (found or [])]})).on(ec2)
 
 
-def _probe(ec2: Any) -> cap.ProbeResult:
-    return cap.probe(ec2, region="us-east-2", zone="us-east-2b", instance_type="g6.12xlarge", count=2)
+def _hold_and_cancel(ec2: Any) -> cap.ReservationResult:
+    return cap.hold_and_cancel(ec2, region="us-east-2", zone="us-east-2b", instance_type="g6.12xlarge", count=2)
 
 
 def test_probe_dry_runs_then_reserves_and_cancels(clients: Any) -> None:
     """Stubbed: Create/CancelCapacityReservation."""
     ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2)
-    result = _probe(ec2)
+    result = _hold_and_cancel(ec2)
     dry, real = stub.create.calls
     assert dry["DryRun"] is True and "ClientToken" not in dry
     for p in (dry, real):
@@ -271,7 +315,7 @@ def test_probe_insufficient_capacity_creates_nothing_to_cancel(clients: Any) -> 
     """Stubbed: CreateCapacityReservation answers InsufficientInstanceCapacity."""
     ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2, create=(500, {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none"}}))
-    result = _probe(ec2)
+    result = _hold_and_cancel(ec2)
     assert result.outcome == "insufficient-capacity" and not result.cancelled
     assert stub.cancel.calls == [] and stub.describe.calls == []
 
@@ -281,10 +325,10 @@ def test_probe_dry_run_denied_stops_before_creating(clients: Any) -> None:
     ec2, _, _ = clients("us-east-2")
     stub = Reservations(ec2)
     stub.create.reply = lambda p: (403, {"Error": {"Code": "UnauthorizedOperation", "Message": "no"}})
-    from raydlc.aws import AccessDeniedError
+    from raydlc.edges.aws import AccessDeniedError
 
     with pytest.raises(AccessDeniedError, match="access denied") as e:
-        _probe(ec2)
+        _hold_and_cancel(ec2)
     assert "ec2:CreateCapacityReservation" in (e.value.hint or "")
     assert len(stub.create.calls) == 1 and stub.create.calls[0]["DryRun"] is True and stub.cancel.calls == []
 
@@ -296,8 +340,8 @@ def test_sigint_between_create_and_cancel_still_cancels(clients: Any) -> None:
     ec2.meta.events.register("after-call.ec2.CreateCapacityReservation",
                              lambda **kw: os.kill(os.getpid(), signal.SIGINT) if not kw["parsed"].get("Error") else None)
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(cap.ProbeInterrupted, match="cr-0123456789abcdef0 was cancelled") as e:
-        _probe(ec2)
+    with pytest.raises(cap.ReservationInterrupted, match="cr-0123456789abcdef0 was cancelled") as e:
+        _hold_and_cancel(ec2)
     assert e.value.exit_code == 130
     assert stub.cancel.calls == [{"CapacityReservationId": "cr-0123456789abcdef0"}]
     assert signal.getsignal(signal.SIGINT) is before  # the handler is restored
@@ -315,7 +359,7 @@ def test_keyboard_interrupt_that_loses_the_id_is_swept_and_cancelled(clients: An
 
     ec2.meta.events.register("after-call.ec2.CreateCapacityReservation", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        _probe(ec2)
+        _hold_and_cancel(ec2)
     token = stub.create.calls[-1]["ClientToken"]
     assert stub.describe.calls[0]["Filters"][0] == {"Name": f"tag:{cap.PROBE_TAG}", "Values": [token]}
     assert stub.cancel.calls == [{"CapacityReservationId": "cr-0lost00000000000"}]
@@ -333,7 +377,7 @@ def test_lost_id_and_failed_lookup_is_a_loud_error(clients: Any) -> None:
 
     ec2.meta.events.register("after-call.ec2.CreateCapacityReservation", interrupt)
     with pytest.raises(cap.ReservationLeftBehind, match="could not be looked up") as e:
-        _probe(ec2)
+        _hold_and_cancel(ec2)
     assert f"Name=tag:{cap.PROBE_TAG},Values={stub.create.calls[-1]['ClientToken']}" in (e.value.hint or "")
 
 
@@ -343,7 +387,7 @@ def test_cancel_failure_says_how_to_cancel_by_hand(clients: Any) -> None:
     stub = Reservations(ec2)
     stub.cancel.reply = lambda p: (400, {"Error": {"Code": "InvalidState", "Message": "busy"}})
     with pytest.raises(cap.ReservationLeftBehind, match="could NOT be cancelled") as e:
-        _probe(ec2)
+        _hold_and_cancel(ec2)
     assert "aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-0123456789abcdef0 --region us-east-2" in (e.value.hint or "")
 
 
@@ -377,6 +421,32 @@ def test_cli_json_and_emit_env(aws_env: str, quotas: Quotas, offerings: Any, cli
     out = capsys.readouterr()
     assert out.out == "" and "request L-DB2E81BA = 144" in out.err
     assert main([*args, "--json", "--emit-env"]) == 2
+
+
+def test_cli_shows_each_zones_spot_price_beside_the_on_demand_price_and_ranks_for_spot(
+        aws_env: str, quotas: Quotas, offerings: Any, client_hooks: dict[str, Any], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stubbed: GetSpotPlacementScores (equal) and DescribeSpotPriceHistory (two entries per AZ: the newest wins)."""
+    import datetime as dt
+
+    offerings("us-east-2", "g6.12xlarge", ["us-east-2b", "us-east-2c"])
+    quotas.values[G] = 96
+    old, new = dt.datetime(2026, 1, 1, tzinfo=dt.UTC), dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    history = [("us-east-2b", old, "1.10"), ("us-east-2b", new, "2.20"), ("us-east-2c", new, "1.90"), ("us-east-2c", old, "3.0")]
+    prices = Answer("ec2", "DescribeSpotPriceHistory", lambda p: (200, {"SpotPriceHistory": [
+        {"AvailabilityZone": z, "InstanceType": "g6.12xlarge", "ProductDescription": "Linux/UNIX", "SpotPrice": v,
+         "Timestamp": t} for z, t, v in history]}))
+    client_hooks.update({**scores({"use2-az2": 7, "use2-az3": 7}).events(), **prices.events()})
+    monkeypatch.setenv("RAYDLC_GPU_CAPACITY_TYPE", "spot")
+    args = ["capacity", "--region", "us-east-2", "--count", "2"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert prices.calls and prices.calls[0]["InstanceTypes"] == ["g6.12xlarge"]
+    assert [(z["zone"], z["spot_price_usd"]) for z in doc["zones"]][:2] == [("us-east-2c", 1.9), ("us-east-2b", 2.2)]
+    assert (doc["best_zone"], doc["capacity_type"], doc["on_demand_usd_per_node_hour"]) == ("us-east-2c", "spot", 4.6016)
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1.900" in out and "2.200" in out and "On-Demand list price: $4.602/h a node" in out
 
 
 def test_cli_instance_type_flag_takes_gpus_from_catalog(aws_env: str, client_hooks: dict[str, Any],

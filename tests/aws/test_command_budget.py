@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raydlc import aws
+from raydlc.edges import aws
 
 
 class Silent:

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from raydlc import aws, ekstoken
+from raydlc.edges import aws, eks_token
 from raydlc.errors import CredentialsError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "doubles"))
@@ -25,7 +25,7 @@ def url_of(token: str) -> str:
 
 
 def test_the_token_is_a_presigned_get_caller_identity_with_the_cluster_header_signed(aws_env: str) -> None:
-    url = url_of(ekstoken.mint(aws.session("eu-central-1"), "my-cluster"))
+    url = url_of(eks_token.mint(aws.session("eu-central-1"), "my-cluster"))
     q = parse_qs(urlsplit(url).query)
     assert q["Action"] == ["GetCallerIdentity"] and q["Version"] == ["2011-06-15"]
     assert q["X-Amz-Expires"] == ["60"] and q["X-Amz-SignedHeaders"] == ["host;x-k8s-aws-id"]
@@ -34,14 +34,14 @@ def test_the_token_is_a_presigned_get_caller_identity_with_the_cluster_header_si
 
 
 def test_sts_accepts_the_token_replayed_with_its_header(aws_env: str) -> None:
-    assert ekstoken.check(aws.session("eu-central-1"), "my-cluster").startswith("arn:aws:sts::123456789012:")
+    assert eks_token.check(aws.session("eu-central-1"), "my-cluster").startswith("arn:aws:sts::123456789012:")
 
 
 def test_a_token_sts_refuses_is_a_credentials_error_that_never_shows_the_token(aws_env: str, monkeypatch) -> None:
     with refusing_sts() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_STS", url)
         with pytest.raises(CredentialsError) as e:
-            ekstoken.check(aws.session("eu-central-1"), "my-cluster")
+            eks_token.check(aws.session("eu-central-1"), "my-cluster")
     assert "InvalidClientTokenId" in e.value.message and url in e.value.message
     assert "k8s-aws-v1." not in e.value.message and "X-Amz-Signature" not in e.value.message
     assert e.value.exit_code == 2 and e.value.hint == "aws sts get-caller-identity"
@@ -50,7 +50,7 @@ def test_a_token_sts_refuses_is_a_credentials_error_that_never_shows_the_token(a
 def test_an_sts_that_cannot_be_reached_is_named(aws_env: str, monkeypatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_STS", "http://127.0.0.1:9")
     with pytest.raises(aws.UnreachableError, match=r"cannot reach STS at http://127.0.0.1:9"):
-        ekstoken.check(aws.session("eu-central-1"), "my-cluster")
+        eks_token.check(aws.session("eu-central-1"), "my-cluster")
 
 
 @pytest.mark.parametrize(("info", "want"), [
@@ -60,7 +60,7 @@ def test_an_sts_that_cannot_be_reached_is_named(aws_env: str, monkeypatch) -> No
     ("not json", "client.authentication.k8s.io/v1beta1"),
 ])
 def test_the_exec_credential_answers_in_the_version_the_client_asked_for(info: str, want: str) -> None:
-    assert ekstoken.exec_api_version({"KUBERNETES_EXEC_INFO": info}) == want
+    assert eks_token.exec_api_version({"KUBERNETES_EXEC_INFO": info}) == want
 
 
 def test_eks_token_prints_only_the_exec_credential_and_loads_no_heavy_module(aws_env: str) -> None:

@@ -9,6 +9,7 @@ per command); the rest run `main([...])` in-process, which checks the same thing
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -21,6 +22,13 @@ class Sparse(int):
     """In `files`: a sparse file of this many bytes (big, yet no disk and no memory)."""
 
 
+class Link(str):
+    """In `files`: a symbolic link to this target (relative to the link's folder)."""
+
+
+FIFO = Sparse(-1)  # in `files`: a named pipe (reading it would wait forever for a writer)
+
+
 @dataclass(frozen=True)
 class Row:
     id: str
@@ -31,7 +39,9 @@ class Row:
     env: Mapping[str, str | None] = field(default_factory=dict)  # None: unset
     stdin_closed: bool = False
     sub: bool = False
-    reaches_aws: bool = False  # otherwise the row must fail before any connection to AWS
+    reaches_aws: bool = False  # otherwise the row must fail before any connection to AWS (the black hole; a row may use it as a Ray head)
+    locks: tuple[str, ...] = ()  # files the suite holds an flock on (filelock) while the row runs: another raydlc at work
+    hint_lacks: str = ""  # must not appear in the output (a hint that would point at the wrong thing)
 
 
 def r(id: str, args: str | list[str], code: int, says: str, **kw: object) -> Row:
@@ -454,9 +464,96 @@ DATA = [
     r("train-data-prepared-bad-checksum", "train --data ds --seq-len 4", 2, "fails its checksum", files=DATASET, sub=True),
     r("train-on-bad-record-unknown", "train --data d.jsonl --on-bad-record nope", 2, "ON_BAD_RECORD", files={"d.jsonl": '{"text": "x"}\n'}),
     r("train-loss-on-unknown", "train --loss-on everything", 2, "LOSS_ON"),
+    # issue 32/35: storage URIs stay URIs; S3 failures name the URI and the cause, never a full disk
+    r("train-out-squashed-s3-uri", "train --out s3:/bucket/runs", 2, "two slashes after 's3:'"),
+    r("data-show-s3-endpoint-refused", "data show s3://bucket/ds", 1, "s3://bucket/ds/manifest.json: cannot reach {refused}",
+      env={"AWS_ENDPOINT_URL": "{refused}"}),
+    r("data-prepare-s3-source-endpoint-refused", "data prepare s3://bucket/src.jsonl", 1, "s3://bucket/src.jsonl/manifest.json: cannot reach {refused}",
+      env={"AWS_ENDPOINT_URL": "{refused}"}, sub=True),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *DATA, *LIFECYCLE, *JOBS]
+# Data commands, round four: nothing written where raydlc did not write, listings that end, one writer.
+CHAT = '{"text": "hello there"}\n'
+EXPORT = {"m": DIR, "m/config.json": QWEN2_SMALL, "m/tokenizer.json": "{}", "m/model.safetensors": b"\0" * 16, "chat.jsonl": CHAT}
+_SHARD = b"\1" * 32  # one row of ids and labels at seq_len 4
+_GOOD = _dataset(shards=[{"name": "shard-00000.bin", "rows": 1, "sha256": hashlib.sha256(_SHARD).hexdigest(), "bytes": 32}])
+NO_TOKENIZER = {"ds": DIR, "ds/manifest.json": _GOOD, "ds/shard-00000.bin": _SHARD}
+HALF = {"ds": DIR, "ds/.raydlc-dataset.lock": "", "ds/shard-00000.bin": b"\1" * 32}
+
+DATA4 = [
+    r("data-prepare-out-model-export", "data prepare chat.jsonl --out m", 2, "holds files raydlc did not write (config.json, model.safetensors)",
+      files=EXPORT, sub=True),
+    r("data-prepare-out-foreign-tokenizer", "data prepare chat.jsonl --out t", 2, "holds files raydlc did not write (tokenizer.json)",
+      files={"t": DIR, "t/tokenizer.json": "{}", "chat.jsonl": CHAT}),
+    r("data-prepare-out-empty-string", ["data", "prepare", "chat.jsonl", "--out", ""], 2, "--out is empty", files={"chat.jsonl": CHAT}, sub=True),
+    r("data-prepare-out-locked", "data prepare chat.jsonl --out ds", 2, "another raydlc is preparing a dataset there now",
+      files={"ds": DIR, "chat.jsonl": CHAT}, locks=("ds/.raydlc-dataset.lock",), sub=True),
+    r("data-prepare-out-is-the-source", "data prepare chat.jsonl --out chat.jsonl", 2, "chat.jsonl: is the source itself", files={"chat.jsonl": CHAT}),
+    r("data-prepare-out-holds-the-source", "data prepare src/chat.jsonl --out src", 2, "src: holds the source",
+      files={"src": DIR, "src/chat.jsonl": CHAT}),
+    r("data-prepare-out-is-a-file", "data prepare chat.jsonl --out afile", 2, "afile: exists and is not a directory",
+      files={"afile": "keep", "chat.jsonl": CHAT}, sub=True),
+    r("data-prepare-out-read-only", "data prepare chat.jsonl --out /sys/raydlc-ds", 2, "--out /sys/raydlc-ds: cannot create files in /sys",
+      files={"chat.jsonl": CHAT}),
+    r("data-prepare-symlink-loop", "data prepare dir", 2, "dir/bad.jsonl:1: not valid JSON",
+      files={"dir": DIR, "dir/bad.jsonl": "x\n", "dir/self": Link("."), "dir/up": Link("..")}, sub=True),
+    r("data-prepare-fifo", "data prepare f.jsonl", 2, "f.jsonl: a FIFO, not a regular file", files={"f.jsonl": FIFO}, sub=True),
+    r("data-prepare-fifo-in-dir", "data prepare dir", 2, "dir/f.jsonl: a FIFO", files={"dir": DIR, "dir/a.jsonl": CHAT, "dir/f.jsonl": FIFO}),
+    r("data-prepare-broken-link", "data prepare dir", 2, "dir/gone.jsonl: a link that leads nowhere",
+      files={"dir": DIR, "dir/a.jsonl": CHAT, "dir/gone.jsonl": Link("nowhere.jsonl")}),
+    r("train-data-fifo", "train --data f.jsonl", 2, "a FIFO, not a regular file", files={"f.jsonl": FIFO}),
+    r("data-prepare-hf", "data prepare hf://datasets/someone/chat", 2, "a Hugging Face Hub path", sub=True),
+    r("train-data-hf", "train --data hf://datasets/someone/chat", 2, "a Hugging Face Hub path"),
+    r("data-show-hf", "data show hf://datasets/someone/chat", 2, "a Hugging Face Hub path"),
+    r("train-data-half-written", "train --data ds", 2, "ds: a dataset raydlc did not finish preparing", files=HALF, sub=True),
+    r("data-show-half-written", "data show ds", 2, "a dataset raydlc did not finish preparing", files=HALF),
+    r("data-prepare-address-silent", "data prepare chat.jsonl --address {black_hole_gcs}", 1,
+      "nothing answered the gRPC handshake in 10 s (waited for the head's GCS)", files={"chat.jsonl": CHAT}, sub=True, reaches_aws=True),
+    r("train-address-silent", "train --address {black_hole_gcs}", 1, "nothing answered the gRPC handshake", reaches_aws=True),
+    r("train-data-prepared-no-tokenizer", "train --data ds --seq-len 4", 2, "tokenizer.json is missing", files=NO_TOKENIZER, sub=True),
+    r("data-show-prepared-no-tokenizer", "data show ds", 2, "tokenizer.json is missing", files=NO_TOKENIZER, sub=True),
+    r("train-data-prepared-other-tokenizer", "train --data ds --seq-len 4", 2, "tokenizer.json is not the tokenizer the manifest names",
+      files={**NO_TOKENIZER, "ds/tokenizer.json": "{}"}),
+    r("data-show-raw-file", "data show chat.jsonl", 2, "chat.jsonl is a file, not a prepared dataset", files={"chat.jsonl": CHAT},
+      hint_lacks="--out chat.jsonl", sub=True),
+]
+
+# Ray tokens no header can carry: refused before any connection, naming where the token came from, never showing it
+# (tests/badinput/test_hostile_token.py runs every command that takes one and looks for the token's bytes).
+SECRETS = [
+    r("job-list-token-crlf", "job list --address {refused}", 2, "RAY_AUTH_TOKEN: the Ray token holds line breaks",
+      env={"RAY_AUTH_TOKEN": "0123abcd\r\nX-Injected: 1"}, sub=True),
+    r("submit-token-100kb", "submit --builtin --address {refused}", 2, "the Ray token is 100,000 characters long",
+      env={"RAY_AUTH_TOKEN": "ab" * 50_000}),
+    r("verify-token-non-ascii", "verify --address {refused}", 2, "the Ray token holds non-ASCII characters",
+      env={"RAY_AUTH_TOKEN": "0123abcd\u00e9f00d"}),
+    r("train-address-token-non-ascii", "train --address 127.0.0.1:9", 2, "the Ray token holds non-ASCII characters",
+      env={"RAY_AUTH_TOKEN": "0123abcd\u00e9f00d"}, sub=True),
+    r("data-prepare-address-token-file-crlf", "data prepare chat.jsonl --address 127.0.0.1:9", 2, "the token file",
+      files={"chat.jsonl": CHAT, "tok": "0123abcd\r\nX-Injected: 1\n"}, env={"RAY_AUTH_TOKEN_PATH": "{work}/tok"}),
+]
+
+# Absurd values S3 or the run itself would refuse later: refused at once, naming the rule.
+ABSURD = [
+    r("config-bucket-adjacent-periods", "--set STORAGE_BUCKET=a..b config show", 2, "no two adjacent periods", sub=True),
+    r("config-bucket-ip-address", "--set STORAGE_BUCKET=192.168.1.1 config show", 2, "not formatted as an IP address"),
+    r("config-bucket-xn-prefix", "--set STORAGE_BUCKET=xn--runs config show", 2, "not starting with 'xn--'"),
+    r("config-bucket-s3alias-suffix", "config show", 2, "not ending with '-s3alias'", env={"RAYDLC_STORAGE_BUCKET": "team-s3alias"}),
+    r("config-bucket-ol-s3-suffix", "--set STORAGE_BUCKET=team--ol-s3 config show", 2, "not ending with '--ol-s3'"),
+    r("config-bucket-too-short", "--set STORAGE_BUCKET=ab config show", 2, "3 to 63 characters, got 2"),
+    r("render-bucket-ip-address", ["--set", "STORAGE_BUCKET=10.0.0.1", "render", *ZONES.split()], 2, "STORAGE_BUCKET"),
+    r("data-prepare-seq-len-one", "data prepare chat.jsonl --seq-len 1", 2, "--seq-len must be at least 2", files={"chat.jsonl": CHAT}, sub=True),
+    r("train-seq-len-one", "train --seq-len 1", 2, "--seq-len must be at least 2"),
+    r("submit-script-max-cost-local", "submit s.py --local --max-cost 5", 2, "the local target has no hourly price",
+      files={"s.py": "print(1)\n"}, sub=True),
+    r("submit-script-gpus-local-no-gpu", "submit s.py --local --gpus 8", 2, "--gpus 8: the local target runs on this machine, which has 0 GPUs",
+      files={"s.py": "print(1)\n"}, env={"CUDA_VISIBLE_DEVICES": ""}, sub=True),
+    r("submit-builtin-gpus-local-no-gpu", "submit --builtin --local --gpus 8", 2, "which has 0 GPUs", env={"CUDA_VISIBLE_DEVICES": ""}),
+    r("train-stall-minutes-tiny", "train --stall-minutes 0.0001", 2, "must be 0 (off) or at least 1 minute", sub=True),
+    r("train-env-stall-minutes-seconds", "train", 2, "STALL_MINUTES", env={"RAYDLC_STALL_MINUTES": "0.5"}),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS]
 
 
 def command_of(args: tuple[str, ...]) -> str:

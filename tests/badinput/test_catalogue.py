@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import typer
-from catalogue import DIR, ROWS, Row, Sparse, command_of  # type: ignore[import-not-found]
+from catalogue import DIR, FIFO, ROWS, Link, Row, Sparse, command_of  # type: ignore[import-not-found]
 
 from raydlc.cli import app, main
 
@@ -45,6 +45,12 @@ def _make(work: Path, files: dict[str, bytes | str | int | None]) -> None:
         p = work / name
         if content is DIR:
             p.mkdir(parents=True, exist_ok=True)
+        elif content is FIFO:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            os.mkfifo(p)
+        elif isinstance(content, Link):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.symlink_to(content)
         elif isinstance(content, Sparse):
             p.parent.mkdir(parents=True, exist_ok=True)
             with p.open("wb") as f:
@@ -55,9 +61,10 @@ def _make(work: Path, files: dict[str, bytes | str | int | None]) -> None:
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    """Every path under root (hidden ones too), with a digest for files."""
+    """Every path under root (hidden ones too), with a digest for files (a link by its target, never followed)."""
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        str(p.relative_to(root)): f"-> {os.readlink(p)}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file()
+        else "dir" if p.is_dir() else "other"
         for p in sorted(root.rglob("*"))
     }
 
@@ -104,14 +111,21 @@ def assert_one_line(err: str, says: str) -> None:
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
 def test_bad_input_gives_one_line_and_leaves_nothing(
     row: Row, tmp_path: Path, black_hole: Any, refused_url: str,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
     _make(work, dict(row.files))
+    for name in row.locks:  # another raydlc at work: it holds this lock for the whole row
+        from filelock import FileLock
+
+        held = FileLock(str(work / name))
+        held.acquire()
+        request.addfinalizer(held.release)
     before = _snapshot(work)
     env = _env(row, black_hole.url, refused_url, work)
-    args = [a.format(black_hole=black_hole.url, refused=refused_url, work=work) for a in row.args]
+    args = [a.format(black_hole=black_hole.url, refused=refused_url, work=work, black_hole_gcs=black_hole.url.removeprefix("http://"))
+            for a in row.args]
     connections = black_hole.accepted
     if row.sub or row.stdin_closed:
         rc, out, err, heavy = _subprocess(args, env, work, row.stdin_closed)
@@ -119,6 +133,7 @@ def test_bad_input_gives_one_line_and_leaves_nothing(
         rc, out, err, heavy = _in_process(args, env, work, monkeypatch, capsys)
     assert rc == row.code, err
     assert_one_line(err, row.says.format(black_hole=black_hole.url, refused=refused_url))
+    assert not row.hint_lacks or row.hint_lacks not in err, err
     assert out == "", out  # nothing half-printed either: no table, no JSON with NaN in it
     assert _snapshot(work) == before
     assert "ray" not in heavy.split()  # failed before Ray was even imported, let alone started

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from raydlc.cli import main
 from raydlc.config import FIELDS, RETIRED, SECTIONS, load_config
 from raydlc.errors import ConfigError, RaydlcError
-from raydlc.output import to_json
+from raydlc.views.output import to_json
 
 # "ci" (the default): the same 300 examples on every run, so a failure reproduces.
 # HYPOTHESIS_PROFILE=explore: thousands of fresh ones, to look for new failures locally.
@@ -177,11 +177,11 @@ def bystander() -> Any:
 
 
 def _pids(bystander: Any) -> Any:
-    from raydlc.heads import _start_ticks
+    from raydlc.edges.local_head import start_ticks
 
     return st.one_of(st.sampled_from([bystander.pid, os.getpid(), os.getppid(), 999_999_999, 0, -1, 1]),
                      st.integers(min_value=-(2**63), max_value=2**63)), st.one_of(
-        st.none(), st.integers(), st.sampled_from([_start_ticks(bystander.pid), _start_ticks(os.getpid())]))
+        st.none(), st.integers(), st.sampled_from([start_ticks(bystander.pid), start_ticks(os.getpid())]))
 
 
 @settings(FUZZ, max_examples=max(30, settings.default.max_examples // 8))
@@ -233,7 +233,7 @@ kube_docs = st.one_of(
 @settings(FUZZ, max_examples=max(60, settings.default.max_examples // 3))
 @given(doc=kube_docs, raw=st.binary(max_size=120), as_yaml=st.booleans())
 def test_any_kubeconfig_gives_a_client_or_one_line_exit_2(doc: Any, raw: bytes, as_yaml: bool, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from raydlc.kube import load_client
+    from raydlc.edges.kube import load_client
 
     path = tmp_path_factory.mktemp("kc") / "kubeconfig"
     path.write_bytes(yaml.safe_dump(doc, allow_unicode=True).encode() if as_yaml else raw)

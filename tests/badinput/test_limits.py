@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import raydlc.config
-from raydlc import aws
 from raydlc.cli import main
-from raydlc.config import INT_MAX, _env, _Section
+from raydlc.config.schema import INT_MAX, _env, _Section
+from raydlc.edges import aws
 from raydlc.errors import ConfigError
 
 
@@ -126,7 +126,7 @@ def test_real_image_references_pass_the_shape_check(good: str, clean_env: Any) -
 
 def test_pure_rooms_import_neither_rich_nor_cloud_nor_ray() -> None:
     code = (
-        "import sys; import raydlc.capacity.ranking, raydlc.capacity.signals, raydlc.plan, raydlc.preflight, raydlc.records, raydlc.config; "
+        "import sys; import raydlc.capacity.ranking, raydlc.capacity.signals, raydlc.planner, raydlc.checks.preflight, raydlc.records, raydlc.config; "
         "print(sorted(m for m in ('rich', 'boto3', 'botocore', 'ray', 'torch', 'kubernetes') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -335,6 +335,7 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
         labels=ng.get("labels") or {},
         taints=taints, tags={**(meta.get("tags") or {}), **(ng.get("tags") or {})},
         nodeRole=f"arn:aws:iam::{ACCOUNT}:role/{stack}-NodeInstanceRole",
+        capacityType="SPOT" if ng.get("spot") else "ON_DEMAND",  # pkg/cfn/builder/managed_nodegroup.go: spot -> SPOT
     )
     say(f'[ℹ]  waiting for CloudFormation stack "{stack}"')
     delay(f"create nodegroup {ngname}")
@@ -353,11 +354,13 @@ def create_one_nodegroup(cfg: dict[str, Any], ng: dict[str, Any]) -> None:
                  {"Key": f"kubernetes.io/cluster/{name}", "Value": "owned"},
                  *[{"Key": k, "Value": v} for k, v in (ng.get("tags") or {}).items()]]
     run = ec2.run_instances(ImageId=image, InstanceType=ng["instanceType"], MinCount=count, MaxCount=count,
-                            SubnetId=subnet["SubnetId"], TagSpecifications=[{"ResourceType": "instance", "Tags": inst_tags}])
+                            SubnetId=subnet["SubnetId"], TagSpecifications=[{"ResourceType": "instance", "Tags": inst_tags}],
+                            **({"InstanceMarketOptions": {"MarketType": "spot"}} if ng.get("spot") else {}))
     kube = Kube(os.environ[KUBE_URL_ENV])
     for inst in run["Instances"]:
         node = inst["PrivateDnsName"]
         labels = {**(ng.get("labels") or {}), "eks.amazonaws.com/nodegroup": ngname,
+                  "eks.amazonaws.com/capacityType": "SPOT" if ng.get("spot") else "ON_DEMAND",
                   "node.kubernetes.io/instance-type": ng["instanceType"],
                   "topology.kubernetes.io/zone": subnet["AvailabilityZone"], "kubernetes.io/hostname": node}
         if ng["instanceType"] not in NODE_FACTS:

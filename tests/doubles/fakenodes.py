@@ -6,7 +6,7 @@ machine (other people's too), and its config template
 (`ray/autoscaler/_private/fake_multi_node/example.yaml`) is not in the wheel, nor the defaults the
 autoscaler reads for `type: fake_multinode` (the same file). So this does what
 `AutoscalingCluster(head_resources, worker_node_types, autoscaler_v2=True).start()` does
-(cluster_utils.py `_generate_config`, `start`) with a head of raydlc's own (`rayedge.start_head`, free
+(cluster_utils.py `_generate_config`, `start`) with a head of raydlc's own (`local_head.start_head`, free
 ports, its own temp dir, ended by its PID): the same provider (FakeMultiNodeProvider, loaded as `type: external`),
 its config (`launch_multiple`, `head_node_id`), the same environment (`RAY_FAKE_CLUSTER=1`,
 `AUTOSCALER_UPDATE_INTERVAL_S=1`, autoscaler v2 with the fake head's node and instance id), and the
@@ -69,15 +69,15 @@ def autoscaling_config(group_name: str, node_type: Mapping[str, Any], *, gcs_por
 def fake_gpu_cluster(group_name: str, node_type: Mapping[str, Any], *, idle_timeout_s: float, log_dir: Path,
                      head_cpus: int = 1) -> Iterator[Any]:
     """A head whose autoscaler (v2) adds and removes `node_type` workers; yields the LocalHead, ends it by PID."""
-    from raydlc import rayedge
+    from raydlc.edges import local_head
 
-    gcs_port = rayedge.free_port()
+    gcs_port = local_head.free_port()
     config = autoscaling_config(group_name, node_type, gcs_port=gcs_port, idle_timeout_s=idle_timeout_s, head_cpus=head_cpus)
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="raydlc-fake-gpu-", delete=False) as f:
         json.dump(config, f)
     env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_enable_autoscaler_v2": "1",
            "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}
-    head = rayedge.start_head(num_cpus=head_cpus, log_dir=log_dir, env=env, ports={"port": gcs_port},
+    head = local_head.start_head(num_cpus=head_cpus, log_dir=log_dir, env=env, ports={"port": gcs_port},
                               extra_args=[f"--autoscaling-config={f.name}"])
     try:
         yield head
@@ -137,7 +137,7 @@ def run_cycle(head: Any, nodes: int, gpus: int, *, timeout_s: float = 90.0) -> C
     which the 127.0.0.1 head does not answer to)."""
     import sys
 
-    from raydlc.dashboard import Dashboard, HeadRefused
+    from raydlc.edges.ray_dashboard import Dashboard, HeadRefused
 
     dash = Dashboard(head.dashboard_url)
     entrypoint = f"{sys.executable} {Path(__file__).resolve()} {nodes} {gpus} {timeout_s}"

@@ -7,7 +7,11 @@ the head Service `<cluster>-head-svc` (its dashboard port is what `raydlc` port-
 binds each to a node the way kube-scheduler would (nodeSelector, taints and tolerations, and
 requests against allocatable minus what is already bound), leaving it Pending with a
 FailedScheduling event naming the shortfall otherwise; sets the RayCluster's status; and
-deletes the pods of a RayCluster that is gone (owner-reference garbage collection).
+deletes the pods of a RayCluster that is gone (owner-reference garbage collection). With
+`enableInTreeAutoscaling` it makes the autoscaler's Role and RoleBinding as KubeRay v1.7.0 does
+(`common/rbac.go` BuildRole, BuildRoleBinding; `raycluster_controller.go` reconcileAutoscalerRole/RoleBinding):
+both named after the cluster, the binding's one subject the head's service account
+(`utils.GetHeadGroupServiceAccountName`: the head template's `serviceAccountName`, else the cluster's name).
 
 Pods are made from the group's template once and never changed after (KubeRay v1.7.0 does not
 patch running pods). With `spec.upgradeStrategy.type: Recreate` it does what
@@ -46,6 +50,29 @@ def spec_hash(spec: dict[str, Any]) -> str:
         (g.get("scaleStrategy") or {}).pop("workersToDelete", None)
     s.pop("upgradeStrategy", None)
     return hashlib.sha1(json.dumps(s, sort_keys=True).encode()).hexdigest()
+
+
+def head_service_account(rc: dict[str, Any]) -> str:
+    """KubeRay v1.7.0 utils.GetHeadGroupServiceAccountName."""
+    name = ((rc["spec"]["headGroupSpec"].get("template") or {}).get("spec") or {}).get("serviceAccountName")
+    return str(name or rc["metadata"]["name"])
+
+
+def autoscaler_rbac(rc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Role and RoleBinding KubeRay makes for the autoscaler sidecar; none without in-tree autoscaling."""
+    if not rc["spec"].get("enableInTreeAutoscaling"):
+        return []
+    ns, name = rc["metadata"]["namespace"], rc["metadata"]["name"]
+    meta = {"name": name, "namespace": ns, "labels": {"ray.io/cluster": name}}
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+             {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["patch"]},
+             {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]}]
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta), "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "subjects": [{"kind": "ServiceAccount", "name": head_service_account(rc), "namespace": ns}],
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}},
+    ]
 
 
 def _requests(spec: dict[str, Any]) -> dict[str, float]:
@@ -123,6 +150,9 @@ class Operator:
             for p in mine:
                 self.kube.delete("Pod", p["metadata"]["name"], ns)
             return
+        for obj in autoscaler_rbac(rc):
+            if self.kube.get(obj["kind"], name, ns) is None:
+                self.kube.create(obj)
         wanted = [("head", "headgroup", f"{name}-head", spec["headGroupSpec"]["template"])]
         for g in spec.get("workerGroupSpecs") or []:
             for i in range(int(g.get("replicas", 0))):

@@ -11,6 +11,11 @@ What it does, each as KubeRay v1.7.0 does it (`ray-operator/controllers/ray/rayj
   (the submitter pod's start);
 - while Running it mirrors GetJobInfo: `jobStatus`, `message`; a terminal job makes the RayJob `Complete`,
   or `Failed` with reason `AppFailed` when the Ray job FAILED;
+- `activeDeadlineSeconds` (`checkActiveDeadlineAndUpdateStatusIfNeeded`, checked while Initializing or Running):
+  once `status.startTime` + the deadline has passed, the RayJob is `Failed` with reason `DeadlineExceeded` and
+  that message, and nothing else happens: a terminal RayJob on a `clusterSelector` cluster is left as it is (the
+  `Complete, Failed` case returns before any deletion), so its Ray job keeps running. `clock` stands in for
+  the operator's `time.Now()` (a test moves it on instead of waiting out a deadline);
 - deletion: the finalizer `ray.io/rayjob-finalizer` stops a job that is not terminal (StopJob) before the
   RayJob goes. kmock has no finalizers and deletes at once, so the double stops the job of a RayJob that is gone
   (or whose `status.jobId` is another one's now) on its next tick.
@@ -19,13 +24,14 @@ The test maps `<namespace>/<cluster>` to the URL of the real Ray head standing i
 
 from __future__ import annotations
 
+import calendar
 import json
 import random
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -37,11 +43,11 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 class RayJobController:
     def __init__(self, url: str, heads: Mapping[str, str], token: str | None, *, interval: float = 0.2,
-                 submit_delay: float = 0.5) -> None:
+                 submit_delay: float = 0.5, clock: Callable[[], float] = time.time) -> None:
         self.kube = Kube(url)
         self.heads = dict(heads)
         self.token = token
-        self.interval, self.submit_delay = interval, submit_delay
+        self.interval, self.submit_delay, self.clock = interval, submit_delay, clock
         self.submitted: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, name) -> (head URL, job id)
         self.initialized: dict[tuple[str, str], float] = {}
         self.errors: list[str] = []
@@ -100,11 +106,13 @@ class RayJobController:
             job = spec.get("jobId") or f"{name}-{''.join(random.choice(ALPHABET) for _ in range(5))}"
             self._status(ns, name, {"jobId": job, "rayClusterName": cluster, "jobDeploymentStatus": "Initializing",
                                     "dashboardURL": f"{cluster}-head-svc.{ns}.svc.cluster.local:8265",
-                                    "startTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                    "startTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))})
             self.initialized[key] = time.monotonic()
             return
         head = self.heads.get(f"{ns}/{cluster}")
         if head is None or st.get("jobDeploymentStatus") in ("Complete", "Failed"):
+            return  # terminal: on a clusterSelector RayJob KubeRay deletes and stops nothing
+        if self._past_deadline(ns, name, spec, st):
             return
         job = st["jobId"]
         status, info = self._http(f"{head}/api/jobs/{job}")
@@ -118,6 +126,15 @@ class RayJobController:
         deployment = ("Failed" if info["status"] == "FAILED" else "Complete") if done else "Running"
         self._status(ns, name, {"jobStatus": info["status"], "jobDeploymentStatus": deployment, "message": info.get("message"),
                                 "reason": "AppFailed" if deployment == "Failed" else None})
+
+    def _past_deadline(self, ns: str, name: str, spec: dict[str, Any], st: dict[str, Any]) -> bool:
+        """checkActiveDeadlineAndUpdateStatusIfNeeded: past startTime + activeDeadlineSeconds, Failed/DeadlineExceeded; the job is left running."""
+        deadline, start = spec.get("activeDeadlineSeconds"), st.get("startTime")
+        if deadline is None or not start or self.clock() < calendar.timegm(time.strptime(start, "%Y-%m-%dT%H:%M:%SZ")) + int(deadline):
+            return False
+        self._status(ns, name, {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded",
+                                "message": f"The RayJob has passed the activeDeadlineSeconds. StartTime: {start}. ActiveDeadlineSeconds: {deadline}"})
+        return True
 
     def _submit(self, head: str, ns: str, name: str, spec: dict[str, Any], job: str) -> None:
         runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "{}") or {}  # sigs.k8s.io/yaml YAMLToJSON

@@ -25,6 +25,7 @@ RESOURCES = [
     "v1/namespaces", "v1/nodes", "v1/pods", "v1/secrets", "v1/events", "v1/serviceaccounts", "v1/configmaps", "v1/services",
     "apps/v1/deployments", "apps/v1/daemonsets", "networking.k8s.io/v1/networkpolicies",
     "apiextensions.k8s.io/v1/customresourcedefinitions", "ray.io/v1/rayclusters", "ray.io/v1/rayjobs",
+    "rbac.authorization.k8s.io/v1/roles", "rbac.authorization.k8s.io/v1/rolebindings",
 ]
 
 
@@ -143,10 +144,19 @@ def fill_presigned_sts_gap() -> None:
     DomainDispatcherApplication._presigned_sts = True  # type: ignore[attr-defined]
 
 
+def fill_head_bucket_gap() -> None:
+    """HeadBucket authorised as `s3:ListBucket`, as S3 does (API Reference "HeadBucket", Permissions); moto 5.2
+    asks its IAM enforcement for an `s3:HeadBucket` action that does not exist, which no real policy grants."""
+    from moto.s3.responses import ACTION_MAP
+
+    ACTION_MAP["BUCKET"]["HEAD"]["DEFAULT"] = "ListBucket"
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    fill_head_bucket_gap()
     fill_cloudformation_gaps()
     fill_eks_gaps()
     fill_presigned_sts_gap()
@@ -340,6 +350,10 @@ def refusing_sts() -> Iterator[str]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_POST(self) -> None:  # an API call (boto3 sends STS calls as POST): refused the same way
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
 
         def log_message(self, *a: object) -> None:
             pass

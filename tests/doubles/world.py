@@ -152,6 +152,8 @@ PATHS = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
     "RayCluster": ("/apis/ray.io/v1", "rayclusters", True), "RayJob": ("/apis/ray.io/v1", "rayjobs", True),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
 }
 
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import raydlc.api as api
-from raydlc import heads
 from raydlc.api import _jobs
-from raydlc.dashboard import Dashboard
+from raydlc.edges.ray_dashboard import Dashboard
+from raydlc.jobs import targets
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,8 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         try:
             yield work
         finally:
-            if heads.running_head() is not None:  # a test failed before the examples' down_local()
-                heads.stop_local_head()
+            if targets.running_head() is not None:  # a test failed before the examples' down_local()
+                targets.stop_local_head()
 
 
 def cli_json(*args: str) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def test_results_are_what_the_commands_print_as_json(place: Path) -> None:
     notices: list[str] = []
     done = api.submit("hi/hi.py", local=True, name="api-hi", notice=notices.append)
     assert done.ok and not done.attached and "summary" not in done.to_dict()
-    assert notices[0].startswith(f"working dir {place / 'hi'}: 1 files") and notices[1:] == [heads.STARTING, "submitted job api-hi on the local target"]
+    assert notices[0].startswith(f"working dir {place / 'hi'}: 1 files") and notices[1:] == [targets.STARTING, "submitted job api-hi on the local target"]
     assert api.job_status("api-hi", local=True).to_dict() == cli_json("job", "status", "api-hi", "--local")
     assert api.job_list(local=True).to_dict() == cli_json("job", "list", "--local")
     assert api.job_logs("api-hi", local=True).to_dict() == cli_json("job", "logs", "api-hi", "--local")
@@ -106,7 +106,7 @@ def test_the_actor_api_finds_a_jobs_actor_by_class_with_its_process_and_node(pla
     (place / "greeter").mkdir()
     (place / "greeter" / "greeter.py").write_text(GREETER)
     started = api.submit("greeter/greeter.py", local=True, no_wait=True)
-    rec = heads.running_head()
+    rec = targets.running_head()
     assert rec is not None
     dash = Dashboard(rec.dashboard_url)
     deadline = time.monotonic() + 180
@@ -127,4 +127,4 @@ def test_the_example_runs_as_written(name: str, place: Path, capsys: pytest.Capt
     exec(compile(example(getattr(api, name)), f"<example of raydlc.api.{name}>", "exec"), {})
     assert capsys.readouterr().out.strip()  # every example prints what it found
     if name == "submit":
-        assert heads.running_head() is None  # its down_local() ended the head
+        assert targets.running_head() is None  # its down_local() ended the head

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from raydlc import heads
+from raydlc.jobs import targets
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +50,16 @@ ICE = ("We currently do not have sufficient g6.12xlarge capacity in the Availabi
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[heads.HeadRecord]:
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[targets.HeadRecord]:
     """A real local Ray head standing in for the head pod's dashboard, with a HOME of its own; ended by its PID."""
     home = tmp_path_factory.mktemp("head-home")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")} | {"HOME": str(home)}
-    subprocess.run([sys.executable, "-c", "from raydlc import heads; heads.ensure_local_head(start=True)"], check=True, timeout=300, env=env)
+    subprocess.run([sys.executable, "-c", "from raydlc.jobs import targets; targets.ensure_local_head(start=True)"], check=True, timeout=300, env=env)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))
-        rec = heads.running_head()
+        rec = targets.running_head()
     assert rec is not None
-    from raydlc.dashboard import Dashboard
+    from raydlc.edges.ray_dashboard import Dashboard
     from raydlc.errors import RayError
 
     deadline = time.monotonic() + 120  # a head just started may answer /api/version before its Jobs API
@@ -73,7 +73,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[heads.HeadRecord]
     yield rec
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))
-        heads.stop_local_head()
+        targets.stop_local_head()
 
 
 class Engines:
@@ -161,10 +161,10 @@ class Engines:
 
 
 @contextlib.contextmanager
-def cold_cluster(world: Any, head: heads.HeadRecord, *, capacity: bool, provision: str | None = None,
+def cold_cluster(world: Any, head: targets.HeadRecord, *, capacity: bool, provision: str | None = None,
                  job: str = "cold-1") -> Iterator[Engines]:
     """A running head on a system node, a RayCluster whose GPU group is at zero, no GPU node; the engines armed."""
-    import raydlc.aws
+    import raydlc.edges.aws
     from raydlc.render.raycluster import render_raycluster
 
     kube = Kube(world.kube.url)
@@ -194,15 +194,15 @@ def cold_cluster(world: Any, head: heads.HeadRecord, *, capacity: bool, provisio
     servers.write_kubeconfig(Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "kubeconfig", world.kube.url)
     world.scenario(forward={f"{NS}/{RC}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
     engines = Engines(kube, head.dashboard_url, job, asg, capacity=capacity)
-    make = raydlc.aws.client
+    make = raydlc.edges.aws.client
 
     def client(sess: Any, service: str) -> Any:
         c = make(sess, service)
         c.meta.events.register("before-call.autoscaling.DescribeScalingActivities", engines.handler)
         return c
 
-    world.monkeypatch.setattr(raydlc.aws, "client", client)
-    world.monkeypatch.setattr("raydlc.warmup.POLL_S", 0.3)
+    world.monkeypatch.setattr(raydlc.edges.aws, "client", client)
+    world.monkeypatch.setattr("raydlc.jobs.warmup.POLL_S", 0.3)
     deadline = time.monotonic() + 60
     while not any((p.get("status") or {}).get("phase") == "Running" for p in kube.list("Pod", NS)):
         assert time.monotonic() < deadline, "the emulated operator never ran the head pod"
@@ -223,7 +223,7 @@ def script(tmp_path: Path, text: str) -> Path:
     return work / "job.py"
 
 
-def test_submit_follows_the_gpu_workers_from_pending_to_running_then_streams(world: Any, head: heads.HeadRecord, tmp_path: Path) -> None:
+def test_submit_follows_the_gpu_workers_from_pending_to_running_then_streams(world: Any, head: targets.HeadRecord, tmp_path: Path) -> None:
     import raydlc.api as api
 
     said, logs = [], []
@@ -248,10 +248,10 @@ def done_asg(world: Any) -> str:
 
 
 def test_insufficient_capacity_fails_submit_within_the_node_groups_time_limit_naming_the_az(
-        world: Any, head: heads.HeadRecord, tmp_path: Path) -> None:
+        world: Any, head: targets.HeadRecord, tmp_path: Path) -> None:
     import raydlc.api as api
-    from raydlc.dashboard import Dashboard
-    from raydlc.warmup import ColdStartFailed
+    from raydlc.edges.ray_dashboard import Dashboard
+    from raydlc.jobs.warmup import ColdStartFailed
 
     said: list[str] = []
     with cold_cluster(world, head, capacity=False, provision="4s", job="cold-ice"), pytest.raises(ColdStartFailed) as failed:
@@ -267,9 +267,9 @@ def test_insufficient_capacity_fails_submit_within_the_node_groups_time_limit_na
     assert job is not None and job.status == "STOPPED"
 
 
-def test_a_job_the_gpu_workers_can_never_hold_is_refused_before_it_is_submitted(world: Any, head: heads.HeadRecord, tmp_path: Path) -> None:
+def test_a_job_the_gpu_workers_can_never_hold_is_refused_before_it_is_submitted(world: Any, head: targets.HeadRecord, tmp_path: Path) -> None:
     import raydlc.api as api
-    from raydlc.dashboard import Dashboard
+    from raydlc.edges.ray_dashboard import Dashboard
     from raydlc.errors import InputError
 
     with cold_cluster(world, head, capacity=True, job="cold-huge"), pytest.raises(InputError) as refused:

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from raydlc import catalog, coldstart
-from raydlc.coldstart import FAILED, WAITING, WARM, Demand, Snapshot
-from raydlc.warmup import parse_duration
+from raydlc.facts import instances
+from raydlc.jobs import cold_start
+from raydlc.jobs.cold_start import FAILED, WAITING, WARM, Demand, Snapshot
+from raydlc.jobs.warmup import parse_duration
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 ASG = "eks-gpu-workers-1ac9a3f2-0b7c-4e2d"
@@ -69,17 +70,17 @@ def snap(**kw: Any) -> Snapshot:
 
 
 def test_warm_when_the_pods_the_job_needs_run() -> None:
-    v = coldstart.judge(snap(nodes=(node("n1"), node("n2")), pods=tuple(pod(p, "Running") for p in PODS)))
+    v = cold_start.judge(snap(nodes=(node("n1"), node("n2")), pods=tuple(pod(p, "Running") for p in PODS)))
     assert (v.state, v.reason) == (WARM, "2 of 2 GPU worker pods running")
-    half = coldstart.judge(snap(nodes=(node("n1"),), pods=(pod(PODS[0], "Running"), pod(PODS[1]))))
+    half = cold_start.judge(snap(nodes=(node("n1"),), pods=(pod(PODS[0], "Running"), pod(PODS[1]))))
     assert half.state == WAITING and half.reason == "GPU nodes at 1 of 2, GPU worker pods running 1 of 2"
-    none_needed = coldstart.judge(snap(demand=Demand(0, 4, 2), pods=()))
+    none_needed = cold_start.judge(snap(demand=Demand(0, 4, 2), pods=()))
     assert none_needed.state == WARM
 
 
 def test_waiting_says_what_the_scheduler_the_autoscaler_and_the_asg_say_each_once() -> None:
     events = tuple(event(p, "FailedScheduling", SCHED) for p in PODS) + tuple(event(p, "TriggeredScaleUp", TRIGGERED, 5) for p in PODS)
-    v = coldstart.judge(snap(events=events, activities=(activity("InProgress", 0.2),), waited_s=60))
+    v = cold_start.judge(snap(events=events, activities=(activity("InProgress", 0.2),), waited_s=60))
     assert v.state == WAITING and v.reason == "GPU nodes at 0 of 2, GPU worker pods running 0 of 2"
     assert v.lines == (f"scheduler: {SCHED}", f"cluster-autoscaler: {TRIGGERED}",
                        f"ASG {ASG}: Launching a new EC2 instance: i-0a1b2c3d4e5f (InProgress)")
@@ -88,47 +89,47 @@ def test_waiting_says_what_the_scheduler_the_autoscaler_and_the_asg_say_each_onc
 def test_insufficient_capacity_is_named_as_such_with_its_zone_while_waiting_and_when_the_time_is_up() -> None:
     acts = (activity("Failed", 1, ICE, took=0.1, description="Launching a new EC2 instance.  Status Reason: " + ICE),
             activity("Successful", -600, took=3.5))  # an old launch: history, not this scale-up
-    v = coldstart.judge(snap(activities=acts, waited_s=120))
+    v = cold_start.judge(snap(activities=acts, waited_s=120))
     assert v.state == WAITING
     assert v.lines[-1].startswith(f"ASG {ASG}: InsufficientInstanceCapacity in us-east-2a (Failed): We currently do not have sufficient g6.12xlarge")
-    late = coldstart.judge(snap(activities=acts, waited_s=15 * 60))
+    late = cold_start.judge(snap(activities=acts, waited_s=15 * 60))
     assert late.state == FAILED
     assert late.reason.startswith("GPU nodes still at 0 of 2 after 15.0 min, the node group's scale-up time limit (15.0 min")
     assert f"last activity of ASG {ASG}: InsufficientInstanceCapacity in us-east-2a" in late.reason
-    assert coldstart.capacity_zone("InsufficientInstanceCapacity ... in the Availability Zone us-east-2a") == "us-east-2a"
+    assert cold_start.capacity_zone("InsufficientInstanceCapacity ... in the Availability Zone us-east-2a") == "us-east-2a"
 
 
 def test_a_scale_up_that_never_comes_names_the_last_activity_or_else_the_last_word_heard() -> None:
-    quiet = coldstart.judge(snap(waited_s=901, provision_s=900))
+    quiet = cold_start.judge(snap(waited_s=901, provision_s=900))
     assert quiet.state == FAILED and quiet.reason.endswith("no event from the scheduler or the cluster autoscaler, and no ASG activity")
-    heard = coldstart.judge(snap(waited_s=901, provision_s=900, events=(event(PODS[0], "TriggeredScaleUp", TRIGGERED),)))
+    heard = cold_start.judge(snap(waited_s=901, provision_s=900, events=(event(PODS[0], "TriggeredScaleUp", TRIGGERED),)))
     assert heard.reason.endswith(f"cluster-autoscaler: {TRIGGERED}")
 
 
 def test_the_autoscaler_refusing_for_good_fails_at_once_and_a_backoff_does_not() -> None:
     never = "pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu"
-    v = coldstart.judge(snap(events=(event(PODS[0], "NotTriggerScaleUp", never),)))
+    v = cold_start.judge(snap(events=(event(PODS[0], "NotTriggerScaleUp", never),)))
     assert v.state == FAILED and v.reason == f"no GPU node can ever hold pod {PODS[0]}: cluster-autoscaler: {never}"
     backoff = "pod didn't trigger scale-up: 1 in backoff after failed scale-up"
-    assert coldstart.judge(snap(events=(event(PODS[0], "NotTriggerScaleUp", backoff),))).state == WAITING
+    assert cold_start.judge(snap(events=(event(PODS[0], "NotTriggerScaleUp", backoff),))).state == WAITING
     superseded = (event(PODS[0], "NotTriggerScaleUp", never, 0), event(PODS[0], "TriggeredScaleUp", TRIGGERED, 30))
-    assert coldstart.judge(snap(events=superseded)).state == WAITING  # the newest word of the autoscaler counts
+    assert cold_start.judge(snap(events=superseded)).state == WAITING  # the newest word of the autoscaler counts
 
 
 def test_a_pod_that_cannot_start_fails_at_once_and_slow_pods_on_ready_nodes_fail_after_their_allowance() -> None:
-    bad = coldstart.judge(snap(nodes=(node("n1"), node("n2")), pods=(pod(PODS[0], waiting="ImagePullBackOff"), pod(PODS[1]))))
+    bad = cold_start.judge(snap(nodes=(node("n1"), node("n2")), pods=(pod(PODS[0], waiting="ImagePullBackOff"), pod(PODS[1]))))
     assert bad.state == FAILED and bad.reason.startswith(f"pod {PODS[0]} on node (none): container ray-worker is ImagePullBackOff")
     ready = (node("n1"), node("n2"))
-    assert coldstart.judge(snap(nodes=ready, nodes_ready_s=60, waited_s=20 * 60)).state == WAITING  # nodes came: the node limit is past
-    slow = coldstart.judge(snap(nodes=ready, nodes_ready_s=coldstart.POD_START_S))
+    assert cold_start.judge(snap(nodes=ready, nodes_ready_s=60, waited_s=20 * 60)).state == WAITING  # nodes came: the node limit is past
+    slow = cold_start.judge(snap(nodes=ready, nodes_ready_s=cold_start.POD_START_S))
     assert slow.state == FAILED and slow.reason.startswith("the GPU nodes are Ready but 2 of 2 GPU worker pods have not started")
 
 
 def test_a_job_larger_than_the_gpu_workers_can_ever_hold() -> None:
-    assert coldstart.never_fits(Demand(9, 4, 2)) == "the job needs 9 GPUs and the RayCluster's GPU workers hold at most 8 (2 pods x 4 GPUs)"
-    assert coldstart.never_fits(Demand(8, 4, 2)) is None and coldstart.never_fits(Demand(0, 0, 0)) is None
-    assert "no GPU worker group" in str(coldstart.never_fits(Demand(1, 0, 0)))
-    assert coldstart.judge(snap(demand=Demand(16, 4, 2))).state == FAILED
+    assert cold_start.never_fits(Demand(9, 4, 2)) == "the job needs 9 GPUs and the RayCluster's GPU workers hold at most 8 (2 pods x 4 GPUs)"
+    assert cold_start.never_fits(Demand(8, 4, 2)) is None and cold_start.never_fits(Demand(0, 0, 0)) is None
+    assert "no GPU worker group" in str(cold_start.never_fits(Demand(1, 0, 0)))
+    assert cold_start.judge(snap(demand=Demand(16, 4, 2))).state == FAILED
 
 
 @pytest.mark.parametrize(("scaling", "expected"), [(True, Demand(8, 4, 3)), (False, Demand(8, 4, 0))])
@@ -137,17 +138,17 @@ def test_demand_reads_the_gpu_worker_groups_as_kuberay_runs_them(scaling: bool, 
              "template": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4", "cpu": "44"}}}]}}}
     cpu = {"groupName": "cpu", "replicas": 5, "template": {"spec": {"containers": [{"resources": {"limits": {"cpu": "4"}}}]}}}
     rc = {"spec": {"enableInTreeAutoscaling": scaling, "workerGroupSpecs": [group, cpu]}}
-    assert coldstart.demand_of(rc, 8) == expected
+    assert cold_start.demand_of(rc, 8) == expected
     assert expected.pods == 2
 
 
 def test_expected_wait_is_the_last_launch_else_the_catalogue_estimate() -> None:
     acts = (activity("Successful", -120, took=4.5), activity("Successful", -60, took=3.0), activity("Failed", -30, ICE, took=0.1))
-    assert coldstart.expected_wait(acts, "g6.12xlarge") == (180.0, "the node group's last scale-up took 3.0 min")
-    seconds, basis = coldstart.expected_wait((), "p5.48xlarge")
-    assert seconds == catalog.scale_up_estimate_s("p5.48xlarge") == 15 * 60 and "estimate for p5.48xlarge" in basis
-    assert catalog.scale_up_estimate_s("x9.huge") == catalog.SCALE_UP_DEFAULT_MIN * 60
-    line = coldstart.headline(snap(activities=acts), "g6.12xlarge")
+    assert cold_start.expected_wait(acts, "g6.12xlarge") == (180.0, "the node group's last scale-up took 3.0 min")
+    seconds, basis = cold_start.expected_wait((), "p5.48xlarge")
+    assert seconds == instances.scale_up_estimate_s("p5.48xlarge") == 15 * 60 and "estimate for p5.48xlarge" in basis
+    assert instances.scale_up_estimate_s("x9.huge") == instances.SCALE_UP_DEFAULT_MIN * 60
+    line = cold_start.headline(snap(activities=acts), "g6.12xlarge")
     assert line.startswith("GPU nodes are at 0 of 2; expected wait ~3 min (the node group's last scale-up took 3.0 min)")
 
 
@@ -163,7 +164,7 @@ def test_a_driver_that_finds_too_few_gpus_asks_rays_autoscaler_for_them_and_with
     persists until overridden, so it is withdrawn once the wait ends, whatever its outcome."""
     import ray.autoscaler.sdk
 
-    from raydlc import rayedge
+    from raydlc.edges import ray_runtime
 
     asked: list[Any] = []
     waits: list[tuple[int, float]] = []
@@ -173,25 +174,26 @@ def test_a_driver_that_finds_too_few_gpus_asks_rays_autoscaler_for_them_and_with
         waits.append((at_least, wait_s))
         return [4, 4] if wait_s else []
 
-    monkeypatch.setattr(rayedge, "node_capacities", capacities)
-    assert rayedge.await_resources("GPU", 8, wait_s=1800) == [4, 4]
+    monkeypatch.setattr(ray_runtime, "node_capacities", capacities)
+    assert ray_runtime.await_resources("GPU", 8, wait_s=1800) == [4, 4]
     assert asked == [[{"GPU": 1.0}] * 8, []] and waits == [(0, 0.0), (8, 1800)]
     asked.clear()
-    monkeypatch.setattr(rayedge, "node_capacities", lambda resource, **kw: [4, 4])
-    assert rayedge.await_resources("GPU", 8, wait_s=1800) == [4, 4] and asked == []  # warm: nothing asked
+    monkeypatch.setattr(ray_runtime, "node_capacities", lambda resource, **kw: [4, 4])
+    assert ray_runtime.await_resources("GPU", 8, wait_s=1800) == [4, 4] and asked == []  # warm: nothing asked
 
 
 def test_the_builtin_program_on_the_cluster_uses_gpus_even_while_the_gpu_group_is_at_zero() -> None:
-    from raydlc.api._jobs import _builtin_env, _gpus_needed
     from raydlc.config import load_config
+    from raydlc.jobs.runtime_env import builtin_env
+    from raydlc.jobs.submit import gpus_needed
 
     cfg = load_config(env={})
-    assert _builtin_env(cfg, False, cluster=True)["RAYDLC_USE_GPU"] == "true"
-    assert "RAYDLC_USE_GPU" not in _builtin_env(cfg, False)  # --address: a head raydlc did not make, as before
-    assert _builtin_env(load_config(env={"RAYDLC_USE_GPU": "false"}), False, cluster=True)["RAYDLC_USE_GPU"] == "false"
-    assert _gpus_needed(cfg, None, builtin=True) == 8 and _gpus_needed(cfg, None, builtin=False) == 0
-    assert _gpus_needed(cfg, 3, builtin=False) == 3
-    assert _gpus_needed(load_config(env={"RAYDLC_USE_GPU": "false"}), None, builtin=True) == 0
+    assert builtin_env(cfg, "cluster")["RAYDLC_USE_GPU"] == "true"
+    assert "RAYDLC_USE_GPU" not in builtin_env(cfg, "address")  # --address: a head raydlc did not make, as before
+    assert builtin_env(load_config(env={"RAYDLC_USE_GPU": "false"}), "cluster")["RAYDLC_USE_GPU"] == "false"
+    assert gpus_needed(cfg, None, builtin=True) == 8 and gpus_needed(cfg, None, builtin=False) == 0
+    assert gpus_needed(cfg, 3, builtin=False) == 3
+    assert gpus_needed(load_config(env={"RAYDLC_USE_GPU": "false"}), None, builtin=True) == 0
 
 
 class _Deployments:
@@ -214,20 +216,20 @@ def _ca(*flags: str) -> dict[str, Any]:
 
 def test_the_wait_is_the_autoscalers_own_provision_time_else_its_documented_default() -> None:
     from raydlc.errors import KubeError
-    from raydlc.warmup import provision_limit
+    from raydlc.jobs.warmup import provision_limit
 
     other = {"metadata": {"name": "kuberay-operator"}, "spec": {"template": {"spec": {"containers": [{"name": "op", "args": ["--max-node-provision-time=1s"]}]}}}}
     assert provision_limit(_Deployments([other, _ca("--max-node-provision-time=20m0s")])) == (
         1200.0, "--max-node-provision-time=20m0s of the cluster autoscaler")
-    assert provision_limit(_Deployments([_ca()]))[0] == coldstart.NODE_PROVISION_S == 900  # FAQ: 15m0s
+    assert provision_limit(_Deployments([_ca()]))[0] == cold_start.NODE_PROVISION_S == 900  # FAQ: 15m0s
     assert provision_limit(_Deployments([other]))[1].endswith("(no autoscaler found)")  # another container's flag is not the autoscaler's
     refused = provision_limit(_Deployments(KubeError("kubernetes: cannot list deployments (403 Forbidden: …)")))
     assert refused[0] == 900 and "403 Forbidden" in refused[1]
 
 
 def test_follow_says_each_reason_once_and_ends_warm_or_raises_with_the_judges_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc import warmup
     from raydlc.config import load_config
+    from raydlc.jobs import warmup
 
     sched = tuple(event(p, "FailedScheduling", SCHED) for p in PODS)
     trig = sched + tuple(event(p, "TriggeredScaleUp", TRIGGERED, 5) for p in PODS)

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from raydlc.dashboard import Dashboard, HeadRefused, HeadUnreachable
+from raydlc.edges.local_head import free_port
+from raydlc.edges.ray_dashboard import Dashboard, HeadRefused, HeadUnreachable
 from raydlc.errors import RayError
-from raydlc.rayedge import free_port
 
 ACTORS = {"result": True, "msg": "", "data": {"result": {"total": 1, "result": [
     {"actor_id": "a1", "class_name": "RayTrainWorker", "state": "ALIVE", "job_id": "02000000", "node_id": "n1", "pid": 4242, "name": ""}]}}}

@@ -3,9 +3,9 @@ user's input), or Ray's first line and the log's last, never the whole log again
 
 from __future__ import annotations
 
-from raydlc.dashboard import Job
+from raydlc.edges.ray_dashboard import Job
 from raydlc.errors import InputError, TrainError
-from raydlc.jobs import failure
+from raydlc.jobs.control import failure
 
 LOG = "\n".join(f"line {i}" for i in range(500))
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from raydlc import jobenv
 from raydlc.errors import InputError
+from raydlc.jobs import runtime_env
 
 IMAGE = {"torch": "2.13.0", "ray": "2.58.0"}
 
@@ -29,7 +29,7 @@ def test_the_upload_leaves_out_git_and_what_each_ignore_file_names(tmp_path: Pat
         "model.ckpt": b"x" * 100, "build/out.bin": b"x", "src/build/keep.py": "", "data/.rayignore": "*.bin\n",
         "data/a.bin": b"x", "data/keep.txt": "k", "sub/.git": "gitdir: elsewhere\n",
     })
-    up = jobenv.working_dir_upload(tmp_path)
+    up = runtime_env.working_dir_upload(tmp_path)
     files = {rel for rel, _ in up.files}
     assert files == {"train.py", ".gitignore", "src/build/keep.py", "data/.rayignore", "data/keep.txt"}
     assert up.size > sum(n for _, n in up.files)  # zip headers counted
@@ -38,7 +38,7 @@ def test_the_upload_leaves_out_git_and_what_each_ignore_file_names(tmp_path: Pat
 def test_the_size_checked_is_the_size_ray_would_send(tmp_path: Path) -> None:
     """Ray stores (does not compress) each file in its zip: our count matches a real stored zip."""
     _tree(tmp_path, {"a.py": "x" * 1000, "pkg/b.py": "y" * 333, "pkg/deeper/c.txt": "z"})
-    up = jobenv.working_dir_upload(tmp_path)
+    up = runtime_env.working_dir_upload(tmp_path)
     out = tmp_path.parent / "real.zip"
     with zipfile.ZipFile(out, "w", strict_timestamps=False) as z:
         for rel, _ in up.files:
@@ -52,12 +52,12 @@ def test_a_working_dir_over_the_dashboards_limit_is_refused_naming_the_biggest_f
     with big.open("wb") as f:  # sparse: 101 MiB that costs no disk
         f.truncate(101 * 2**20)
     with pytest.raises(InputError) as e:
-        jobenv.check_upload(jobenv.working_dir_upload(tmp_path))
+        runtime_env.check_upload(runtime_env.working_dir_upload(tmp_path))
     assert "over the Ray dashboard's 100.0 MiB limit" in e.value.message
     assert "weights.bin (101.0 MiB)" in e.value.message
     assert ".rayignore" in (e.value.hint or "")
     (tmp_path / ".rayignore").write_text("weights.bin\n")
-    jobenv.check_upload(jobenv.working_dir_upload(tmp_path))  # ignored: fits
+    runtime_env.check_upload(runtime_env.working_dir_upload(tmp_path))  # ignored: fits
 
 
 class FakeDist:
@@ -74,7 +74,7 @@ class FakeDist:
 
 
 def _pin(specs: list[str], dists: dict[str, Any]) -> list[str]:
-    return jobenv.pin_packages(specs, IMAGE, installed=lambda n: dists.get(n.lower()))
+    return runtime_env.pin_packages(specs, IMAGE, installed=lambda n: dists.get(n.lower()))
 
 
 def test_pip_packages_are_pinned_to_what_is_installed_here() -> None:
@@ -82,7 +82,7 @@ def test_pip_packages_are_pinned_to_what_is_installed_here() -> None:
     assert _pin(["pyyaml", "einops==0.8.0", "pyyaml[extra]==6.0.4; python_version >= '3'"], dists) == [
         "pyyaml==6.0.4", "einops==0.8.0", 'pyyaml[extra]==6.0.4; python_version >= "3"']
     # the real installed one, through importlib.metadata
-    assert jobenv.pin_packages(["PyYAML"], IMAGE) == [f"PyYAML=={metadata.version('PyYAML')}"]
+    assert runtime_env.pin_packages(["PyYAML"], IMAGE) == [f"PyYAML=={metadata.version('PyYAML')}"]
 
 
 @pytest.mark.parametrize(("spec", "dists", "says"), [
@@ -107,18 +107,18 @@ def test_requirements_of_the_image_own_that_it_satisfies_are_fine() -> None:
 
 
 def test_env_passes_nccl_and_fi_but_refuses_secrets() -> None:
-    assert jobenv.parse_env(["NCCL_DEBUG=INFO", "FI_PROVIDER=efa", "X=a=b"]) == {"NCCL_DEBUG": "INFO", "FI_PROVIDER": "efa", "X": "a=b"}
+    assert runtime_env.parse_env(["NCCL_DEBUG=INFO", "FI_PROVIDER=efa", "X=a=b"]) == {"NCCL_DEBUG": "INFO", "FI_PROVIDER": "efa", "X": "a=b"}
     for pair in ("HF_TOKEN=hf_x", "AWS_SECRET_ACCESS_KEY=k", "AWS_ACCESS_KEY_ID=AKIA", "DB_PASSWORD=p", "WANDB_API_KEY=k"):
         with pytest.raises(InputError, match="looks like a secret"):
-            jobenv.parse_env([pair])
+            runtime_env.parse_env([pair])
     with pytest.raises(InputError, match="not NAME=VALUE"):
-        jobenv.parse_env(["1BAD=x"])
+        runtime_env.parse_env(["1BAD=x"])
 
 
-def _build(tmp_path: Path, **kw: Any) -> jobenv.JobSpec:
+def _build(tmp_path: Path, **kw: Any) -> runtime_env.JobSpec:
     args: dict[str, Any] = dict(script=None, args=[], working_dir=None, pip=[], env={}, settings_env={}, image=IMAGE, name=None, target="local")
     args.update(kw)
-    return jobenv.build(**args)
+    return runtime_env.build(**args)
 
 
 def test_a_script_job_carries_raydlc_its_working_dir_and_nothing_secret(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_a_script_job_carries_raydlc_its_working_dir_and_nothing_secret(tmp_path
     assert spec.entrypoint == "python train.py --lr 1e-3 'two words'"
     assert spec.runtime_env["working_dir"] == str((tmp_path / "proj").resolve())
     assert spec.runtime_env["excludes"] == [".git", "__pycache__", "*.pyc"]
-    assert spec.runtime_env["py_modules"] == [str(Path(jobenv.__file__).resolve().parent)]
+    assert spec.runtime_env["py_modules"] == [str(Path(runtime_env.__file__).resolve().parents[1])]
     assert spec.runtime_env["env_vars"] == {"NCCL_DEBUG": "WARN"}
     assert spec.submission_id == "run-1" and spec.metadata["program"] == "train.py"
     assert any("NCCL_DEBUG=WARN" in w for w in spec.warnings)  # verify could not prove the transport
@@ -156,14 +156,14 @@ def test_bad_programs_are_refused_before_anything_is_sent(tmp_path: Path, kw: di
 
 def test_local_runs_write_where_submit_was_run(tmp_path: Path) -> None:
     (tmp_path / "corpus.txt").write_text("x")
-    env = jobenv.absolute_local_paths({"RAYDLC_DATA": "corpus.txt", "RAYDLC_STEPS": "3"}, cwd=tmp_path)
+    env = runtime_env.absolute_local_paths({"RAYDLC_DATA": "corpus.txt", "RAYDLC_STEPS": "3"}, cwd=tmp_path)
     assert env == {"RAYDLC_DATA": str(tmp_path / "corpus.txt"), "RAYDLC_STEPS": "3", "RAYDLC_STORAGE_PATH": str(tmp_path / "raydlc-out")}
-    assert jobenv.absolute_local_paths({"RAYDLC_STORAGE_PATH": "s3://b/p"}, cwd=tmp_path)["RAYDLC_STORAGE_PATH"] == "s3://b/p"
-    assert os.path.isabs(jobenv.absolute_local_paths({"RAYDLC_STORAGE_PATH": "~/runs"}, cwd=tmp_path)["RAYDLC_STORAGE_PATH"])
+    assert runtime_env.absolute_local_paths({"RAYDLC_STORAGE_PATH": "s3://b/p"}, cwd=tmp_path)["RAYDLC_STORAGE_PATH"] == "s3://b/p"
+    assert os.path.isabs(runtime_env.absolute_local_paths({"RAYDLC_STORAGE_PATH": "~/runs"}, cwd=tmp_path)["RAYDLC_STORAGE_PATH"])
 
 
 def test_a_dashboard_traceback_is_shortened_to_the_error_it_ends_with() -> None:
-    from raydlc.dashboard import _short
+    from raydlc.edges.ray_dashboard import _short
 
     body = "Request failed with status code 500: Traceback (most recent call last):\n  File \"x.py\", line 1\n    f()\nValueError: no such package\n"
     assert _short(RuntimeError(body)) == "Request failed with status code 500: ValueError: no such package"

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from raydlc import heads, rayedge
-from raydlc.rayedge import LocalHead
+from raydlc.edges import local_head
+from raydlc.edges.local_head import LocalHead
+from raydlc.jobs import targets
 
 pytestmark = pytest.mark.slow
 
@@ -90,14 +91,14 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def head(home: Path) -> Iterator[heads.HeadRecord]:
+def head(home: Path) -> Iterator[targets.HeadRecord]:
     """Started by a process that then exits, as `raydlc submit --local` does: the head outlives it."""
-    subprocess.run([sys.executable, "-c", "from raydlc import heads; heads.ensure_local_head(start=True)"], check=True, timeout=300)
-    rec = heads.running_head()
+    subprocess.run([sys.executable, "-c", "from raydlc.jobs import targets; targets.ensure_local_head(start=True)"], check=True, timeout=300)
+    rec = targets.running_head()
     assert rec is not None
     yield rec
-    if heads.running_head() is not None:  # a test failed before `down --local`
-        heads.stop_local_head()
+    if targets.running_head() is not None:  # a test failed before `down --local`
+        targets.stop_local_head()
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -119,7 +120,7 @@ def get(url: str) -> Any:
 # ---- the local target ---------------------------------------------------------------------------
 
 
-def test_submit_the_builtin_program_with_a_pinned_package(head: heads.HeadRecord, tmp_path: Path) -> None:
+def test_submit_the_builtin_program_with_a_pinned_package(head: targets.HeadRecord, tmp_path: Path) -> None:
     p = cli("submit", "--local", "--builtin", "--pip", "PyYAML", "--name", "builtin-1", "--json", cwd=tmp_path, env=TINY)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = last_json(p)
@@ -147,7 +148,7 @@ def test_submit_the_builtin_program_with_a_pinned_package(head: heads.HeadRecord
                     "nccl": "not applicable", "storage": "not applicable", "head-port": "not applicable", "job": "pass"}
 
 
-def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: heads.HeadRecord, tmp_path: Path) -> None:
+def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: targets.HeadRecord, tmp_path: Path) -> None:
     (tmp_path / "ticker.py").write_text(TICKER)
     first = last_json(cli("submit", "ticker.py", "--local", "--name", "long-1", "--no-wait", "--json", "--", "600", cwd=tmp_path))
     again = last_json(cli("submit", "ticker.py", "--local", "--name", "long-1", "--no-wait", "--json", "--", "600", cwd=tmp_path))
@@ -166,7 +167,7 @@ def test_one_name_runs_once_stop_ends_it_and_list_shows_each_job_once(head: head
     assert [j["status"] for j in listed["jobs"] if j["job_id"] == "long-1"] == ["STOPPED"]
 
 
-def test_ctrl_c_detaches_and_the_job_goes_on(head: heads.HeadRecord, tmp_path: Path) -> None:
+def test_ctrl_c_detaches_and_the_job_goes_on(head: targets.HeadRecord, tmp_path: Path) -> None:
     (tmp_path / "ticker.py").write_text(TICKER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYDLC_")}
     proc = subprocess.Popen([str(RAYDLC), "submit", "ticker.py", "--local", "--name", "detach-1", "--", "16"], cwd=tmp_path, env=env,
@@ -196,7 +197,7 @@ def test_bench_transport_on_the_local_target_says_there_is_nothing_to_compare(tm
 # ---- two nodes: the job's own worker logs, per node -----------------------------------------------
 
 
-def _nodes(head: heads.HeadRecord, wait_s: float = 60.0) -> list[dict[str, Any]]:
+def _nodes(head: targets.HeadRecord, wait_s: float = 60.0) -> list[dict[str, Any]]:
     """The head's node list; a head that has just started may drop the first connections while its dashboard comes up."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -209,14 +210,14 @@ def _nodes(head: heads.HeadRecord, wait_s: float = 60.0) -> list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def _raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory, tag: str) -> Iterator[tuple[str, LocalHead]]:
+def _raylet(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFactory, tag: str) -> Iterator[tuple[str, LocalHead]]:
     """A raylet joined to the head, as Ray's own multi-node tests do; its own temp dir, so its
     logs are its own, as on another machine. It declares 4 GPUs and has the fi_info double on its
     PATH: a GPU node with an EFA device, as far as Ray and the probe can tell. Ended by its PID."""
     import tempfile
 
     ray_bin = Path(sys.executable).with_name("ray")
-    ports = {n: rayedge.free_port() for n in ("node-manager-port", "object-manager-port", "metrics-export-port",
+    ports = {n: local_head.free_port() for n in ("node-manager-port", "object-manager-port", "metrics-export-port",
                                              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")}
     temp = Path(tempfile.mkdtemp(prefix=f"raydlc-{tag}-", dir="/tmp"))
     log = tmp_path_factory.mktemp(tag) / "node.log"
@@ -248,13 +249,13 @@ def _raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory, ta
 
 
 @pytest.fixture(scope="module")
-def second_raylet(head: heads.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
+def second_raylet(head: targets.HeadRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
     with _raylet(head, tmp_path_factory, "node2") as node:
         yield node
 
 
 @pytest.fixture(scope="module")
-def third_raylet(head: heads.HeadRecord, second_raylet: tuple[str, LocalHead],
+def third_raylet(head: targets.HeadRecord, second_raylet: tuple[str, LocalHead],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalHead]]:
     """The second GPU node: with it the head holds only the driver and the controller, as on a cluster."""
     with _raylet(head, tmp_path_factory, "node3") as node:
@@ -288,7 +289,7 @@ def nccl_row(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return next(r for r in last_json(p)["criteria"] if r["criterion"] == "nccl")
 
 
-def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: heads.HeadRecord, second_node: str, third_node: str,
+def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: targets.HeadRecord, second_node: str, third_node: str,
                                                                    tmp_path: Path) -> None:
     """Two jobs on the same two GPU nodes, one with a node on sockets, one with EFA on both: each verdict
     reads only its own job's training workers' files, so neither leaks into the other, and the head, which
@@ -314,7 +315,7 @@ def test_verify_names_the_node_whose_workers_fell_back_to_sockets(head: heads.He
 
 
 @pytest.fixture(scope="module")
-def cluster(head: heads.HeadRecord, home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def cluster(head: targets.HeadRecord, home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     sys.path.insert(0, str(TESTS / "doubles"))
     import netpolicy
     import servers
@@ -360,14 +361,14 @@ def forwards(log: Path) -> list[dict[str, Any]]:
 
 
 def test_the_cluster_target_reaches_the_head_through_a_port_forward_it_closes(
-    head: heads.HeadRecord, second_node: str, third_node: str, cluster: dict[str, Any], tmp_path: Path
+    head: targets.HeadRecord, second_node: str, third_node: str, cluster: dict[str, Any], tmp_path: Path
 ) -> None:
     listed = cli("job", "list", "--json", cwd=tmp_path, env=cluster["env"])
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert {"builtin-1", "nccl-mixed"} <= {j["job_id"] for j in last_json(listed)["jobs"]}
     (fwd,) = forwards(cluster["log"])
     assert fwd["argv"][fwd["argv"].index("port-forward") + 1:] == ["svc/ray-train-cluster-head-svc", ":8265", "--address", "127.0.0.1"]
-    assert not rayedge.process_alive(fwd["pid"])  # closed when the command ended
+    assert not local_head.process_alive(fwd["pid"])  # closed when the command ended
 
     v = cli("verify", "--job", "nccl-mixed", "--json", cwd=tmp_path, env=cluster["env"])
     assert v.returncode == 3, v.stderr[-2000:]
@@ -408,7 +409,7 @@ _world = servers.lifecycle_world("lifecycle_world")  # the lifecycle tests' worl
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 
-def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str, third_node: str, world: Any, tmp_path: Path) -> None:
+def test_up_submit_verify_down_offline(head: targets.HeadRecord, second_node: str, third_node: str, world: Any, tmp_path: Path) -> None:
     """`up` against moto, kmock and the doubles; the job runs on the local head standing in for the
     cluster's, reached through the kubectl double's port-forward; the gate passes on every criterion."""
     from raydlc import lifecycle
@@ -446,7 +447,7 @@ def test_up_submit_verify_down_offline(head: heads.HeadRecord, second_node: str,
 # ---- down --local, last -------------------------------------------------------------------------
 
 
-def test_down_local_ends_the_head_and_everything_it_started(head: heads.HeadRecord, second_raylet: tuple[str, LocalHead],
+def test_down_local_ends_the_head_and_everything_it_started(head: targets.HeadRecord, second_raylet: tuple[str, LocalHead],
                                                               third_raylet: tuple[str, LocalHead], tmp_path: Path) -> None:
     for node in (second_raylet, third_raylet):
         node[1].stop()  # the worker nodes leave first, as a cluster's worker pods do
@@ -455,6 +456,6 @@ def test_down_local_ends_the_head_and_everything_it_started(head: heads.HeadReco
     assert last_json(p)["local"] == {"pid": head.pid, "dashboard": head.dashboard_url, "ended": True, "doubted_record": None}
     with pytest.raises(ProcessLookupError):
         os.killpg(head.pid, 0)  # no process of the head's group is left
-    assert not Path(head.temp_dir).exists() and heads.check_record() is None  # no record left, not even a doubted one
+    assert not Path(head.temp_dir).exists() and targets.check_record() is None  # no record left, not even a doubted one
     gone = cli("job", "list", "--local", cwd=tmp_path)
     assert gone.returncode == 1 and "no local Ray head of raydlc runs" in gone.stderr

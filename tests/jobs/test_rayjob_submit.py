@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from raydlc import rayedge
-from raydlc.rayedge import LocalHead
+from raydlc.edges import local_head
+from raydlc.edges.local_head import LocalHead
 
 pytestmark = pytest.mark.slow  # a Ray head starts once (~30-60 s on a busy machine); each test then takes seconds
 
@@ -52,12 +52,13 @@ def head(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     aws = {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-2", "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": "/nonexistent/aws-config", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials"}
-    with rayedge.start_head(num_cpus=1, log_dir=tmp_path_factory.mktemp("head-log"), token=TOKEN, env=aws, timeout=240) as h:
+    with local_head.start_head(num_cpus=1, log_dir=tmp_path_factory.mktemp("head-log"), token=TOKEN, env=aws, timeout=240) as h:
         yield h
 
 
 @contextlib.contextmanager
-def standing_cluster(world: Any, head: LocalHead, monkeypatch: pytest.MonkeyPatch, program: str) -> Iterator[Kube]:
+def standing_cluster(world: Any, head: LocalHead, monkeypatch: pytest.MonkeyPatch, program: str,
+                     clock: Any = time.time) -> Iterator[Kube]:
     """What `up` leaves: the bucket, a system node, the KubeRay operator, the RayCluster and its token Secret; the head
     pod's dashboard is the local head (kubectl double's port-forward), KubeRay's RayJob controller armed."""
     import raydlc.render.raycluster as rc_render
@@ -84,13 +85,13 @@ def standing_cluster(world: Any, head: LocalHead, monkeypatch: pytest.MonkeyPatc
     while not any(p["metadata"]["name"] == f"{RC}-head" and (p.get("status") or {}).get("phase") == "Running" for p in kube.list("Pod", NS)):
         assert time.monotonic() < deadline, "the emulated operator never ran the head pod"
         time.sleep(0.1)
-    with RayJobController(world.kube.url, {f"{NS}/{RC}": head.dashboard_url}, TOKEN) as controller:
+    with RayJobController(world.kube.url, {f"{NS}/{RC}": head.dashboard_url}, TOKEN, clock=clock) as controller:
         yield kube
     assert not controller.errors, controller.errors
 
 
 def code_key() -> str:
-    from raydlc import codezip
+    from raydlc.render import codezip
 
     return codezip.build().key
 
@@ -104,9 +105,8 @@ def rayjob(kube: Kube) -> dict[str, Any]:
 def test_submit_rayjob_uploads_the_zip_applies_the_rendered_rayjob_and_follows_its_job(
         world: Any, head: LocalHead, monkeypatch: pytest.MonkeyPatch) -> None:
     import raydlc.api as api
-    from raydlc import codezip
-    from raydlc.render import FILES, render_all
-    from raydlc.render.storage import for_cluster
+    from raydlc.render import FILES, codezip, render_all
+    from raydlc.render.bucket import for_cluster
 
     said, logs = [], []
     with standing_cluster(world, head, monkeypatch, WHERE) as kube:
@@ -136,7 +136,7 @@ def test_an_existing_rayjob_is_refused_and_yes_replaces_it_stopping_its_job_firs
     import raydlc.api as api
     import raydlc.render.raycluster as rc_render
     from raydlc.cli import main
-    from raydlc.dashboard import Dashboard
+    from raydlc.edges.ray_dashboard import Dashboard
     from raydlc.errors import InputError
 
     dash = Dashboard(head.dashboard_url, token=TOKEN)
@@ -164,3 +164,57 @@ def test_an_existing_rayjob_is_refused_and_yes_replaces_it_stopping_its_job_firs
     (error,) = [ln for ln in out.err.splitlines() if ln.startswith("error:")]
     assert error.startswith(f"error: job {new} FAILED")
     assert dash.job(old).status == "STOPPED"  # stopped before its RayJob was replaced
+
+
+def until(what: str, ok: Any, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_past_its_deadline_kuberay_only_fails_the_rayjob_and_raydlc_stops_its_job(
+        world: Any, head: LocalHead, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import raydlc.api as api
+    from raydlc.edges.ray_dashboard import Dashboard
+
+    later = [0.0]  # how far the operator's clock is ahead of this one: a deadline passes without waiting it out
+    dash = Dashboard(head.dashboard_url, token=TOKEN)
+    with standing_cluster(world, head, monkeypatch, "import time; print('long', flush=True); time.sleep(600)",
+                          clock=lambda: time.time() + later[0]) as kube:
+        # KubeRay alone (nobody follows the job): the RayJob is Failed at its deadline, and its Ray job runs on.
+        old = api.submit(rayjob=True, no_wait=True).job.submission_id
+        until("the first job running", lambda: dash.job(old).status == "RUNNING" and rayjob(kube)["status"].get("jobStatus") == "RUNNING")
+        deadline_s = rayjob(kube)["spec"]["activeDeadlineSeconds"]
+        assert deadline_s == 4 * 3600  # JOB_DEADLINE_S's default
+        later[0] = deadline_s + 1.0
+        until("KubeRay's DeadlineExceeded", lambda: rayjob(kube)["status"].get("reason") == "DeadlineExceeded")
+        time.sleep(2.0)
+        st = rayjob(kube)["status"]
+        assert st["jobDeploymentStatus"] == "Failed" and st["message"].startswith("The RayJob has passed the activeDeadlineSeconds")
+        assert dash.job(old).status == "RUNNING"  # what KubeRay v1.7.0 leaves behind on a standing cluster
+
+        # raydlc following its RayJob's job stops it at the deadline.
+        later[0] = 0.0
+        said: list[str] = []
+        result: dict[str, Any] = {}
+        follower = threading.Thread(target=lambda: result.update(done=api.submit(rayjob=True, yes=True, notice=said.append)), daemon=True)
+        follower.start()
+
+        def replacement_running() -> bool:
+            job = ((kube.get("RayJob", JOB, NS) or {}).get("status") or {}).get("jobId")  # absent while --yes replaces it
+            return job not in (None, old) and dash.job(job) is not None and dash.job(job).status == "RUNNING"
+
+        until("the replacement running", replacement_running)
+        new = rayjob(kube)["status"]["jobId"]
+        assert dash.job(old).status == "STOPPED"  # --yes stopped the one KubeRay had left running
+        later[0] = deadline_s + 1.0
+        follower.join(timeout=180)
+        assert not follower.is_alive()
+        done = result["done"]
+        assert done.job.submission_id == new and done.job.status == "STOPPED" and dash.job(new).status == "STOPPED"
+        assert rayjob(kube)["status"]["reason"] == "DeadlineExceeded"
+        (line,) = [s for s in said if "passed its deadline" in s]
+        assert f"raydlc stopped job {new}" in line and "scale down once idle" in line

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from raydlc import rayedge
-from raydlc.rayedge import LocalHead
+from raydlc.edges import local_head
+from raydlc.edges.local_head import LocalHead
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def head(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalHead]:
-    with rayedge.start_head(num_cpus=1, log_dir=tmp_path_factory.mktemp("head-log"), token=TOKEN, timeout=240) as h:
+    with local_head.start_head(num_cpus=1, log_dir=tmp_path_factory.mktemp("head-log"), token=TOKEN, timeout=240) as h:
         yield h
 
 

@@ -21,9 +21,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from raydlc import jobs, verify
-from raydlc.dashboard import Dashboard
-from raydlc.verify import FAIL, PASS, Facts, JobFact
+from raydlc.checks import gate
+from raydlc.checks.gate import FAIL, PASS, Facts, JobFact
+from raydlc.edges.ray_dashboard import Dashboard
+from raydlc.jobs import worker_logs
 
 NCCL = Path(__file__).resolve().parents[1] / "data" / "nccl"
 EFA_A = NCCL / "mixed_composed_efa_and_socket" / "node-a.log"
@@ -114,16 +115,16 @@ def dash() -> Iterator[Dashboard]:
         httpd.server_close()
 
 
-def _nccl_row(dash: Dashboard) -> verify.Row:
-    logs = jobs.job_nccl(dash, JOB)
+def _nccl_row(dash: Dashboard) -> gate.Row:
+    logs = worker_logs.job_nccl(dash, JOB)
     f = Facts("address", JobFact("train-1", JOB, "SUCCEEDED"), nccl=logs.report, nccl_files=logs.files,
               nccl_workers=logs.workers, nccl_lost=logs.lost)
-    return next(r for r in verify.gate(f).rows if r.criterion == "nccl")
+    return next(r for r in gate.gate(f).rows if r.criterion == "nccl")
 
 
 def test_a_head_with_only_the_controller_and_driver_and_two_efa_worker_nodes_passes(dash: Dashboard) -> None:
     _cluster(EFA_B)
-    logs = jobs.job_nccl(dash, JOB)
+    logs = worker_logs.job_nccl(dash, JOB)
     assert sorted(logs.files) == ["10.0.1.5/bbbb1111", "10.0.2.7/cccc2222"]  # the head is not judged at all
     assert logs.workers == {"10.0.1.5/bbbb1111": [101], "10.0.2.7/cccc2222": [202]} and logs.world_size == 2
     assert logs.files["10.0.2.7/cccc2222"] == [_worker_file(202, b"")[0]]  # not the other job's worker on the same node

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from raydlc import bench, verify
-from raydlc.dashboard import Job, RayNode
-from raydlc.jobs import JobLogs
-from raydlc.telemetry.collect import analyze_node_paths
-from raydlc.telemetry.fabric import entries, judge
-from raydlc.verify import FAIL, NA, PASS, Facts, JobFact, KubeNode, Pod
+from raydlc.checks import gate, transport_bench
+from raydlc.checks.gate import FAIL, NA, PASS, Facts, JobFact, KubeNode, Pod
+from raydlc.edges.ray_dashboard import Job, RayNode
+from raydlc.jobs.worker_logs import JobLogs
+from raydlc.nccl.collect import analyze_node_paths
+from raydlc.nccl.fabric import entries, judge
 
 NCCL = Path(__file__).resolve().parents[1] / "data" / "nccl"
 EFA_A = NCCL / "mixed_composed_efa_and_socket" / "node-a.log"
@@ -29,7 +29,7 @@ FI_INFO_EFA: str = _fi_info.EFA
 JOB = JobFact("train-1", "02000000", "SUCCEEDED")
 
 
-def _rows(v: verify.Verdict) -> dict[str, verify.Row]:
+def _rows(v: gate.GateVerdict) -> dict[str, gate.Row]:
     return {r.criterion: r for r in v.rows}
 
 
@@ -40,17 +40,17 @@ def _nccl(groups: dict[str, list[Path]]) -> tuple[object, dict[str, list[str]]]:
 
 def test_on_the_local_target_network_rows_are_not_applicable_never_pass() -> None:
     report, files = _nccl({"node-a": [EFA_A]})  # even EFA lines on this machine prove nothing about a cluster
-    v = verify.gate(Facts("local", JOB, fabric=[judge("here", {"fi_info": "/usr/bin/fi_info", "returncode": 0, "output": FI_INFO_EFA})],
+    v = gate.gate(Facts("local", JOB, fabric=[judge("here", {"fi_info": "/usr/bin/fi_info", "returncode": 0, "output": FI_INFO_EFA})],
                           nccl=report, nccl_files=files))  # type: ignore[arg-type]
     rows = _rows(v)
-    assert [rows[c].status for c in verify.CRITERIA] == [NA, NA, NA, NA, NA, NA, PASS]
+    assert [rows[c].status for c in gate.CRITERIA] == [NA, NA, NA, NA, NA, NA, PASS]
     assert v.passed and v.to_dict()["passed"] is True
     assert "gloo" in rows["nccl"].evidence[0]
 
 
 def test_the_node_that_fell_back_to_sockets_fails_the_gate_by_name() -> None:
     report, files = _nccl({"10.0.1.5/aaaa1111": [EFA_A], "10.0.2.7/bbbb2222": [SOCKET_B]})
-    rows = _rows(verify.gate(Facts("address", JOB, nccl=report, nccl_files=files)))  # type: ignore[arg-type]
+    rows = _rows(gate.gate(Facts("address", JOB, nccl=report, nccl_files=files)))  # type: ignore[arg-type]
     assert rows["nccl"].status == FAIL and rows["nccl"].failed_nodes == ["10.0.2.7/bbbb2222"]
     assert any(e.startswith("10.0.2.7/bbbb2222: socket") for e in rows["nccl"].evidence)
     assert any(e.startswith("10.0.1.5/aaaa1111: efa, carried") for e in rows["nccl"].evidence)
@@ -58,9 +58,9 @@ def test_the_node_that_fell_back_to_sockets_fails_the_gate_by_name() -> None:
 
 def test_efa_carried_on_every_node_passes_the_nccl_row_and_selected_is_not_enough() -> None:
     report, files = _nccl({"n1": [EFA_A], "n2": [EFA_B]})
-    assert _rows(verify.gate(Facts("address", JOB, nccl=report, nccl_files=files)))["nccl"].status == PASS  # type: ignore[arg-type]
+    assert _rows(gate.gate(Facts("address", JOB, nccl=report, nccl_files=files)))["nccl"].status == PASS  # type: ignore[arg-type]
     report, files = _nccl({"n1": [EFA_A], "n2": [SELECTED_ONLY]})
-    row = _rows(verify.gate(Facts("address", JOB, nccl=report, nccl_files=files)))["nccl"]  # type: ignore[arg-type]
+    row = _rows(gate.gate(Facts("address", JOB, nccl=report, nccl_files=files)))["nccl"]  # type: ignore[arg-type]
     assert row.status == FAIL and row.failed_nodes == ["n2"] and "only selected" in " ".join(row.evidence)
 
 
@@ -68,24 +68,24 @@ def test_a_node_with_worker_files_but_no_nccl_lines_fails_and_one_node_proves_no
     quiet = tmp_path / "worker-1-02000000-9.out"
     quiet.write_text(":job_id:02000000\nhello\n")
     report, files = _nccl({"n1": [EFA_A], "n2": [quiet]})
-    row = _rows(verify.gate(Facts("cluster", JOB, nccl=report, nccl_files=files)))["nccl"]  # type: ignore[arg-type]
+    row = _rows(gate.gate(Facts("cluster", JOB, nccl=report, nccl_files=files)))["nccl"]  # type: ignore[arg-type]
     assert row.failed_nodes == ["n2"] and "no NCCL lines" in " ".join(row.evidence)
     report, files = _nccl({"n1": [EFA_A]})
-    row = _rows(verify.gate(Facts("cluster", JOB, nccl=report, nccl_files=files)))["nccl"]  # type: ignore[arg-type]
+    row = _rows(gate.gate(Facts("cluster", JOB, nccl=report, nccl_files=files)))["nccl"]  # type: ignore[arg-type]
     assert row.status == FAIL and "one node" in row.evidence[-1]
 
 
 def test_kubernetes_rows_name_the_node_without_efa_and_the_pod_not_running() -> None:
     nodes = [KubeNode("ip-10-0-1-5", True, 4, 1, True), KubeNode("ip-10-0-2-7", True, 4, 0, True), KubeNode("ip-10-0-0-9", False, 0, 0, True)]
     pods = [Pod("rc-head", "head", "Running", True), Pod("rc-w-0", "worker", "Running", True), Pod("rc-w-1", "worker", "Pending", False)]
-    rows = _rows(verify.gate(Facts("cluster", JOB, gpus_per_node=4, gpu_node_count=2, kube_nodes=nodes, pods=pods)))
+    rows = _rows(gate.gate(Facts("cluster", JOB, gpus_per_node=4, gpu_node_count=2, kube_nodes=nodes, pods=pods)))
     assert rows["gpu-nodes"].status == FAIL and rows["gpu-nodes"].failed_nodes == ["ip-10-0-2-7"]
     assert "ip-10-0-2-7: vpc.amazonaws.com/efa allocatable 0" in rows["gpu-nodes"].evidence
     assert rows["pods"].status == FAIL and rows["pods"].failed_nodes == ["rc-w-1"]
     good = [KubeNode("a", True, 4, 1, True), KubeNode("b", True, 4, 2, True)]
-    rows = _rows(verify.gate(Facts("cluster", JOB, gpus_per_node=4, gpu_node_count=2, kube_nodes=good, pods=pods[:2])))
+    rows = _rows(gate.gate(Facts("cluster", JOB, gpus_per_node=4, gpu_node_count=2, kube_nodes=good, pods=pods[:2])))
     assert rows["gpu-nodes"].status == PASS and rows["pods"].status == PASS
-    rows = _rows(verify.gate(Facts("cluster", JOB, gpus_per_node=4, gpu_node_count=3, kube_nodes=good, pods=pods[:2])))
+    rows = _rows(gate.gate(Facts("cluster", JOB, gpus_per_node=4, gpu_node_count=3, kube_nodes=good, pods=pods[:2])))
     assert rows["gpu-nodes"].status == FAIL and rows["gpu-nodes"].evidence[0] == "2 GPU nodes found, GPU_NODE_COUNT is 3"
 
 
@@ -97,16 +97,16 @@ def test_fi_info_answers_are_judged_per_node() -> None:
     tcp = judge("gpu-3", {"fi_info": "/usr/bin/fi_info", "returncode": 0, "output": FI_INFO_EFA.replace("efa", "tcp")})
     missing = judge("gpu-4", {"fi_info": None, "returncode": None, "output": ""})
     assert not none.rdm and "-61" in none.detail and not tcp.rdm and not missing.installed
-    row = _rows(verify.gate(Facts("cluster", JOB, fabric=[ok, none, tcp, missing])))["fi-info"]
+    row = _rows(gate.gate(Facts("cluster", JOB, fabric=[ok, none, tcp, missing])))["fi-info"]
     assert row.status == FAIL and row.failed_nodes == ["gpu-2", "gpu-3", "gpu-4"]
-    assert _rows(verify.gate(Facts("cluster", JOB, fabric=[ok])))["fi-info"].status == PASS
-    assert _rows(verify.gate(Facts("address", JOB, fabric=None, fabric_note="no GPU node in the Ray cluster to probe")))["fi-info"].status == FAIL
-    assert _rows(verify.gate(Facts("cluster", JOB, expect="socket", fabric=[none])))["fi-info"].status == NA
+    assert _rows(gate.gate(Facts("cluster", JOB, fabric=[ok])))["fi-info"].status == PASS
+    assert _rows(gate.gate(Facts("address", JOB, fabric=None, fabric_note="no GPU node in the Ray cluster to probe")))["fi-info"].status == FAIL
+    assert _rows(gate.gate(Facts("cluster", JOB, expect="socket", fabric=[none])))["fi-info"].status == NA
 
 
 @pytest.mark.parametrize(("job", "status"), [(JOB, PASS), (JobFact("t", "03000000", "FAILED", "exit 1"), FAIL), (None, FAIL)])
 def test_the_job_row_follows_the_jobs_api(job: JobFact | None, status: str) -> None:
-    assert _rows(verify.gate(Facts("cluster", job)))["job"].status == status
+    assert _rows(gate.gate(Facts("cluster", job)))["job"].status == status
 
 
 # ---- the transport comparison --------------------------------------------------------------
@@ -122,20 +122,20 @@ def _logs(groups: dict[str, list[Path]]) -> JobLogs:
 
 
 def test_a_speedup_counts_only_when_each_run_proved_its_own_transport() -> None:
-    efa = bench.judge("configured", "efa", _job("a"), {"steps": 20, "step_time_s": 2.0, "tokens_per_s": 1000.0},
+    efa = transport_bench.judge("configured", "efa", _job("a"), {"steps": 20, "step_time_s": 2.0, "tokens_per_s": 1000.0},
                       _logs({"n1": [EFA_A], "n2": [EFA_B]}), target="cluster")
-    tcp = bench.judge("sockets", "socket", _job("b"), {"steps": 20, "step_time_s": 4.0, "tokens_per_s": 500.0},
+    tcp = transport_bench.judge("sockets", "socket", _job("b"), {"steps": 20, "step_time_s": 4.0, "tokens_per_s": 500.0},
                       _logs({"n1": [SOCKET_B], "n2": [SOCKET_B]}), target="cluster")
     assert efa.counts and tcp.counts
-    doc = bench.compare([efa, tcp], target="cluster")
+    doc = transport_bench.compare([efa, tcp], target="cluster")
     assert doc["applicable"] and doc["speedup"] == pytest.approx(2.0) and doc["tokens_speedup"] == pytest.approx(2.0)
     # the "EFA" run that fell back on one node is not an EFA figure
-    fell = bench.judge("configured", "efa", _job("c"), {"steps": 20, "step_time_s": 4.0, "tokens_per_s": 500.0},
+    fell = transport_bench.judge("configured", "efa", _job("c"), {"steps": 20, "step_time_s": 4.0, "tokens_per_s": 500.0},
                        _logs({"n1": [EFA_A], "n2": [SOCKET_B]}), target="cluster")
-    doc = bench.compare([fell, tcp], target="cluster")
+    doc = transport_bench.compare([fell, tcp], target="cluster")
     assert not fell.counts and doc["speedup"] is None and not doc["applicable"] and "n2" in doc["reason"]
 
 
 def test_on_the_local_target_there_is_nothing_to_compare() -> None:
-    doc = bench.compare([], target="local")
+    doc = transport_bench.compare([], target="local")
     assert doc["applicable"] is False and doc["speedup"] is None and "gloo" in doc["reason"]

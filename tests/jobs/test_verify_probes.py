@@ -1,8 +1,8 @@
 """The two inside-the-cluster criteria of `verify`: the run prefix (storage) and the head's port (head-port).
 
-storage: the node-side probe (`raydlc.storeprobe`, pyarrow as Ray Train uses it) against a real moto
+storage: the node-side probe (`raydlc.checks.storage_access`, pyarrow as Ray Train uses it) against a real moto
 server that enforces IAM, as a user whose only policy is the one the Ray pods get
-(`raydlc.render.storage.pod_policy`), run as a Ray task pinned to a node of a real local Ray; a
+(`raydlc.render.bucket.pod_policy`), run as a Ray task pinned to a node of a real local Ray; a
 widened policy lets the outside write through and the criterion fails. head-port: the probe pod
 made through raydlc's Kubernetes gateway against kmock, run by the `netpolicy` double, which judges
 the connect by the NetworkPolicies stored there (the rendered one, or none).
@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 import yaml
 
-from raydlc import kube as k8s
-from raydlc import netprobe, storeprobe, verify
+from raydlc.checks import gate, head_isolation, storage_access
+from raydlc.checks.gate import FAIL, NA, PASS, Facts, JobFact
+from raydlc.checks.head_isolation import HeadReach, PodOutcome
 from raydlc.config import load_config
-from raydlc.netprobe import HeadReach, PodOutcome
+from raydlc.edges import kube as k8s
+from raydlc.edges import poll
+from raydlc.render.bucket import Bucket, pod_policy
 from raydlc.render.netpol import head_policy
 from raydlc.render.raycluster import CLUSTER_LABEL
-from raydlc.render.storage import Bucket, pod_policy
-from raydlc.verify import FAIL, NA, PASS, Facts, JobFact
 
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 sys.path.insert(0, str(DOUBLES))
@@ -41,7 +42,7 @@ NS, NAME = "ray-train", "ray-train-cluster"
 SVC = f"{NAME}-head-svc.{NS}.svc"
 
 
-def _rows(v: verify.Verdict) -> dict[str, verify.Row]:
+def _rows(v: gate.GateVerdict) -> dict[str, gate.Row]:
     return {r.criterion: r for r in v.rows}
 
 
@@ -77,10 +78,10 @@ def _keys(url: str) -> list[str]:
 
 
 def _on_the_node(ray: Any, uri: str, env: dict[str, str], token: str) -> dict[str, Any]:
-    """`raydlc.probe`'s task, pinned to the (only) node, with the identity's variables the pod would have."""
+    """`raydlc.checks.node_probe`'s task, pinned to the (only) node, with the identity's variables the pod would have."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raydlc.probe import probe_node
+    from raydlc.checks.node_probe import probe_node
 
     node = next(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
     task = ray.remote(num_cpus=0, max_retries=0)(probe_node)
@@ -93,9 +94,9 @@ def test_the_pods_policy_lets_a_node_write_its_runs_and_refuses_a_write_beside_t
     env = _user(moto, "pods-scoped", pod_policy(Bucket(BUCKET, "runs")))
     with _enforcing(moto):
         answer = _on_the_node(ray_local, f"s3://{BUCKET}/runs", env, "scoped")["storage"]
-    assert answer["steps"] == {"write": "ok", "read": "ok", "delete": "ok", "gone": "ok"}, answer
-    assert storeprobe.refused(answer["outside_write"]) and "CreateMultipartUpload" in answer["outside_write"]
-    got = storeprobe.judge("ip-10-0-1-5", answer)
+    assert answer["steps"] == dict.fromkeys(storage_access.STEPS, "ok"), answer
+    assert storage_access.refused(answer["outside_write"]) and "CreateMultipartUpload" in answer["outside_write"]
+    got = storage_access.judge("ip-10-0-1-5", answer)
     assert got.ok and "refused (AccessDenied)" in got.evidence and env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(answer)
     assert not [k for k in _keys(moto) if "scoped" in k]  # nothing of the probe is left, inside or out
 
@@ -107,7 +108,7 @@ def test_a_policy_wider_than_the_prefix_fails_the_node_and_the_probe_takes_its_o
     with _enforcing(moto):
         answer = _on_the_node(ray_local, f"s3://{BUCKET}/runs", env, "wide")["storage"]
     assert answer["outside_write"] == "ok" and answer["outside_cleanup"] == "ok"
-    got = storeprobe.judge("ip-10-0-1-5", answer)
+    got = storage_access.judge("ip-10-0-1-5", answer)
     assert not got.ok and got.evidence == f"ip-10-0-1-5: a write outside the prefix was allowed: {BUCKET}/raydlc-verify-outside-wide"
     assert not [k for k in _keys(moto) if "wide" in k]
 
@@ -118,10 +119,12 @@ def test_a_node_whose_identity_cannot_write_the_prefix_fails_with_s3s_answer(mot
     with _enforcing(moto), pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        answer = storeprobe.probe(f"s3://{BUCKET}/runs", "readonly")
+        answer = storage_access.check(f"s3://{BUCKET}/runs", "readonly")
     assert answer["steps"]["write"].startswith("OSError") and "ACCESS_DENIED" in answer["steps"]["write"]
-    got = storeprobe.judge("n1", answer)
-    assert not got.ok and got.evidence.startswith(f"n1: under s3://{BUCKET}/runs: write OSError")
+    got = storage_access.judge("n1", answer)
+    # the first refusal is Ray Train's own first call, create_dir's HeadBucket (s3:ListBucket); then the write
+    assert not got.ok and got.evidence.startswith(f"n1: under s3://{BUCKET}/runs: create_dir OSError")
+    assert "HeadBucket" in answer["steps"]["create_dir"] and "; write OSError" in got.evidence
 
 
 class _enforcing:
@@ -147,17 +150,17 @@ class _enforcing:
     ("OSError: When initiating multiple part upload: AWS Error UNKNOWN (HTTP status 400) during CreateMultipartUpload operation", False),
 ])
 def test_only_s3_saying_no_counts_as_refused(outcome: str, refused: bool) -> None:
-    assert storeprobe.refused(outcome) is refused
-    answer = {"uri": "s3://b/runs", "steps": dict.fromkeys(("write", "read", "delete", "gone"), "ok"), "outside": "b/o", "outside_write": outcome}
-    assert storeprobe.judge("n1", answer).ok is refused
+    assert storage_access.refused(outcome) is refused
+    answer = {"uri": "s3://b/runs", "steps": dict.fromkeys(storage_access.STEPS, "ok"), "outside": "b/o", "outside_write": outcome}
+    assert storage_access.judge("n1", answer).ok is refused
 
 
 def test_the_credential_source_is_named_by_variable_never_by_value() -> None:
     pod = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1/credentials",
            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token"}
-    assert storeprobe.credential_source(pod).startswith("EKS Pod Identity")
-    assert storeprobe.credential_source({"AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}).startswith("IRSA")
-    assert storeprobe.credential_source({}) == "no variables: instance profile or none"
+    assert storage_access.credential_source(pod).startswith("EKS Pod Identity")
+    assert storage_access.credential_source({"AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}).startswith("IRSA")
+    assert storage_access.credential_source({}) == "no variables: instance profile or none"
 
 
 # ---- head-port: the probe pod through the gateway, run by the netpolicy double -------------------------
@@ -183,7 +186,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[k
 
 
 def _doc(name: str = "raydlc-netprobe-t") -> dict[str, Any]:
-    return netprobe.pod_doc(name, NS, "public.ecr.aws/deep-learning-containers/ray:2.58.0", "ip-10-0-0-9", SVC, 8265)
+    return head_isolation.pod_doc(name, NS, "public.ecr.aws/deep-learning-containers/ray:2.58.0", "ip-10-0-0-9", SVC, 8265)
 
 
 def _pods(raw: RawKube) -> list[str]:
@@ -194,7 +197,7 @@ def test_with_the_rendered_policy_the_unlabelled_pod_is_kept_out_and_deleted(clu
     kube, raw, kubelet = cluster
     cfg = load_config(env={}, overrides={"NAMESPACE": NS, "RAY_CLUSTER_NAME": NAME}, cwd=clean_env)
     kube.apply(head_policy(cfg, NAME))
-    out = netprobe.run_pod(kube, _doc(), timeout=20, poll_s=0.1)
+    out = head_isolation.run_pod(kube, _doc(), timeout=20, poll_s=0.1)
     assert out == PodOutcome("raydlc-netprobe-t", False, "timeout")
     assert _pods(raw) == [f"{NAME}-gpu-worker-0", f"{NAME}-head"] and not kubelet.errors
     (ran,) = kubelet.seen
@@ -203,15 +206,15 @@ def test_with_the_rendered_policy_the_unlabelled_pod_is_kept_out_and_deleted(clu
     assert spec["nodeName"] == "ip-10-0-0-9" and spec["tolerations"] == [{"operator": "Exists"}] and spec["automountServiceAccountToken"] is False
     worker = raw.get("Pod", f"{NAME}-gpu-worker-0", NS)
     assert netpolicy.connect(raw, worker, SVC, 8265) == {"connected": True, "error": None}  # the Ray pods' side, by the same rules
-    ok, evidence, failed = netprobe.judge(HeadReach(f"{SVC}:8265", out, {"ip-10-0-1-5": {"connected": True, "error": None}}))
+    ok, evidence, failed = head_isolation.judge(HeadReach(f"{SVC}:8265", out, {"ip-10-0-1-5": {"connected": True, "error": None}}))
     assert ok and not failed and evidence[0] == f"pod raydlc-netprobe-t without the Ray labels could not open {SVC}:8265 (timeout)"
 
 
 def test_without_a_policy_the_unlabelled_pod_gets_in_and_the_criterion_fails(cluster: Any) -> None:
     kube, raw, _ = cluster
-    out = netprobe.run_pod(kube, _doc(), timeout=20, poll_s=0.1)
+    out = head_isolation.run_pod(kube, _doc(), timeout=20, poll_s=0.1)
     assert out.connected is True and _pods(raw) == [f"{NAME}-gpu-worker-0", f"{NAME}-head"]
-    ok, evidence, _ = netprobe.judge(HeadReach(f"{SVC}:8265", out, {"ip-10-0-1-5": {"connected": True, "error": None}}))
+    ok, evidence, _ = head_isolation.judge(HeadReach(f"{SVC}:8265", out, {"ip-10-0-1-5": {"connected": True, "error": None}}))
     assert not ok and "the NetworkPolicy does not hold" in evidence[0]
 
 
@@ -219,10 +222,10 @@ def test_a_pod_that_never_answers_is_no_proof_and_is_deleted_all_the_same(cluste
     kube, raw, kubelet = cluster
     kubelet.stop_event.set()
     kubelet.thread.join(5)
-    out = netprobe.run_pod(kube, _doc(), timeout=0.5, poll_s=0.1)
+    out = head_isolation.run_pod(kube, _doc(), timeout=0.5, poll_s=0.1)
     assert out.connected is None and "no answer within the wait" in out.detail
     assert "raydlc-netprobe-t" not in _pods(raw)
-    ok, evidence, _ = netprobe.judge(HeadReach(f"{SVC}:8265", out, {"n": {"connected": True, "error": None}}))
+    ok, evidence, _ = head_isolation.judge(HeadReach(f"{SVC}:8265", out, {"n": {"connected": True, "error": None}}))
     assert not ok and "gave no answer" in evidence[0]
 
 
@@ -234,21 +237,21 @@ def test_ctrl_c_while_waiting_still_deletes_the_pod(cluster: Any, monkeypatch: p
     def interrupted(_s: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(netprobe.time, "sleep", interrupted)
+    monkeypatch.setattr(poll.time, "sleep", interrupted)  # the pause between looks
     with pytest.raises(KeyboardInterrupt):
-        netprobe.run_pod(kube, _doc(), timeout=30, poll_s=0.1)
+        head_isolation.run_pod(kube, _doc(), timeout=30, poll_s=0.1)
     assert "raydlc-netprobe-t" not in _pods(raw)
 
 
 @pytest.mark.parametrize("error, ok", [("timeout", True), ("refused", True), ("unresolved: [Errno -2] Name or service not known", False)])
 def test_only_a_dropped_or_refused_connect_keeps_the_pod_out(error: str, ok: bool) -> None:
-    passed, _, _ = netprobe.judge(HeadReach("h:8265", PodOutcome("p", False, error), {"n": {"connected": True, "error": None}}))
+    passed, _, _ = head_isolation.judge(HeadReach("h:8265", PodOutcome("p", False, error), {"n": {"connected": True, "error": None}}))
     assert passed is ok
 
 
 def test_a_ray_pod_that_cannot_reach_the_head_is_named() -> None:
     inside = {"ip-10-0-1-5": {"connected": True, "error": None}, "ip-10-0-2-7": {"connected": False, "error": "timeout"}}
-    passed, evidence, failed = netprobe.judge(HeadReach("h:8265", PodOutcome("p", False, "timeout"), inside))
+    passed, evidence, failed = head_isolation.judge(HeadReach("h:8265", PodOutcome("p", False, "timeout"), inside))
     assert not passed and failed == ["ip-10-0-2-7"] and "ip-10-0-2-7 (Ray pod) could not open h:8265: timeout" in evidence
 
 
@@ -261,34 +264,34 @@ def test_the_pod_script_writes_its_answer_where_kubernetes_reads_the_termination
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path / "termination-log"
-    script = netprobe.POD_SCRIPT.replace(netprobe.TERMINATION_LOG, str(log))
+    script = head_isolation.POD_SCRIPT.replace(head_isolation.TERMINATION_LOG, str(log))
     p = subprocess.run([sys.executable, "-c", script, "127.0.0.1", str(port)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and json.loads(log.read_text()) == {"connected": False, "error": "refused"}
     pod = {"status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": log.read_text()}}}]}}
-    assert netprobe.outcome("p", pod) == PodOutcome("p", False, "refused")
+    assert head_isolation.outcome("p", pod) == PodOutcome("p", False, "refused")
 
 
 # ---- the gate: the two rows from facts ----------------------------------------------------------------
 
 
 def test_both_rows_are_not_applicable_on_the_local_target_and_head_port_on_address() -> None:
-    local = _rows(verify.gate(Facts("local", JOB)))
+    local = _rows(gate.gate(Facts("local", JOB)))
     assert local["storage"].status == NA and local["head-port"].status == NA
-    address = _rows(verify.gate(Facts("address", JOB)))
+    address = _rows(gate.gate(Facts("address", JOB)))
     assert address["storage"].status == NA and "names no s3://" in address["storage"].evidence[0]
     assert address["head-port"].status == NA and "no Kubernetes channel" in address["head-port"].evidence[0]
-    shared = _rows(verify.gate(Facts("cluster", JOB, storage_kind="path")))
+    shared = _rows(gate.gate(Facts("cluster", JOB, storage_kind="path")))
     assert shared["storage"].status == NA and "not S3" in shared["storage"].evidence[0]
 
 
 def test_on_a_cluster_the_rows_name_the_failing_node_and_a_missing_probe_fails() -> None:
-    good = storeprobe.StoreAnswer("ip-10-0-1-5", True, "ip-10-0-1-5: wrote ...")
-    bad = storeprobe.StoreAnswer("ip-10-0-2-7", False, "ip-10-0-2-7: a write outside the prefix was allowed: b/o")
+    good = storage_access.StoreAnswer("ip-10-0-1-5", True, "ip-10-0-1-5: wrote ...")
+    bad = storage_access.StoreAnswer("ip-10-0-2-7", False, "ip-10-0-2-7: a write outside the prefix was allowed: b/o")
     reach = HeadReach(f"{SVC}:8265", PodOutcome("p", False, "timeout"), {"ip-10-0-1-5": {"connected": True, "error": None}})
-    rows = _rows(verify.gate(Facts("cluster", JOB, storage_kind="s3", storage=[good, bad], head_reach=reach)))
+    rows = _rows(gate.gate(Facts("cluster", JOB, storage_kind="s3", storage=[good, bad], head_reach=reach)))
     assert rows["storage"].status == FAIL and rows["storage"].failed_nodes == ["ip-10-0-2-7"]
     assert rows["head-port"].status == PASS
-    none = _rows(verify.gate(Facts("cluster", JOB, storage_kind="s3", storage_note="no GPU node in the Ray cluster to probe")))
+    none = _rows(gate.gate(Facts("cluster", JOB, storage_kind="s3", storage_note="no GPU node in the Ray cluster to probe")))
     assert none["storage"].status == FAIL and none["storage"].evidence == ["no GPU node in the Ray cluster to probe"]
     assert none["head-port"].status == FAIL
 
@@ -297,15 +300,15 @@ def test_on_a_cluster_the_rows_name_the_failing_node_and_a_missing_probe_fails()
 
 
 def test_the_probe_job_runs_fi_info_alone_by_default_and_an_empty_storage_is_the_heads_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc import probe
+    from raydlc.checks import node_probe
 
-    assert {k: v for k, v in probe.parse([]).items() if k != "token"} == {"fi_info": True, "storage": None, "head": None}
+    assert {k: v for k, v in node_probe.parse([]).items() if k != "token"} == {"fi_info": True, "storage": None, "head": None}
     monkeypatch.setenv("RAYDLC_STORAGE_PATH", "s3://b/runs")
-    asked = probe.parse(["--storage", "", "--head", "auto"])
+    asked = node_probe.parse(["--storage", "", "--head", "auto"])
     assert asked["storage"] == "s3://b/runs" and asked["head"] == "auto" and not asked["fi_info"]
     monkeypatch.delenv("RAYDLC_STORAGE_PATH")
-    missing = probe.probe_node({**probe.parse(["--storage", ""]), "fi_info": False})
-    assert storeprobe.judge("n1", missing["storage"]).evidence == "n1: no STORAGE_PATH on the driver's node (the head pod)"
+    missing = node_probe.probe_node({**node_probe.parse(["--storage", ""]), "fi_info": False})
+    assert storage_access.judge("n1", missing["storage"]).evidence == "n1: no STORAGE_PATH on the driver's node (the head pod)"
 
 
 @pytest.mark.parametrize("overrides, target, expected", [
@@ -317,4 +320,4 @@ def test_the_probe_job_runs_fi_info_alone_by_default_and_an_empty_storage_is_the
 ])
 def test_verify_probes_the_prefix_the_config_names_else_the_head_pods(overrides: dict[str, Any], target: str, expected: tuple[str, str | None],
                                                                        clean_env: Path) -> None:
-    assert verify.storage_target(load_config(env={}, overrides=overrides, cwd=clean_env), target) == expected
+    assert gate.storage_target(load_config(env={}, overrides=overrides, cwd=clean_env), target) == expected

@@ -29,6 +29,7 @@ import pytest
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 sys.path.insert(0, str(DOUBLES))
 
+import iam_simulator  # noqa: E402
 import servers  # noqa: E402
 from kuberay import Operator  # noqa: E402
 from servers import KubeServer  # noqa: E402
@@ -62,6 +63,7 @@ class World:
     scenario_file: Path
     reservations: list[dict[str, Any]] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
+    simulations: list[dict[str, Any]] = field(default_factory=list)  # iam:SimulatePrincipalPolicy requests (iam_simulator)
     region: str = REGION  # what `client` and `backend` read; `in_region` moves the test elsewhere
 
     def in_region(self, region: str) -> None:
@@ -95,7 +97,7 @@ class World:
         return load_config(env={**{k: v for k, v in os.environ.items() if k.startswith("RAYDLC_")}, **env})
 
     def client(self, service: str) -> Any:
-        from raydlc import aws
+        from raydlc.edges import aws
 
         return aws.client(aws.session(self.region), service)
 
@@ -116,6 +118,26 @@ class World:
         """moto makes every node group ACTIVE; this flips those whose subnets lie in `zones` to
         CREATE_FAILED with the health issue EKS reports when the Auto Scaling group cannot launch
         for capacity, and their CloudFormation stack to CREATE_FAILED, as CloudFormation would."""
+        self._fail_launches_in(
+            zones, lambda ng: instance_type in ng.instance_types, "{name} CREATE_FAILED in {az}",
+            lambda az: f"Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not "
+                       f"have sufficient {instance_type} capacity in the Availability Zone you requested ({az}). "
+                       "Our system will be working on provisioning additional capacity. Launching EC2 instance failed.")
+
+    def no_spot_capacity_in(self, zones: set[str]) -> None:
+        """EKS's answer when a Spot managed node group's Auto Scaling group cannot launch: the group ends
+        CREATE_FAILED with health issue AsgInstanceLaunchFailures, "Could not launch Spot Instances.
+        UnfulfillableCapacity - ..." (the EKS API's Issue codes; the launch failure EC2 Auto Scaling reports for
+        Spot). On-demand groups in the same zones come up; moto has no failing create: flipped in its backend."""
+        self._fail_launches_in(
+            zones, lambda ng: ng.capacity_type == "SPOT", "{name} no Spot capacity in {az}",
+            lambda az: "Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to "
+                       "your request configuration. Please adjust your request and try again. Launching EC2 "
+                       "instance failed.")
+
+    def _fail_launches_in(self, zones: set[str], hit: Any, patch: str, message: Any) -> None:
+        """Node groups in `zones` that `hit` selects end CREATE_FAILED with EKS's AsgInstanceLaunchFailures issue
+        (`message(az)`), their stack CREATE_FAILED too; each noted in `patches` as `patch` says."""
         from moto.eks.models import EKSBackend
 
         original = EKSBackend.create_nodegroup
@@ -125,23 +147,32 @@ class World:
             ng = original(backend, *args, **kw)
             ec2 = world.backend("ec2")
             azs = {ec2.get_subnet(s).availability_zone for s in ng.subnets}
-            if azs & zones and instance_type in ng.instance_types:
+            if azs & zones and hit(ng):
                 az = sorted(azs & zones)[0]
                 ng.status = "CREATE_FAILED"
-                ng.health = {"issues": [{
-                    "code": "AsgInstanceLaunchFailures",
-                    "message": f"Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not "
-                               f"have sufficient {instance_type} capacity in the Availability Zone you requested ({az}). "
-                               "Our system will be working on provisioning additional capacity. Launching EC2 instance failed.",
-                    "resourceIds": [ng.resources["autoScalingGroups"][0]["name"]]}]}
+                ng.health = {"issues": [{"code": "AsgInstanceLaunchFailures", "message": message(az),
+                                         "resourceIds": [ng.resources["autoScalingGroups"][0]["name"]]}]}
                 stack = f"eksctl-{ng.cluster_name}-nodegroup-{ng.nodegroup_name}"
                 for s in world.backend("cloudformation").stacks.values():
                     if s.name == stack:
                         s.status = "CREATE_FAILED"
-                world.patches.append(f"{ng.nodegroup_name} CREATE_FAILED in {az}")
+                world.patches.append(patch.format(name=ng.nodegroup_name, az=az))
             return ng
 
         self.monkeypatch.setattr(EKSBackend, "create_nodegroup", create_nodegroup)
+
+    def spot_price_is(self, usd: float) -> None:
+        """moto's DescribeSpotPriceHistory answers one fixed price (0.00001) per AZ; this sets it to `usd`."""
+        from moto.core.responses import ActionResult
+        from moto.ec2.responses.spot_instances import SpotInstances
+
+        original = SpotInstances.describe_spot_price_history
+
+        def describe_spot_price_history(self_: Any) -> Any:
+            out = original(self_)
+            return ActionResult({"SpotPriceHistory": [{**p, "SpotPrice": f"{usd}"} for p in out.result["SpotPriceHistory"]]})
+
+        self.monkeypatch.setattr(SpotInstances, "describe_spot_price_history", describe_spot_price_history)
 
     def roll_back_nodegroups_in(self, zones: set[str], instance_type: str = "g6.12xlarge") -> None:
         """What AWS does when a managed node group cannot launch for capacity: the stack's
@@ -277,7 +308,7 @@ def _without_aws_clis() -> list[str]:
 
 @pytest.fixture
 def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[World]:
-    import raydlc.aws
+    import raydlc.edges.aws
 
     servers.reset_moto(moto_server, warm_regions=("us-east-2",))
     for k in list(os.environ):
@@ -304,7 +335,15 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
     hooks = _reservation_handlers(w)
-    make = raydlc.aws.client
+    make = raydlc.edges.aws.client
+
+    def moto_iam() -> Any:  # moto's own keys: the simulator reads the policies, whoever the caller is
+        import boto3
+
+        return boto3.client("iam", region_name="us-east-1", endpoint_url=moto_server, aws_access_key_id="testing",
+                            aws_secret_access_key="testing")
+
+    hooks.update(iam_simulator.handlers(moto_iam, w.simulations))
 
     def client(sess: Any, service: str) -> Any:
         c = make(sess, service)
@@ -312,7 +351,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
             c.meta.events.register(event, handler)
         return c
 
-    monkeypatch.setattr(raydlc.aws, "client", client)
+    monkeypatch.setattr(raydlc.edges.aws, "client", client)
     with Operator(kube_server.url) as op:
         w.operator = op  # type: ignore[attr-defined]
         yield w

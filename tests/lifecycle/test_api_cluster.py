@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import raydlc.api as api
-from raydlc.lifecycle.types import Plan, Reporter, StepResult
+from raydlc.lifecycle.types import Reporter, StepPlan, StepResult
 
 pytestmark = pytest.mark.slow  # each talks to moto (capacity discovery) and the doubles
 
@@ -48,7 +48,7 @@ def test_the_reporter_hears_each_step_as_it_runs(world) -> None:
         def started(self, step: str) -> None:
             events.append(("started", step))
 
-        def acting(self, step: str, plan: Plan) -> None:
+        def acting(self, step: str, plan: StepPlan) -> None:
             events.append(("acting", step))
 
         def finished(self, result: StepResult) -> None:

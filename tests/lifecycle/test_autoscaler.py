@@ -90,6 +90,14 @@ def test_up_installs_the_autoscaler_keeps_ray_s_worker_count_and_acts_on_nothing
     kube = _kube(world)
     deploy = kube.get("Deployment", "cluster-autoscaler", "kube-system")
     assert deploy["spec"]["template"]["spec"]["nodeSelector"] == {"role": "system"}
+    # KubeRay (the double, as v1.7.0 common/rbac.go) binds the autoscaler's Role to the head's account only;
+    # the workers run under their own account, made by eksctl with its pod identity, bound to nothing
+    binding = kube.get("RoleBinding", "ray-train-cluster", "ray-train")
+    assert [s["name"] for s in binding["subjects"]] == ["raydlc-ray"]
+    assert kube.get("ServiceAccount", "raydlc-ray-worker", "ray-train") is not None
+    workers = [p for p in kube.list("Pod", "ray-train") if (p["metadata"].get("labels") or {}).get("ray.io/node-type") == "worker"]
+    assert all(p["spec"]["serviceAccountName"] == "raydlc-ray-worker" for p in workers)
+    assert not any(s["name"] == "raydlc-ray-worker" for b in kube.list("RoleBinding") for s in b.get("subjects") or [])
 
     # status: each GPU node without a Ray pod says how long it has been up, and the cost when idle is less
     from raydlc.cli import main

@@ -72,9 +72,10 @@ def test_up_makes_a_private_encrypted_tagged_bucket_and_a_second_up_changes_noth
 
 @pytest.mark.slow
 def test_up_puts_the_code_zip_the_rayjob_names_once_and_reports_it_apart_from_the_runs(world) -> None:
-    from raydlc import codezip, lifecycle
+    from raydlc import lifecycle
+    from raydlc.render import codezip
+    from raydlc.render.bucket import for_cluster
     from raydlc.render.raycluster import render_rayjob
-    from raydlc.render.storage import for_cluster
 
     s3 = world.client("s3")
     code = codezip.build()
@@ -99,8 +100,9 @@ def test_up_puts_the_code_zip_the_rayjob_names_once_and_reports_it_apart_from_th
 
 @pytest.mark.slow
 def test_render_uploads_the_code_zip_once_the_bucket_exists_and_never_fails_for_want_of_it(world, capsys) -> None:
-    from raydlc import codezip, lifecycle
+    from raydlc import lifecycle
     from raydlc.cli import main
+    from raydlc.render import codezip
 
     code, s3 = codezip.build(), world.client("s3")
     uri = code.uri(BUCKET)
@@ -142,7 +144,8 @@ def test_an_owned_tagged_bucket_is_adopted_and_its_missing_settings_repaired(wor
     ([{"Key": "raydlc.io/cluster", "Value": "eks-cluster"}], "eu-west-1", "is in eu-west-1, the cluster in us-east-2"),
 ])
 def test_a_bucket_raydlc_may_not_adopt_is_refused_and_left_as_it_was(world, tags, region, needle) -> None:
-    from raydlc import aws, lifecycle
+    from raydlc import lifecycle
+    from raydlc.edges import aws
 
     s3 = world.client("s3")
     name = "someone-elses-bucket"
@@ -161,7 +164,8 @@ def test_a_bucket_raydlc_may_not_adopt_is_refused_and_left_as_it_was(world, tags
 
 @pytest.mark.slow
 def test_down_keeps_the_bucket_and_says_so_and_delete_storage_empties_and_removes_it(world) -> None:
-    from raydlc import codezip, lifecycle
+    from raydlc import lifecycle
+    from raydlc.render import codezip
 
     assert lifecycle.up(world.config(), only="storage").ok
     s3 = world.client("s3")
@@ -189,7 +193,7 @@ def test_up_gives_the_ray_pods_a_pod_identity_and_down_leaves_the_bucket_and_not
     rendered policy and the service account; down removes all of it but the bucket."""
     from raydlc import lifecycle
     from raydlc.lifecycle import Timings
-    from raydlc.render.storage import Bucket, pod_policy, role_name
+    from raydlc.render.bucket import Bucket, pod_policy, role_name, worker_role_name
 
     slow = Timings(poll_s=0.1, cluster_s=240, nodegroup_s=240, stack_s=240, helm_s=60, nodes_s=30, plugins_s=60, pods_s=90)
     cfg = world.config()
@@ -209,8 +213,12 @@ def test_up_gives_the_ray_pods_a_pod_identity_and_down_leaves_the_bucket_and_not
     # JSON, which botocore decodes); given as JSON text, moto takes ~20 s per stack. So the repr is read back here.
     doc = ast.literal_eval(doc) if isinstance(doc, str) else doc
     assert doc == pod_policy(Bucket(BUCKET, "runs"))
-    sa = world.kube.snapshot().get("/v1/serviceaccounts/ray-train/raydlc-ray")
-    assert sa is not None, sorted(k for k in world.kube.snapshot() if "serviceaccount" in k)
+    for account in ("raydlc-ray", "raydlc-ray-worker"):  # the head's and the workers' service accounts
+        sa = world.kube.snapshot().get(f"/v1/serviceaccounts/ray-train/{account}")
+        assert sa is not None, sorted(k for k in world.kube.snapshot() if "serviceaccount" in k)
+    assert "eksctl-eks-cluster-podidentityrole-ray-train-raydlc-ray-worker" in stacks
+    worker_doc = iam.get_role_policy(RoleName=worker_role_name(cfg), PolicyName=policy)["PolicyDocument"]
+    assert (ast.literal_eval(worker_doc) if isinstance(worker_doc, str) else worker_doc) == pod_policy(Bucket(BUCKET, "runs"))
     down = lifecycle.down(cfg, timings=slow)
     assert down.ok, [(r.step, r.reason) for r in down.failed]
     assert world.tagged("eks-cluster") == {} and buckets(world) == [BUCKET]

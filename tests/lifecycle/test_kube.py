@@ -1,4 +1,4 @@
-"""raydlc.kube against a local Kubernetes API (kmock), and its pure predicates."""
+"""raydlc.edges.kube against a local Kubernetes API (kmock), and its pure predicates."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
+from raydlc.edges.poll import Cancelled
 from raydlc.errors import InputError, KubeError
-from raydlc.tools import Cancelled
 
 
 @pytest.fixture
@@ -139,16 +139,16 @@ def test_submit_to_a_cluster_whose_api_never_answers_fails_in_about_20_s_naming_
     assert took < 30, took
 
 
-def test_wait_times_out_with_what_it_last_saw_and_stops_on_cancel() -> None:
+def test_wait_times_out_with_what_it_last_saw_and_stops_on_cancel(kube: k8s.Kube) -> None:
     with pytest.raises(k8s.KubeTimeout, match="waiting for two nodes: 1/2 Ready"):
-        k8s.wait_until(lambda: 1, lambda n: n >= 2, timeout=0.2, interval=0.05, what="two nodes",
-                       explain=lambda n: f"{n}/2 Ready")
+        kube.wait(lambda: 1, lambda n: n >= 2, timeout=0.2, interval=0.05, what="two nodes",
+                  explain=lambda n: f"{n}/2 Ready")
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(Cancelled):
-        k8s.wait_until(lambda: 0, lambda n: False, timeout=60, interval=30, what="x", cancel=cancel)
+        kube.wait(lambda: 0, lambda n: False, timeout=60, interval=30, what="x", cancel=cancel)
     seen = iter([0, 0, 3])
-    assert k8s.wait_until(lambda: next(seen), lambda n: n == 3, timeout=5, interval=0.01, what="x") == 3
+    assert kube.wait(lambda: next(seen), lambda n: n == 3, timeout=5, interval=0.01, what="x") == 3
 
 
 def test_differences_ignore_what_only_the_server_set() -> None:

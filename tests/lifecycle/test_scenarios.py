@@ -16,7 +16,7 @@ import pytest
 
 from raydlc import lifecycle
 from raydlc.lifecycle import Reporter, StepResult, Timings
-from raydlc.lifecycle.types import Interrupted, Plan
+from raydlc.lifecycle.types import Interrupted, StepPlan
 
 pytestmark = pytest.mark.slow  # each runs up and/or down end to end: seconds, not milliseconds
 
@@ -40,7 +40,7 @@ class Recorder(Reporter):
     def started(self, step: str) -> None:
         self.events.append(("started", step, ""))
 
-    def acting(self, step: str, plan: Plan) -> None:
+    def acting(self, step: str, plan: StepPlan) -> None:
         self.events.append(("acting", step, plan.action))
 
     def line(self, step: str, text: str) -> None:
@@ -81,7 +81,8 @@ FULL = {
     "nodegroups": ["gpu-workers", "system"],
     "instances": Counter({"g6.12xlarge": 2, "m7i.xlarge": 1}),
     "stacks": [f"eksctl-{CLUSTER}-cluster", f"eksctl-{CLUSTER}-nodegroup-gpu-workers", f"eksctl-{CLUSTER}-nodegroup-system",
-               f"eksctl-{CLUSTER}-podidentityrole-ray-train-raydlc-ray"],  # the Ray pods' S3 role (pod identity)
+               f"eksctl-{CLUSTER}-podidentityrole-ray-train-raydlc-ray",  # the Ray head's S3 role (pod identity)
+               f"eksctl-{CLUSTER}-podidentityrole-ray-train-raydlc-ray-worker"],  # the GPU workers' S3 role
     "nodes": 3,
     "pods": 2 + 2 + 1 + 3,  # EFA and NVIDIA plugin pods on 2 GPU nodes, the operator, head + 2 workers
     "rayclusters": 1, "daemonsets": 2, "deployments": 1,
@@ -662,3 +663,109 @@ def test_the_kuberay_double_keeps_old_pods_without_the_recreate_strategy(world) 
     pods = kube.list("Pod", "ray-train")
     assert len(pods) == 3 and all(p["metadata"]["labels"].get("test/old") for p in pods)
     assert "other:1" not in {c["image"] for p in pods for c in p["spec"]["containers"]}
+
+
+def test_spot_up_creates_a_spot_gpu_node_group_and_an_on_demand_system_group(world) -> None:
+    run = lifecycle.up(world.config(RAYDLC_GPU_CAPACITY_TYPE="spot"), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    eks = world.client("eks")
+    ng = eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpu-workers")["nodegroup"]
+    system = eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName="system")["nodegroup"]
+    assert (ng["capacityType"], system["capacityType"]) == ("SPOT", "ON_DEMAND")
+    assert by_step(run)["gpu-nodegroup"].reason.endswith(", Spot capacity")
+    rendered = (Path(os.environ["HOME"]) / ".raydlc" / f"{CLUSTER}-us-east-2" / "eksctl-cluster.yaml").read_text()
+    assert "spot: true" in rendered.split("name: gpu-workers")[1] and "spot: true" not in rendered.split("name: gpu-workers")[0]
+
+
+def test_spot_then_on_demand_falls_back_to_on_demand_when_spot_has_no_capacity(world) -> None:
+    world.no_spot_capacity_in({"us-east-2a", "us-east-2b", "us-east-2c"})
+    rec = Recorder()
+    run = lifecycle.up(world.config(RAYDLC_GPU_CAPACITY_TYPE="spot-then-on-demand"), timings=FAST, reporter=rec)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert world.patches and all(p.startswith("gpu-workers no Spot capacity in ") for p in world.patches)
+    ng = world.client("eks").describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpu-workers")["nodegroup"]
+    assert ng["capacityType"] == "ON_DEMAND"
+    assert not by_step(run)["gpu-nodegroup"].reason.endswith(", Spot capacity")
+    assert any("UnfulfillableCapacity" in n and "came up On-Demand" in n for n in run.notes["gpu-nodegroup"])
+    lines = [t for kind, step, t in rec.events if kind == "line" and step == "gpu-nodegroup"]
+    assert any(t.startswith("no Spot capacity; falling back to On-Demand") for t in lines)
+
+
+def test_spot_alone_does_not_fall_back_and_says_how_to(world) -> None:
+    world.no_spot_capacity_in({"us-east-2a", "us-east-2b", "us-east-2c"})
+    run = lifecycle.up(world.config(RAYDLC_GPU_CAPACITY_TYPE="spot"), timings=FAST)
+    gpu = by_step(run)["gpu-nodegroup"]
+    assert gpu.outcome == "failed" and "(Spot): AsgInstanceLaunchFailures" in gpu.reason and "UnfulfillableCapacity" in gpu.reason
+    assert "(On-Demand)" not in gpu.reason
+    assert [c[:2] for c in world.calls("eksctl")].count(["create", "nodegroup"]) >= 2
+
+
+def test_status_shows_the_spot_price_beside_on_demand_and_prices_spot_nodes_at_it(world, capsys) -> None:
+    """The GPU nodes are Spot: `status` prices them at the live Spot price (DescribeSpotPriceHistory) and shows
+    the On-Demand list price beside it; the system node stays On-Demand."""
+    from raydlc.cli import main
+
+    world.spot_price_is(1.75)
+    os.environ["RAYDLC_GPU_CAPACITY_TYPE"] = "spot"
+    try:
+        assert lifecycle.up(world.config(), timings=FAST).ok
+        assert main(["status", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        p = doc["gpu_prices"]
+        assert (p["az"], p["capacity_type"], p["on_spot"], p["run_price"]) == ("us-east-2a", "spot", True, "spot")
+        assert (p["on_demand_usd_per_node_hour"], p["spot_usd_per_node_hour"]) == (4.6016, 1.75)
+        assert (p["on_demand_usd_per_hour"], p["spot_usd_per_hour"]) == (9.2032, 3.5)
+        items = {i["item"]: i for i in doc["cost"]["items"]}
+        assert items["g6.12xlarge instance (Spot)"]["usd_per_hour"] == 3.5 and "g6.12xlarge instance" not in items
+        assert doc["cost"]["total_usd_per_hour"] == round(3.5 + 0.2016 + 0.10 + 0.045, 2)
+        assert main(["status"]) == 0
+        human = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+        assert "on-demand $9.20/h, spot $3.50/h; GPU_CAPACITY_TYPE=spot, runs priced at spot" in human
+    finally:
+        del os.environ["RAYDLC_GPU_CAPACITY_TYPE"]
+
+
+def test_down_dry_run_beside_an_active_cluster_whose_api_does_not_answer_plans_the_removals_and_says_why(world) -> None:
+    """An ACTIVE cluster whose API server cannot be reached through the kubeconfig is not a gone cluster: the
+    releases and the Ray objects are planned for removal, each saying the API server does not answer."""
+    import socket
+
+    from raydlc.lifecycle.context import kubeconfig_path
+
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{s.getsockname()[1]}"
+    kc = kubeconfig_path(world.config())
+    kc.write_text(kc.read_text().replace(world.kube.url, refused))
+    plan = by_step(lifecycle.down(world.config(), keep_cluster=True, dry_run=True))
+    releases = [name for name, r in plan.items() if any("helm" in c and "uninstall" in c for c in r.commands)]
+    assert {"kuberay", "raycluster"} <= set(plan) and "cluster" not in plan
+    for name in ["kuberay", "raycluster", *releases]:
+        r = plan[name]
+        assert r.action == "delete", (name, r)
+        assert "its API server does not answer" in r.reason and "the cluster is gone" not in r.reason, (name, r.reason)
+    assert len(releases) >= 2, plan  # KubeRay and the device plugins at least
+    whole = by_step(lifecycle.down(world.config(), dry_run=True))  # the cluster goes too: what is inside goes with it
+    for name in ["kuberay", "raycluster", *releases]:
+        assert whole[name].action == "none" and "goes when the cluster is deleted" in whole[name].reason, (name, whole[name])
+    assert whole["cluster"].action == "delete"
+
+
+def test_up_and_down_exit_2_when_the_failure_is_the_users_input(world, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unusable ~/.raydlc (here a file) or a garbage --kubeconfig is the user's to fix: exit 2, as for any
+    other command, with the path named; the failure of the world (the API, AWS) stays exit 1."""
+    from raydlc.cli import main
+
+    home = Path(os.environ["HOME"])
+    (home / ".raydlc").write_text("not a directory")
+    assert main(["up", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert ".raydlc" in err and "Traceback" not in err, err
+    (home / ".raydlc").unlink()
+    assert lifecycle.up(world.config(), timings=FAST).ok
+    garbage = home / "kc"
+    garbage.write_text("clusters: [unclosed\n")
+    assert main(["down", "--keep-cluster", "--kubeconfig", str(garbage), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert f"kubeconfig {garbage} cannot be used" in err and "Traceback" not in err, err

@@ -12,17 +12,17 @@ import pytest
 
 from raydlc.errors import InputError
 from raydlc.lifecycle import Context, Run, orders
-from raydlc.lifecycle.report import hourly_cost
+from raydlc.lifecycle.cluster_status import hourly_cost
 from raydlc.lifecycle.steps import Step, critical_path, order, run_all, select
-from raydlc.lifecycle.types import Observation, Plan, Reporter, StepFailed, StepResult
+from raydlc.lifecycle.types import Observation, Reporter, StepFailed, StepPlan, StepResult
 
 
 def fake(name: str, needs: tuple[str, ...], *, sleep: float = 0.0, fail: bool = False, log: list[Any] | None = None) -> Step:
     def check(ctx: Any) -> Observation:
         return Observation("absent", f"{name} missing")
 
-    def plan(ctx: Any, obs: Observation) -> Plan:
-        return Plan("create", obs.reason, (f"make {name}",))
+    def plan(ctx: Any, obs: Observation) -> StepPlan:
+        return StepPlan("create", obs.reason, (f"make {name}",))
 
     def act(ctx: Any, obs: Observation) -> None:
         if log is not None:
@@ -128,7 +128,7 @@ def test_the_live_display_shows_each_step_its_time_and_the_tool_line() -> None:
     console = Console(record=True, width=160, force_terminal=False)
     rep = LiveReporter(console, ["cluster", "kuberay"], "raydlc up")
     rep.started("cluster")
-    rep.acting("cluster", Plan("create", "no cluster"))
+    rep.acting("cluster", StepPlan("create", "no cluster"))
     rep.line("cluster", '[ℹ]  waiting for CloudFormation stack "eksctl-x-cluster"')
     rep.finished(StepResult("kuberay", "done", "none", "release deployed", elapsed_s=0.1))
     console.print(rep)

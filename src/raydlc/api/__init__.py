@@ -61,16 +61,16 @@ _EXPORTS: dict[str, str] = {
     "JobStopResult": "raydlc.api._jobs",
     "BenchResult": "raydlc.api._jobs",
     "DownLocalResult": "raydlc.api._jobs",
-    "Job": "raydlc.dashboard",
-    "Detached": "raydlc.jobs",
-    "Verdict": "raydlc.verify",
+    "Job": "raydlc.edges.ray_dashboard",
+    "Detached": "raydlc.jobs.control",
+    "GateVerdict": "raydlc.checks.gate",
     "up": "raydlc.api._cluster",
     "down": "raydlc.api._cluster",
     "status": "raydlc.api._cluster",
     "Run": "raydlc.lifecycle.types",
     "StepResult": "raydlc.lifecycle.types",
     "Reporter": "raydlc.lifecycle.types",
-    "ClusterStatus": "raydlc.lifecycle.report",
+    "ClusterStatus": "raydlc.lifecycle.cluster_status",
 }
 
 __all__ = list(_EXPORTS)

@@ -43,7 +43,7 @@ def capacity(
     gpus = _catalog_gpus(config, settings, instance_type)
     if gpus is not None:
         flags["GPUS_PER_NODE"] = gpus
-    from raydlc import aws
+    from raydlc.edges import aws
 
     cfg = load(config, settings, **flags)
     with aws.command_budget("capacity"):
@@ -52,10 +52,10 @@ def capacity(
 
 def _catalog_gpus(config: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None, instance_type: str | None) -> int | None:
     """GPUS_PER_NODE for an instance type raydlc knows, unless the configuration sets GPUS_PER_NODE."""
-    from raydlc import catalog
     from raydlc.errors import ConfigError
+    from raydlc.facts import instances
 
-    known = catalog.instance_type(instance_type) if instance_type else None
+    known = instances.instance_type(instance_type) if instance_type else None
     if known is None or known.gpus == 0:
         return None
     try:

@@ -11,11 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from raydlc import aws
 from raydlc.api._config import load
+from raydlc.edges import aws
 
 if TYPE_CHECKING:
-    from raydlc.lifecycle.report import ClusterStatus
+    from raydlc.lifecycle.cluster_status import ClusterStatus
     from raydlc.lifecycle.types import Reporter, Run
 
 PathLike = str | os.PathLike[str]

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raydlc import flags
 from raydlc.api._config import load
+from raydlc.config import flags
 
 # The settings `data prepare` takes: the model (its tokenizer), the block length and what carries the loss.
 OPTIONS = [flags.option(env) for env in ("MODEL_ID", "SEQ_LEN", "LOSS_ON", "ON_BAD_RECORD", "CHAT_TEMPLATE")]
@@ -83,15 +83,24 @@ def data_prepare(
         >>> ds.reused, ds.seq_len, ds.manifest["counts"]["records_used"], 0 < ds.loss_share < 0.5
         (False, 64, 400, True)
     """
-    from raydlc import rayedge, storage
+    from raydlc import storage
     from raydlc.data import dataset
     from raydlc.data.pipeline import Recipe
+    from raydlc.edges import ray_runtime
+    from raydlc.errors import InputError
     from raydlc.train import launch
     from raydlc.train import resolve as R
     from raydlc.train.prepare import DEFAULT_OUT
 
+    if out is not None and not os.fspath(out).strip():
+        raise InputError("--out is empty: it names the folder the dataset is written to", hint="e.g. --out prepared")
+    if address:  # Ray reads the token from the same places: a token no header can carry fails here, unshown
+        from raydlc.jobs.targets import address_token
+
+        address_token()
     cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="data_prepare"))
     request = launch.settings(cfg, local=True)
+    R.check_seq_len(request.seq_len)  # prepared blocks of one token would be refused by `train` later
     builtin, model = R.model_source(request)
     vocab = min(model.vocab_size, 4096) if builtin and model else 0
     recipe = Recipe(request.seq_len, request.loss_on, request.chat_template, request.on_bad_record)
@@ -99,7 +108,7 @@ def data_prepare(
     target = None if out is None else storage.resolve(os.fspath(out))
     plan = dataset.plan(source, out=target, storage_root=root, model_id=request.model_id, vocab=vocab, recipe=recipe)
     t0 = time.perf_counter()
-    with rayedge.connected(address, log_to_driver=False):
+    with dataset.writing(plan), ray_runtime.connected(address, log_to_driver=False):
         made = dataset.make(plan, on_progress=on_progress)
     wall = time.perf_counter() - t0
     m, c = made.manifest, made.manifest.counts
@@ -128,13 +137,19 @@ def data_show(dest: str | os.PathLike[str], *, examples: int = 3) -> DatasetShow
     """
     from raydlc.data import dataset
     from raydlc.data import shards as S
+    from raydlc.data.sources import refuse_hub
     from raydlc.errors import InputError
 
     where = os.fspath(dest)
+    refuse_hub(where)
     m = S.read_manifest(where)
     if m is None:
+        dataset.refuse_unfinished(where, "data show")
+        if os.path.isfile(where):
+            raise InputError(f"{where} is a file, not a prepared dataset (a folder with manifest.json)",
+                             hint=f"prepare it first: raydlc data prepare {where} --out DEST, then: raydlc data show DEST")
         raise InputError(f"{where}: no prepared dataset here (no manifest.json)", hint=f"prepare one: raydlc data prepare SOURCE --out {where}")
-    S.verify(where, m)
+    dataset.check_whole(where, m)
     tok = dataset.tokenizer_of(where, m)
     rows = S.Rows.open(where, m)
     picks = [int(i) for i in sorted({0, len(rows) // 2, len(rows) - 1})][:examples]

@@ -40,7 +40,8 @@ def version() -> VersionInfo:
     """
     from importlib import metadata
 
-    from raydlc import __version__, catalog
+    from raydlc import __version__
+    from raydlc.facts import images
 
     def installed(dist: str) -> str | None:
         try:
@@ -48,7 +49,7 @@ def version() -> VersionInfo:
         except metadata.PackageNotFoundError:
             return None
 
-    img = catalog.IMAGES[catalog.DEFAULT_IMAGE]
+    img = images.IMAGES[images.DEFAULT_IMAGE]
     local = {"raydlc": __version__, "ray": installed("ray"), "torch": installed("torch"), "python": sys.version.split()[0]}
     image = {"image": img.image, "ray": img.ray, "torch": img.torch, "cuda": img.cuda, "nccl": img.nccl}
     mismatch = tuple(k for k in ("ray", "torch") if local[k] and str(local[k]).split("+")[0] != image[k])

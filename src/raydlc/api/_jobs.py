@@ -1,10 +1,10 @@
 """Jobs on a Ray head as use cases: submit, job_list/logs/status/stop, verify, bench_transport, down_local.
 
-Each reaches its target once (`heads.reach`: the local head, `address`, or the cluster through
+Each reaches its target once (`targets.reach`: the local head, `address`, or the cluster through
 a port-forward), works through the head's `Dashboard`, and returns a frozen result whose
 `to_dict()` is what the command's `--json` prints. A job's log streams through `write`; lines
 for a person (warnings, what was submitted) through `notice`. Ctrl-C while a job streams raises
-`raydlc.jobs.Detached` (a KeyboardInterrupt naming the job, which goes on).
+`raydlc.jobs.control.Detached` (a KeyboardInterrupt naming the job, which goes on).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +20,11 @@ from raydlc.api._config import load
 from raydlc.errors import InputError
 
 if TYPE_CHECKING:
+    from raydlc.checks.gate import GateVerdict
     from raydlc.config import Config
-    from raydlc.dashboard import Job
-    from raydlc.heads import Reached, Target
-    from raydlc.verify import Verdict
+    from raydlc.edges.ray_dashboard import Job
+    from raydlc.jobs.submit import Submitted
+    from raydlc.jobs.targets import JobTarget, Reached
 
 PathLike = str | os.PathLike[str]
 Write = Callable[[str], None]
@@ -36,7 +37,7 @@ def _quiet(_: str) -> None:
     pass
 
 
-def _job_doc(job: Job, target: Target, **extra: Any) -> dict[str, Any]:
+def _job_doc(job: Job, target: JobTarget, **extra: Any) -> dict[str, Any]:
     """The fields every job command's --json shares."""
     return {"job_id": job.submission_id, "ray_job_id": job.job_id, "status": job.status, "target": target.kind,
             "duration_s": job.duration_s, "message": job.message, "entrypoint": job.entrypoint, **extra}
@@ -46,38 +47,12 @@ def _job_doc(job: Job, target: Target, **extra: Any) -> dict[str, Any]:
 def _reached(local: bool, address: str | None, config: PathLike | None, settings: Mapping[str, Any] | None, *,
              start: bool = False, notice: Write = _quiet, **named: Any) -> Iterator[tuple[Reached, Config]]:
     """The target → config → head preamble of every job command, in the order its errors are reported."""
-    from raydlc import heads
+    from raydlc.jobs import targets
 
-    target = heads.choose(local, address)
+    target = targets.choose(local, address)
     cfg = load(config, settings, **named)
-    with heads.reach(target, cfg, start_local=start, on_start=lambda: notice(heads.STARTING)) as reached:
+    with targets.reach(target, cfg, start_local=start, on_start=lambda: notice(targets.STARTING)) as reached:
         yield reached, cfg
-
-
-def _builtin_env(cfg: Config, local: bool, *, cluster: bool = False) -> dict[str, str]:
-    """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads; on a cluster
-    USE_GPU left empty is true: a GPU group scaled to zero has no GPU yet, and the job must ask for them."""
-    from raydlc.config import with_local_defaults
-    from raydlc.jobenv import absolute_local_paths
-    from raydlc.render.raycluster import job_env
-
-    if local:
-        return absolute_local_paths(job_env(with_local_defaults(cfg)))
-    env = job_env(cfg)
-    if cluster and cfg.train.use_gpu is None:  # "when the Ray cluster has GPUs": the cluster's workers are GPU nodes, even while at zero
-        env.setdefault("RAYDLC_USE_GPU", "true")
-    return env
-
-
-def _image_versions(cfg: Config, local: bool) -> dict[str, str]:
-    """The torch and ray a job must not replace: this machine's on the local target, else the image's."""
-    from raydlc import catalog
-    from raydlc.jobenv import installed_version
-
-    img = catalog.IMAGES.get(cfg.images.dlc_image)
-    if not local and img is not None:
-        return {"torch": img.torch, "ray": img.ray}
-    return {"torch": installed_version("torch") or (img.torch if img else "2.13.0"), "ray": installed_version("ray") or cfg.images.ray_version}
 
 
 # ---- submit ----------------------------------------------------------------------------------------
@@ -88,13 +63,23 @@ class SubmitResult:
     """The job as it ended (or as submitted, with `no_wait`), and the built-in program's summary."""
 
     job: Job
-    target: Target
+    target: JobTarget
     attached: bool  # the name was running already: this call followed that job instead of starting one
     waited: bool
     builtin: bool  # raydlc's training program ran (so a summary is looked for)
     summary: dict[str, Any] | None = None
     cold_start: dict[str, Any] | None = None  # the GPU workers it waited for on a cold cluster: gpus, pods, waited_s
     rayjob: dict[str, Any] | None = None  # with `rayjob`: name, namespace, replaced, code_zip, code_uploaded
+
+    @classmethod
+    def of(cls, target: JobTarget, done: Submitted) -> SubmitResult:
+        """What `jobs.submit` reported, with its warm-up and RayJob as the dicts `--json` prints; the built-in
+        program's loss plot drawn here from its metrics (the image has no matplotlib)."""
+        from raydlc.views.lossplot import with_plot
+
+        summary = with_plot(done.summary) if done.summary else done.summary
+        return cls(done.job, target, done.attached, done.waited, done.builtin, summary,
+                   asdict(done.warm_up) if done.warm_up is not None else None, asdict(done.rayjob) if done.rayjob is not None else None)
 
     @property
     def ok(self) -> bool:
@@ -124,11 +109,11 @@ def submit(
 
     On the cluster target a job that needs GPUs (`gpus`; by default the built-in program's
     workers, none for a script) and finds fewer GPU worker pods running follows them from Pending
-    to Running through `notice` before its log streams (docs/jobs.md, "A cold cluster"); a job
+    to Running through `notice` before its log streams (docs/control.md, "A cold cluster"); a job
     the RayCluster's GPU workers can never hold is refused before it is submitted.
 
     With `rayjob`, the built-in program goes as the RayJob `raydlc render --only rayjob` makes
-    (docs/jobs.md, "As a RayJob"): raydlc's code zip is uploaded to the cluster's bucket, the RayJob
+    (docs/control.md, "As a RayJob"): raydlc's code zip is uploaded to the cluster's bucket, the RayJob
     applied, and its job, once KubeRay's submitter has put it on the head, followed as above. A
     RayJob of that name that exists already is refused, or with `yes` replaced (its job stopped first).
 
@@ -139,7 +124,8 @@ def submit(
         print(done.job.submission_id, done.job.status, round(done.summary["final_loss"], 3))
         api.down_local()
     """
-    from raydlc import heads, jobenv, jobs
+    from raydlc.jobs import submit as service
+    from raydlc.jobs import targets
 
     if builtin and script is not None:
         raise InputError("builtin=True runs raydlc's own training program: give no script")
@@ -147,43 +133,17 @@ def submit(
         raise InputError(f"--gpus must be between 0 and {MAX_GPUS:,}, got {gpus}", hint="the GPUs the job needs on the cluster's GPU workers")
     _check_rayjob_flags(rayjob, yes, local=local, address=address, script=script, args=args, name=name, pip=pip, env=env,
                         working_dir=working_dir)
-    target = heads.choose(local, address)
+    target = targets.choose(local, address)
     cfg = load(config, settings)
     if rayjob:
-        return _submit_rayjob(cfg, yes=yes, no_wait=no_wait, gpus=gpus, write=write, notice=notice)
-    is_local = target.kind == heads.LOCAL
-    program = None if builtin or script is None else Path(script)
-    if program is None and cfg.train.max_cost_usd is not None:
-        _check_budget(cfg, target)
-    if program is None and is_local:
-        _check_local_inputs(cfg)
-    env_pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env)
-    spec = jobenv.build(
-        script=program, args=list(args), working_dir=Path(working_dir) if working_dir is not None else None, pip=list(pip),
-        env=jobenv.parse_env(env_pairs), settings_env=_builtin_env(cfg, is_local, cluster=target.kind == heads.CLUSTER) if program is None else {},
-        image=_image_versions(cfg, is_local), name=name, target=target.kind,
+        return SubmitResult.of(target, service.submit_rayjob(cfg, yes=yes, no_wait=no_wait, gpus=gpus, write=write, notice=notice))
+    request = service.JobRequest(
+        target, tuple(args), name, tuple(pip), tuple(f"{k}={v}" for k, v in env.items()) if isinstance(env, Mapping) else tuple(env),
+        Path(working_dir) if working_dir is not None else None, gpus, no_wait,
     )
-    for w in spec.warnings:
-        notice(f"warning: {w}")
-    if spec.upload is not None:
-        notice(f"working dir {spec.upload.root}: {len(spec.upload.files)} files, {jobenv.mib(spec.upload.size)} to upload")
-    with heads.reach(target, cfg, start_local=True, on_start=lambda: notice(heads.STARTING),
-                     on_doubt=lambda text: notice(f"warning: {text}")) as reached:
-        dash = reached.dashboard
-        cold = _cold(reached, cfg, _gpus_needed(cfg, gpus, builtin=program is None)) if reached.kube is not None else None
-        job, attached = jobs.submit(dash, spec)
-        notice(f"{'attached to the running job' if attached else 'submitted job'} {job.submission_id} on {target.where}")
-        if no_wait:
-            if cold is not None:
-                from raydlc import coldstart
-
-                notice(coldstart.headline(cold[2], cfg.gpu_nodes.instance_type))
-            return SubmitResult(job, target, attached, waited=False, builtin=spec.builtin)
-        waited = _warm_up(reached, cfg, cold, job, attached, notice) if cold is not None else None
-        job = jobs.follow(dash, job.submission_id, write)
-        builtin_run = (spec.builtin and not attached) or job.metadata.get("program") == "builtin"
-        summary = jobs.training_summary(dash.logs(job.submission_id)) if builtin_run else None
-    return SubmitResult(job, target, attached, waited=True, builtin=builtin_run, summary=summary, cold_start=waited)
+    if builtin or script is None:
+        return SubmitResult.of(target, service.submit_builtin(cfg, request, write=write, notice=notice))
+    return SubmitResult.of(target, service.submit_script(cfg, Path(script), request, write=write, notice=notice))
 
 
 def _check_rayjob_flags(rayjob: bool, yes: bool, *, local: bool, address: str | None, script: PathLike | None, args: Sequence[str],
@@ -206,144 +166,12 @@ def _check_rayjob_flags(rayjob: bool, yes: bool, *, local: bool, address: str | 
                          hint="--set RAY_JOB_NAME=NAME names the RayJob; training settings go in the config or --set")
 
 
-def _submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, write: Write, notice: Write) -> SubmitResult:
-    """Render the RayJob, upload the code zip it names, apply it, and follow its Ray job as `submit` follows any job."""
-    from raydlc import heads, jobs, rayjobs
-
-    cfg, bucket, doc = _rendered_rayjob(cfg)
-    target = heads.choose(False, None)
-    with heads.reach(target, cfg) as reached:
-        cold = _cold(reached, cfg, _gpus_needed(cfg, gpus, builtin=True))
-        info = _apply_rayjob(reached, cfg, bucket, doc, yes=yes, notice=notice)
-        assert reached.kube is not None
-        job_id = rayjobs.submission_id(reached.kube, doc)
-        notice(f"applied RayJob {info['namespace']}/{info['name']}; KubeRay submits it as job {job_id}")
-        job = rayjobs.submitted(reached.kube, reached.dashboard, doc, job_id, notice)
-        notice(f"submitted job {job_id} on {target.where}")
-        if no_wait:
-            return SubmitResult(job, target, attached=False, waited=False, builtin=True, rayjob=info)
-        waited = _warm_up(reached, cfg, cold, job, False, notice) if cold is not None else None
-        job = jobs.follow(reached.dashboard, job_id, write)
-        summary = jobs.training_summary(reached.dashboard.logs(job_id))
-    return SubmitResult(job, target, attached=False, waited=True, builtin=True, summary=summary, cold_start=waited, rayjob=info)
-
-
-def _rendered_rayjob(cfg: Config) -> tuple[Config, Any, dict[str, Any]]:
-    """(config with the cluster's bucket, the bucket, the RayJob) exactly as `render --only rayjob` makes them."""
-    from raydlc import aws
-    from raydlc.render import FILES, render_all
-    from raydlc.render.storage import bucket_of, for_cluster
-
-    cfg = for_cluster(cfg, lambda: aws.account_id(cfg.cluster.region))
-    bucket = bucket_of(cfg)
-    if bucket is None:
-        raise InputError(f"--rayjob ships raydlc to the cluster as a zip in its S3 bucket, and STORAGE_PATH ({cfg.origin('STORAGE_PATH')}) "
-                         "is not on S3", hint="raydlc submit --builtin (the Jobs API uploads raydlc with the job), or STORAGE_PATH=s3://<bucket>/runs")
-    return cfg, bucket, render_all(cfg, only="rayjob")[FILES["rayjob"]]
-
-
-def _apply_rayjob(reached: Reached, cfg: Config, bucket: Any, doc: dict[str, Any], *, yes: bool, notice: Write) -> dict[str, Any]:
-    """Refuse (or with `yes` replace) a RayJob of the same name, put the code zip in the bucket, create the RayJob."""
-    from raydlc import aws, codezip, rayjobs
-    from raydlc.lifecycle.resources.storage import put_code
-
-    kube = reached.kube
-    assert kube is not None
-    ns, name = rayjobs.where(doc)
-    old = rayjobs.existing(kube, doc)
-    if old is not None and not yes:
-        raise rayjobs.refuse_existing(old, doc)
-    code = codezip.build()
-    with aws.command_budget("submit"):
-        uploaded = put_code(aws.client(aws.session(cfg.cluster.region), "s3"), bucket.name, code)
-    notice(f"{'uploaded' if uploaded else 'found'} raydlc's code zip {code.uri(bucket.name)}")
-    if old is not None:
-        rayjobs.remove(kube, reached.dashboard, old, doc)
-        notice(f"deleted the RayJob {ns}/{name} that existed ({rayjobs.describe(old)})")
-    kube.create(doc)
-    return {"name": name, "namespace": ns, "replaced": old is not None, "code_zip": code.uri(bucket.name), "code_uploaded": uploaded}
-
-
-def _gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:
-    """GPUs the job needs on the GPU workers: as asked; else the built-in program's workers (one GPU each
-    unless USE_GPU=false); else none — a script's needs are its own."""
-    if gpus is not None:
-        return gpus
-    return cfg.num_workers if builtin and cfg.train.use_gpu is not False else 0
-
-
-def _cold(reached: Reached, cfg: Config, gpus: int) -> tuple[Any, Any, Any] | None:
-    """(demand, ASG reader, first snapshot) when the job needs GPU worker pods that are not running yet; None when
-    it needs none or they run. A job the GPU workers can never hold is refused here, before submission."""
-    from raydlc import coldstart, warmup
-
-    if gpus <= 0:
-        return None
-    assert reached.kube is not None
-    need = warmup.demand(reached.kube, cfg, gpus)
-    never = coldstart.never_fits(need)
-    if never:
-        raise InputError(f"{never}; nothing was submitted",
-                         hint="ask for fewer GPUs (--workers, --gpus), or raise GPU_NODE_COUNT and run `raydlc up`")
-    if coldstart.running_pods(warmup.look(reached.kube, cfg, need, None).pods) >= need.pods:
-        return None  # warm: nothing is asked of AWS
-    asg = warmup.AsgReader(cfg)
-    return need, asg, warmup.look(reached.kube, cfg, need, asg)
-
-
-def _warm_up(reached: Reached, cfg: Config, cold: tuple[Any, Any, Any], job: Job, attached: bool, notice: Write) -> dict[str, Any]:
-    """Follow the GPU worker pods until they run; on failure stop the job this call submitted (a job left
-    waiting would take the nodes whenever they come, with nobody watching) and raise."""
-    import time
-
-    from raydlc import aws, jobs, warmup
-
-    assert reached.kube is not None
-    need, asg, first = cold
-    t0 = time.monotonic()
-    try:
-        with aws.command_budget("submit"):
-            warmup.follow(reached.kube, cfg, need, notice, asg=asg, first=first)
-    except warmup.ColdStartFailed as e:
-        if not attached:
-            jobs.stop(reached.dashboard, job.submission_id, wait_s=30)
-        raise warmup.ColdStartFailed(e.message + ("" if attached else f"; job {job.submission_id} was stopped"), hint=e.hint) from None
-    except KeyboardInterrupt:
-        raise jobs.Detached(job.submission_id) from None
-    return {"gpus": need.gpus, "pods": need.pods, "waited_s": round(time.monotonic() - t0, 1)}
-
-
-def _check_budget(cfg: Config, target: Target) -> None:
-    """JOB_MAX_COST_USD before submission: the cluster's GPU nodes have a list price and the budget
-    must buy start-up and a step at it; a local head or a dashboard of unknown nodes has no price."""
-    from raydlc import heads
-    from raydlc.render.raycluster import job_deadline
-    from raydlc.train.budget import check_budget
-
-    if target.kind != heads.CLUSTER:
-        check_budget(cfg.train.max_cost_usd or 0.0, None, step_s=None, where=target.where)
-    job_deadline(cfg)
-
-
-def _check_local_inputs(cfg: Config) -> None:
-    """The built-in program on this machine reads MODEL_ID and DATA from here: a missing path fails
-    now, not inside the job after a head has started."""
-    from raydlc.config import with_local_defaults
-    from raydlc.models import spec_for
-    from raydlc.train.data import is_local, read_local
-
-    train = with_local_defaults(cfg).train
-    spec_for(train.model_id)  # a model path that does not exist, or a directory without config.json
-    if train.data and is_local(train.data) and not Path(train.data).expanduser().exists():
-        read_local(train.data)  # its own error, naming --data
-
-
 # ---- job list / logs / status / stop ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class JobListResult:
-    target: Target
+    target: JobTarget
     jobs: tuple[Job, ...]  # oldest first
 
     def to_dict(self) -> dict[str, Any]:
@@ -364,16 +192,16 @@ def job_list(*, local: bool = False, address: str | None = None, config: PathLik
         assert done.job.submission_id in [j.submission_id for j in listed.jobs]
         print([(j.submission_id, j.status) for j in listed.jobs])
     """
-    from raydlc import jobs
+    from raydlc.jobs import control
 
     with _reached(local, address, config, settings) as (reached, _):
-        return JobListResult(reached.target, tuple(jobs.list_jobs(reached.dashboard)))
+        return JobListResult(reached.target, tuple(control.list_jobs(reached.dashboard)))
 
 
 @dataclass(frozen=True)
 class JobLogsResult:
     job: Job
-    target: Target
+    target: JobTarget
     logs: str  # the driver's output (with `follow`: all that streamed)
 
     @property
@@ -397,11 +225,11 @@ def job_logs(job_id: str, *, follow: bool = False, local: bool = False, address:
         out = api.job_logs(started.job.submission_id, follow=True, local=True, write=print)
         assert out.ok and "hello from a Ray job" in out.logs
     """
-    from raydlc import jobs
+    from raydlc.jobs import control
 
     with _reached(local, address, config, settings) as (reached, _):
         dash = reached.dashboard
-        job = jobs.require(dash, job_id, reached.target.where, reached.target.flag)
+        job = control.require(dash, job_id, reached.target.where, reached.target.flag)
         if not follow:
             return JobLogsResult(job, reached.target, dash.logs(job.submission_id))
         seen: list[str] = []
@@ -410,14 +238,14 @@ def job_logs(job_id: str, *, follow: bool = False, local: bool = False, address:
             seen.append(text)
             write(text)
 
-        job = jobs.follow(dash, job.submission_id, both)
+        job = control.follow(dash, job.submission_id, both)
         return JobLogsResult(job, reached.target, "".join(seen))
 
 
 @dataclass(frozen=True)
 class JobStatusResult:
     job: Job
-    target: Target
+    target: JobTarget
     cost: dict[str, Any] | None = None  # under a budget: the last step's spend so far and forecast to the last step, from the job's log
 
     def to_dict(self) -> dict[str, Any]:
@@ -440,19 +268,19 @@ def job_status(job_id: str, *, local: bool = False, address: str | None = None, 
         assert state.job.runtime_env["env_vars"]["GREETING"] == "hi"
         print(state.job.status, state.to_dict()["entrypoint"])
     """
-    from raydlc import jobs
+    from raydlc.jobs import control
 
     with _reached(local, address, config, settings) as (reached, _):
-        job = jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
+        job = control.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
         budgeted = "RAYDLC_JOB_MAX_COST_USD" in ((job.runtime_env or {}).get("env_vars") or {})
-        cost = jobs.latest_cost(reached.dashboard.logs(job.submission_id)) if budgeted else None
+        cost = control.latest_cost(reached.dashboard.logs(job.submission_id)) if budgeted else None
         return JobStatusResult(job, reached.target, cost)
 
 
 @dataclass(frozen=True)
 class JobStopResult:
     job: Job  # its state once it ended (or after the wait)
-    target: Target
+    target: JobTarget
     was_running: bool
 
     def to_dict(self) -> dict[str, Any]:
@@ -473,11 +301,11 @@ def job_stop(job_id: str, *, local: bool = False, address: str | None = None, co
         assert stopped.job.status == "STOPPED" and stopped.was_running
         print(stopped.job.submission_id, stopped.job.status)
     """
-    from raydlc import jobs
+    from raydlc.jobs import control
 
     with _reached(local, address, config, settings) as (reached, _):
-        jobs.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
-        job, was_running = jobs.stop(reached.dashboard, job_id)
+        control.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
+        job, was_running = control.stop(reached.dashboard, job_id)
         return JobStopResult(job, reached.target, was_running)
 
 
@@ -485,7 +313,7 @@ def job_stop(job_id: str, *, local: bool = False, address: str | None = None, co
 
 
 def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, address: str | None = None,
-           config: PathLike | None = None, settings: Mapping[str, Any] | None = None) -> Verdict:
+           config: PathLike | None = None, settings: Mapping[str, Any] | None = None) -> GateVerdict:
     """The gate: GPU nodes, pods, fi_info, NCCL from the job's own worker logs, the run prefix, the head's port, the job's status.
 
     `job` defaults to the newest job on the target; `verdict.passed` is False when a criterion fails.
@@ -500,11 +328,11 @@ def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, 
         assert verdict.passed and {r.criterion: r.status for r in verdict.rows}["job"] == "pass"
         print([(r.criterion, r.status) for r in verdict.rows])
     """
-    from raydlc import verify as gate
+    from raydlc.checks import gate
 
     if expect not in EXPECT:
         raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECT)}")
-    from raydlc import aws
+    from raydlc.edges import aws
 
     with aws.command_budget("verify"), _reached(local, address, config, settings) as (reached, cfg):
         facts = gate.collect(reached, cfg, job_id=job, expect=expect)
@@ -513,10 +341,10 @@ def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, 
 
 @dataclass(frozen=True)
 class BenchResult:
-    """The two runs and the comparison `bench.compare` made of them (its dict is the --json)."""
+    """The two runs and the comparison `transport_bench.compare` made of them (its dict is the --json)."""
 
-    target: Target
-    runs: tuple[Any, ...]  # bench.Run
+    target: JobTarget
+    runs: tuple[Any, ...]  # transport_bench.Run
     comparison: dict[str, Any]
 
     @property
@@ -549,20 +377,22 @@ def bench_transport(*, steps: int = 20, local: bool = False, address: str | None
         assert not result.ran and result.comparison["speedup"] is None
         print(result.comparison["reason"])
     """
-    from raydlc import bench, heads
-    from raydlc.verify import kube_facts
+    from raydlc.checks import transport_bench
+    from raydlc.checks.gate import kube_facts
+    from raydlc.jobs import targets
+    from raydlc.jobs.runtime_env import builtin_env, image_versions
 
     if not 1 <= steps <= MAX_BENCH_STEPS:
         raise InputError(f"--steps must be between 1 and {MAX_BENCH_STEPS:,}, got {steps}")
-    target = heads.choose(local, address)
+    target = targets.choose(local, address)
     cfg = load(config, settings, STEPS=steps)
-    if target.kind == heads.LOCAL:  # every local run is gloo: two of them would only time the same thing twice
-        return BenchResult(target, (), bench.compare([], target=target.kind))
-    runs_specs = bench.specs(_builtin_env(cfg, False, cluster=target.kind == heads.CLUSTER), _image_versions(cfg, False), target=target.kind)
-    with heads.reach(target, cfg) as reached:
+    if target.kind == targets.LOCAL:  # every local run is gloo: two of them would only time the same thing twice
+        return BenchResult(target, (), transport_bench.compare([], target=target.kind))
+    runs_specs = transport_bench.specs(builtin_env(cfg, target.kind), image_versions(cfg, target.kind), target=target.kind)
+    with targets.reach(target, cfg) as reached:
         names = kube_facts(reached.kube, cfg).names if reached.kube is not None else None
-        runs = bench.run_both(reached.dashboard, runs_specs, target=target.kind, names=names, write=write, notice=notice)
-    return BenchResult(target, tuple(runs), bench.compare(runs, target=target.kind))
+        runs = transport_bench.run_both(reached.dashboard, runs_specs, target=target.kind, names=names, write=write, notice=notice)
+    return BenchResult(target, tuple(runs), transport_bench.compare(runs, target=target.kind))
 
 
 # ---- down --local ------------------------------------------------------------------------------------
@@ -603,15 +433,15 @@ def down_local(*, dry_run: bool = False) -> DownLocalResult:
         assert api.down_local().pid is None  # a second call finds nothing to end
         print(gone.message)
     """
-    from raydlc import heads
+    from raydlc.jobs import targets
 
-    claim = heads.check_record()
+    claim = targets.check_record()
     if claim is not None and claim.doubt is not None:
         if not dry_run:
-            heads.forget(claim)
+            targets.forget(claim)
         return DownLocalResult(None, None, ended=False, dry_run=dry_run, doubted=claim.report)
     rec = claim.record if claim is not None else None
     if dry_run or rec is None:
         return DownLocalResult(rec.pid if rec else None, rec.dashboard_url if rec else None, ended=False, dry_run=dry_run)
-    ended = heads.stop_local_head()
+    ended = targets.stop_local_head()
     return DownLocalResult(ended.pid if ended else None, ended.dashboard_url if ended else None, ended=ended is not None, dry_run=False)

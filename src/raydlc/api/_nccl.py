@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from raydlc.errors import InputError
 
 if TYPE_CHECKING:
-    from raydlc.telemetry.nccl import NcclReport
+    from raydlc.nccl import NcclReport
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ def nccl(paths: Sequence[str] | None = None, *, expect: str | None = None, accep
         result = api.nccl(["worker.log"], expect="efa")
         print(result.report.verdict, result.report.proof, result.report.gdr, result.ok)
     """
-    from raydlc.telemetry.collect import analyze_paths
-    from raydlc.telemetry.nccl import EXPECTABLE, expect_ok
+    from raydlc.nccl import EXPECTABLE, expect_ok
+    from raydlc.nccl.collect import analyze_paths
 
     if expect is not None and expect not in EXPECTABLE:
         raise InputError(f"--expect {expect!r} is not one of {', '.join(EXPECTABLE)}")

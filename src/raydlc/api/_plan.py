@@ -9,14 +9,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc import flags
 from raydlc.api._config import load
-from raydlc.config import Flag
-from raydlc.plan import Plan
-from raydlc.scaleout import Scan
+from raydlc.config import Flag, flags, with_cluster_defaults
+from raydlc.planner import TrainingPlan
+from raydlc.planner.scan import Scan
 
 if TYPE_CHECKING:
-    from raydlc import plan as planner
+    from raydlc import planner
 
 # The settings `plan` takes, named as its flags: the planner's words where they are not training's.
 OPTIONS = [
@@ -29,17 +28,24 @@ OPTIONS = [
     flags.option("MAX_GLOBAL_BATCH"),
     flags.option("LOSS_CHUNK"),
     flags.option("REDUCE_DTYPE"),
+    flags.option("LORA_RANK", Flag("--lora-rank", "LoRA adapter rank on a frozen bf16 base; 0 = full fine-tuning (planned only: training with LoRA lands with issue 36)")),
+    flags.option("LORA_TARGETS", Flag("--lora-targets", "Projections LoRA adapts, comma-separated; default: the family's attention and MLP projections")),
     flags.option("GPU_NODE_TYPE", Flag("--instance-type", "GPU instance type whose catalogue facts to plan with")),
 ]
 SEARCHED = ("micro_batch", "grad_accum", "sync")  # the step a scan searches: settings only, no arguments of `scan`
-# What `plan` may turn on when nothing fits (raydlc.plan.REMEDIES), unless the caller set it.
+# What `plan` may turn on when nothing fits (raydlc.planner.REMEDIES), unless the caller set it.
 FREE = {"loss_chunk": "LOSS_CHUNK", "activation_checkpointing": "ACTIVATION_CHECKPOINTING", "reduce_dtype": "REDUCE_DTYPE"}
+PLAN_SPOT_UNKNOWN = "plan calls no AWS API; `raydlc capacity` and `raydlc status` read it live"
 GPUS_PER_NODE_MAX = 16  # no EC2 instance type has more (GPUS_PER_NODE's bound)
 
 
 @dataclass(frozen=True)
-class PlanResult(Plan):
-    """The planner's `Plan`, printed as `raydlc plan` shows it; `to_dict()` is `raydlc plan --json`."""
+class PlanResult(TrainingPlan):
+    """The planner's `TrainingPlan`, printed as `raydlc plan` shows it; `to_dict()` is `raydlc plan --json`.
+    `prices`: the GPU nodes' On-Demand list price beside Spot (raydlc.capacity.prices; plan reads no AWS API, so
+    the Spot price is unknown here and `raydlc capacity`/`status` read it live)."""
+
+    prices: dict[str, Any] | None = None
 
     def __str__(self) -> str:
         from raydlc.views.plan import print_plan
@@ -72,29 +78,36 @@ def _inputs(
     A known `instance_type` brings its GPU count (so GPUS_PER_NODE matches it); `gpus_per_node`
     is a what-if that bypasses the config's cross-field rule.
     """
-    from raydlc import catalog
     from raydlc.errors import InputError
-    from raydlc.models import get_spec
+    from raydlc.facts import instances
+    from raydlc.facts.models import get_spec
 
     if gpus_per_node is not None and gpus_per_node > GPUS_PER_NODE_MAX:
         raise InputError(f"--gpus-per-node must be at most {GPUS_PER_NODE_MAX} (no EC2 instance type has more), got {gpus_per_node}")
     given = flags.named_settings(OPTIONS, {o.keyword: arguments.get(o.keyword) for o in OPTIONS}, caller="plan")
-    known = catalog.instance_type(given["GPU_NODE_TYPE"]) if given.get("GPU_NODE_TYPE") else None
-    cfg = load(config, settings, **given, GPUS_PER_NODE=known.gpus if known else None)
+    known = instances.instance_type(given["GPU_NODE_TYPE"]) if given.get("GPU_NODE_TYPE") else None
+    # A plan is of a cluster run: the cluster's defaults (GRAD_ACCUM=auto, SEQ_LEN 2048), as `submit --builtin` ships them.
+    cfg = with_cluster_defaults(load(config, settings, **given, GPUS_PER_NODE=known.gpus if known else None))
     gpn = cfg.gpu_nodes.gpus_per_node if gpus_per_node is None else gpus_per_node
     return cfg, get_spec(cfg.train.model_id), gpn, set(given) | set(settings or {})
+
+
+def _reduce(setting: str) -> str:
+    """REDUCE_DTYPE as the planner takes it: `auto` starts at fp32 (bf16 is a remedy `plan` turns on only when nothing fits)."""
+    return "fp32" if setting == "auto" else setting
 
 
 def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool, given: set[str]) -> planner.Workload:
     """The planner's workload of the settings; REDUCE_DTYPE left at its default means the policy's own
     reduction (pure-bf16 reduces in its bf16 parameters' dtype, as FSDP2 does without a policy)."""
-    from raydlc import plan as planner
+    from raydlc import planner
 
     t = cfg.train
     return planner.Workload(
         spec, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync, policy=policy,
         activation_checkpointing=activation_checkpointing, max_global_batch=t.max_global_batch,
-        loss_chunk=t.loss_chunk, reduce_dtype=t.reduce_dtype if policy != "pure-bf16" or "REDUCE_DTYPE" in given else None,
+        loss_chunk=t.loss_chunk, reduce_dtype=_reduce(t.reduce_dtype) if policy != "pure-bf16" or "REDUCE_DTYPE" in given else None,
+        compile=planner.planned_compile(t.compile), lora_rank=t.lora_rank, lora_targets=t.lora_targets_list,
     )
 
 
@@ -112,6 +125,8 @@ def plan(
     max_global_batch: int | None = None,
     loss_chunk: int | None = None,
     reduce_dtype: str | None = None,
+    lora_rank: int | None = None,
+    lora_targets: str | None = None,
     policy: str = "bf16-mixed",
     strategy: str | None = None,
     activation_checkpointing: bool | None = None,
@@ -122,7 +137,7 @@ def plan(
     """Per-GPU memory, per-step traffic, step time and tokens/s for FSDP and HSDP, and the fastest layout that fits.
 
     Unset arguments come from the configuration (`MODEL_ID`, `GPU_NODE_COUNT`, `GPU_NODE_TYPE`,
-    `SEQ_LEN`, `BATCH_SIZE`, `LOSS_CHUNK`, `REDUCE_DTYPE`, …); `gpu`, `network_gbps` and `gpus_per_node` are what-ifs on the
+    `SEQ_LEN`, `BATCH_SIZE`, `LOSS_CHUNK`, `REDUCE_DTYPE`, `LORA_RANK`, …); `gpu`, `network_gbps` and `gpus_per_node` are what-ifs on the
     instance type's facts. `grad_accum="auto"` shows the recommended layout's figures. When
     nothing fits as given, the recommendation turns on the chunked loss, activation
     checkpointing and then bf16 reduction, those the caller did not set, and names them (`needs`).
@@ -138,14 +153,19 @@ def plan(
         ...
         recommended: ...
     """
-    from raydlc import plan as planner
+    from raydlc import planner
 
     cfg, spec, gpn, given = _inputs(config, settings, locals(), gpus_per_node)
     layout = planner.layout_for(cfg.gpu_nodes.count, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
-    free = tuple(n for n, env in FREE.items() if env not in given and (n != "activation_checkpointing" or activation_checkpointing is None))
-    work = _workload(cfg, spec, policy, bool(activation_checkpointing), given)
+    ac = activation_checkpointing if activation_checkpointing is not None else cfg.train.activation_checkpointing
+    free = tuple(n for n, env in FREE.items() if (env not in given or (n == "reduce_dtype" and cfg.train.reduce_dtype == "auto"))
+                 and (n != "activation_checkpointing" or ac is None))
+    work = _workload(cfg, spec, policy, bool(ac), given)
     result = planner.plan(work, layout, strategy=strategy, free=free)
-    return PlanResult(**{f.name: getattr(result, f.name) for f in fields(Plan)})
+    from raydlc.capacity.prices import gpu_prices
+
+    prices = gpu_prices(cfg, cfg.gpu_nodes.az, None, unknown=PLAN_SPOT_UNKNOWN).to_dict()
+    return PlanResult(**{f.name: getattr(result, f.name) for f in fields(TrainingPlan)}, prices=prices)
 
 
 def scan(
@@ -160,6 +180,8 @@ def scan(
     max_global_batch: int | None = None,
     loss_chunk: int | None = None,
     reduce_dtype: str | None = None,
+    lora_rank: int | None = None,
+    lora_targets: str | None = None,
     policy: str = "bf16-mixed",
     activation_checkpointing: bool | None = None,
     instance_type: str | None = None,
@@ -181,15 +203,15 @@ def scan(
         >>> [r.nodes for r in s.rows], s.reference_nodes, s.rows[0].efficiency
         ([1, 2, 4], 1, 1.0)
     """
-    from raydlc import plan as planner
-    from raydlc import scaleout
+    from raydlc import planner
+    from raydlc.planner import scan
 
     text = scan_nodes if isinstance(scan_nodes, str) else ",".join(str(n) for n in scan_nodes)
     cfg, spec, gpn, given = _inputs(config, settings, locals(), gpus_per_node)
-    counts = scaleout.parse_node_counts(text)
+    counts = scan.parse_node_counts(text)
     path = Path(plot) if plot is not None else None
     if path is not None:
-        from raydlc.files import check_output_file
+        from raydlc.edges.files import check_output_file
 
         check_output_file(path, "--plot", force=True)
     work = _workload(cfg, spec, policy, False, given)
@@ -197,7 +219,7 @@ def scan(
     def layout_at(n: int) -> planner.Layout:
         return planner.layout_for(n, gpn, gpu=gpu, instance_type=cfg.gpu_nodes.instance_type, network_gbps=network_gbps)
 
-    found = scaleout.scan(work, counts, layout_at, activation_checkpointing=activation_checkpointing)
+    found = scan.scan(work, counts, layout_at, activation_checkpointing=activation_checkpointing)
     result = ScanResult(**{f.name: getattr(found, f.name) for f in fields(Scan)}, plot=str(path) if path else None)
     if path is not None:
         from raydlc.views.scan import plot_scan

@@ -10,7 +10,7 @@ from raydlc.api._config import load
 from raydlc.errors import InputError
 
 if TYPE_CHECKING:
-    from raydlc.preflight import PreflightReport
+    from raydlc.checks.preflight import PreflightReport
 
 MAX_ITERS = 1000
 MAX_SIZE_MIB = 16384
@@ -40,7 +40,7 @@ def preflight(
         report = api.preflight(local=True, workers=2, size_mib=[1], iters=2)
         print(report.verdict, report.backend, report.world_size, len(report.measurements) > 0)
     """
-    from raydlc import preflight as pf
+    from raydlc.checks import preflight as pf
 
     cfg = load(config, settings, NUM_WORKERS=workers)
     if iters < 1 or any(s <= 0 for s in size_mib or []):

@@ -92,10 +92,10 @@ def render(
         written = api.render(out="manifests", zones=zones, settings=settings)
         print(written.to_dict()["files"])
     """
-    from raydlc import aws
-    from raydlc.files import check_output_dir
+    from raydlc.edges import aws
+    from raydlc.edges.files import check_output_dir
     from raydlc.render import render_all, write
-    from raydlc.render.storage import for_cluster
+    from raydlc.render.bucket import for_cluster
 
     loaded = load(config, settings)
     if out is not None:
@@ -115,10 +115,11 @@ def render(
 
 def _offer_code(cfg: Config) -> CodeUpload | None:
     """Upload the RayJob's code zip when this machine may and the bucket is there; never fails the render."""
-    from raydlc import aws, codezip
+    from raydlc.edges import aws
     from raydlc.errors import RaydlcError
-    from raydlc.lifecycle.resources.storage import put_code
-    from raydlc.render.storage import bucket_of
+    from raydlc.lifecycle.resources.bucket import put_code
+    from raydlc.render import codezip
+    from raydlc.render.bucket import bucket_of
 
     bucket = bucket_of(cfg)
     if bucket is None:

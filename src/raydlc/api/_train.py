@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from raydlc import flags, interrupts
+from raydlc import interrupts
 from raydlc.api._config import load
+from raydlc.config import flags
 from raydlc.errors import RaydlcError, Stopped
 
 # The settings `train` takes as keyword arguments: every training setting with a flag, named like it.
@@ -48,11 +49,15 @@ class TrainResult:
     checkpoint: str | None
     export: str
     metrics: str
-    plot: str
+    plot: str | None  # drawn here after the run, where matplotlib is (the image has none); None with `plot_note` saying why
     wall_s: float
     stopped_by: str | None = None  # "budget" when JOB_MAX_COST_USD ended the run before STEPS
     stop_reason: str | None = None  # "stopped by the budget: $X of $Y at step N"
     cost: dict[str, Any] | None = None  # with a budget: budget_usd, usd_per_hour, spent_usd, forecast_usd (to STEPS), elapsed_s, price
+    plot_note: str | None = None  # why no loss plot was drawn (no matplotlib here, the metrics unreadable)
+    overfitting: str | None = None  # said when eval loss rose over the last evaluations
+    peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
+    skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
 
     @classmethod
@@ -66,7 +71,7 @@ class TrainResult:
         return out
 
     def __str__(self) -> str:
-        from raydlc.train.progress import print_summary
+        from raydlc.views.progress import print_summary
         from raydlc.views.text import rendered
 
         return rendered(lambda console: print_summary(self.to_dict(), console))
@@ -106,11 +111,16 @@ def train(
     from raydlc.train.prepare import DEFAULT_OUT, new_run_name
 
     cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="train"))
+    cfg.train.refuse_lora("raydlc train")
     request = launch.settings(cfg, local=True)
     where = replace(launch.target(cfg, local=True, address=address), log_to_driver=log_to_driver)
+    if address:  # Ray reads the token from the same places: a token no header can carry fails here, unshown
+        from raydlc.jobs.targets import address_token
+
+        address_token()
     out = request.storage_path or DEFAULT_OUT
     if not storage.is_uri(out):  # fail now, not after data preparation and Ray's start
-        from raydlc.files import check_output_dir
+        from raydlc.edges.files import check_output_dir
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
@@ -128,7 +138,9 @@ def train(
             raise
         if sigint.interrupted:  # an aborted run can return as if it had ended
             raise _stopped(request.run_name, out)
-    return TrainResult.from_summary(summary)
+    from raydlc.views.lossplot import with_plot
+
+    return TrainResult.from_summary(with_plot(summary))  # the job writes the metrics; the plot is drawn here
 
 
 def _stopped(name: str, out: str) -> Stopped:

@@ -6,8 +6,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from raydlc import catalog
 from raydlc.capacity.signals import InstanceFacts, QuotaValue, Signal, Signals, SubnetFacts, Zone, quota_class
+from raydlc.facts import instances
+from raydlc.facts.prices import HOURLY_USD_US_EAST_1
 
 Verdict = Literal["ready", "quota-short", "not-offered", "unknown"]
 VERDICT_ORDER: dict[str, int] = {"ready": 0, "unknown": 1, "quota-short": 2, "not-offered": 3}
@@ -22,6 +23,7 @@ class ZoneReport:
     private_subnet: bool | None  # None: no cluster yet (eksctl will create the subnets) or unknown
     verdict: Verdict
     reason: str
+    spot_price_usd: float | None = None  # the current Spot price of one node here, USD/hour (DescribeSpotPriceHistory)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ class QuotaRequest:
 
 
 @dataclass
-class ProbeResult:
+class ReservationResult:
+    """What holding and cancelling a reservation showed (`raydlc capacity --probe`, the JSON's `probe`)."""
+
     zone: str
     instance_type: str
     count: int
@@ -78,7 +82,9 @@ class CapacityReport:
     cluster: SubnetFacts | None
     checks: list[str] = field(default_factory=list)
     unknown: dict[str, str] = field(default_factory=dict)
-    probe: ProbeResult | None = None
+    probe: ReservationResult | None = None
+    capacity_type: str = "on-demand"  # GPU_CAPACITY_TYPE the zones were ranked for
+    on_demand_usd_per_node_hour: float | None = None  # raydlc's table (raydlc.facts.prices); each zone has its Spot price
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -92,7 +98,7 @@ class CapacityReport:
 def _vcpus_per_node(signals: Signals, instance_type: str) -> int | None:
     if signals.facts.value is not None:
         return signals.facts.value.vcpus
-    known = catalog.instance_type(instance_type)
+    known = instances.instance_type(instance_type)
     return known.vcpus if known else None
 
 
@@ -105,7 +111,7 @@ def check_instance(facts: InstanceFacts, gpus_per_node: int) -> list[str]:
         out.append(f"GPUS_PER_NODE: {facts.instance_type} has {facts.gpus} GPUs per node, config says {gpus_per_node}")
     if not facts.efa_supported:
         out.append(f"GPU_NODE_TYPE: {facts.instance_type} does not support EFA; multi-node NCCL would fall back to TCP sockets")
-    known = catalog.instance_type(facts.instance_type)
+    known = instances.instance_type(facts.instance_type)
     if known is not None and (known.vcpus, known.gpus, known.efa_interfaces) != (facts.vcpus, facts.gpus, facts.max_efa_interfaces):
         out.append(
             f"catalog: raydlc's catalog says {facts.instance_type} has {known.vcpus} vCPUs, {known.gpus} GPUs, "
@@ -122,93 +128,139 @@ def _quota_report(q: Signal[QuotaValue], used: Signal[int], code: str, name: str
                        unknown=None if used.known else f"vCPUs in use: {used.unknown}")
 
 
-# Long on purpose: one pass judges each AZ on every signal (offering, Spot score, subnets) and writes its reason as it goes, so the verdict and its words cannot disagree.
-def rank(
-    signals: Signals, *, region: str, instance_type: str, count: int, gpus_per_node: int | None = None,
-) -> CapacityReport:
-    """Signals to ordered AZs with a verdict each; pure, so every branch is testable offline."""
+@dataclass(frozen=True)
+class _Quota:
+    """The On-Demand quota against the vCPUs needed: short of them, unknown (why), and the request that would fix a shortage."""
+
+    report: QuotaReport
+    need: int | None
+    short: bool
+    unknown: str | None
+    request: QuotaRequest | None
+    kind: str = "On-Demand"  # or "Spot": the quota the nodes are bought under
+
+
+def _quota(signals: Signals, *, region: str, instance_type: str, count: int, spot: bool = False) -> _Quota:
+    """The quota the GPU nodes are bought under: On-Demand, or (spot) the Spot vCPU quota, whose vCPUs in use
+    raydlc does not count (a quota below the need is short; one above it leaves the verdict unknown)."""
     qc = quota_class(instance_type)
     per_node = _vcpus_per_node(signals, instance_type)
     need = per_node * count if per_node is not None else None
-    quota = _quota_report(signals.on_demand_quota, signals.used_vcpus, qc.on_demand_code, f"Running On-Demand {qc.name} instances")
-    sq = signals.spot_quota
-    spot_quota = QuotaReport(
-        qc.spot_code or "", sq.value.name if sq.value else f"All {qc.name} Spot Instance Requests",
-        sq.value.value if sq.value else None, None, None, sq.unknown,
-    )
-
-    # quota state: "ok", "short" or an unknown reason
+    kind = "Spot" if spot else "On-Demand"
+    if spot:
+        quota = _quota_report(signals.spot_quota, Signal(unknown="Spot vCPUs in use are not counted"), qc.spot_code or "",
+                              f"All {qc.name} Spot Instance Requests")
+    else:
+        quota = _quota_report(signals.on_demand_quota, signals.used_vcpus, qc.on_demand_code, f"Running On-Demand {qc.name} instances")
     short = False
-    quota_unknown: str | None = None
-    request: QuotaRequest | None = None
+    unknown: str | None = None
     if need is None:
-        quota_unknown = f"the vCPUs of {instance_type} could not be read"
+        unknown = f"the vCPUs of {instance_type} could not be read"
     elif quota.value is None:
-        quota_unknown = f"On-Demand quota {qc.on_demand_code} could not be read"
+        unknown = f"{kind} quota {quota.code} could not be read"
     elif quota.headroom is None:
         if quota.value < need:
             short = True
         else:
-            quota_unknown = f"the vCPUs in use under {qc.on_demand_code} could not be counted"
+            unknown = f"the vCPUs in use under {quota.code} could not be counted"
     else:
         short = quota.headroom < need
+    request: QuotaRequest | None = None
     if short and need is not None and quota.value is not None:
         request = QuotaRequest("ec2", quota.code, quota.name, float(math.ceil((quota.used or 0) + need)), region)
+    return _Quota(quota, need, short, unknown, request, kind)
 
+
+def _spot_quota(signals: Signals, instance_type: str) -> QuotaReport:
+    qc, sq = quota_class(instance_type), signals.spot_quota
+    return QuotaReport(
+        qc.spot_code or "", sq.value.name if sq.value else f"All {qc.name} Spot Instance Requests",
+        sq.value.value if sq.value else None, None, None, sq.unknown,
+    )
+
+
+def _zones(signals: Signals) -> list[Zone]:
+    """The region's AZs, else those the offerings name, else none."""
     if signals.zones.value is not None:
-        zones = signals.zones.value
-    elif signals.offered.value is not None:
-        zones = [Zone(name, None) for name in sorted(signals.offered.value)]
-    else:
-        zones = []
-    scores = signals.spot_scores.value
+        return signals.zones.value
+    if signals.offered.value is not None:
+        return [Zone(name, None) for name in sorted(signals.offered.value)]
+    return []
+
+
+def _verdict(zone: str, offered: bool | None, q: _Quota, instance_type: str) -> tuple[Verdict, str]:
+    """One AZ's verdict on offering and quota, with the words that say why."""
+    if offered is False:
+        return "not-offered", f"{instance_type} is not offered in {zone}"
+    if offered is None:
+        return "unknown", "the instance type offerings could not be read"
+    quota = q.report
+    if q.short:
+        assert q.need is not None and quota.value is not None
+        assert q.request is not None
+        used = "unknown" if quota.used is None else str(quota.used)
+        return "quota-short", (
+            f"offered; {q.kind} {quota_class(instance_type).name} quota {quota.value:g} vCPUs with {used} in use "
+            f"leaves less than the {q.need} needed; request {quota.code} = {q.request.value:g}"
+        )
+    if q.unknown is not None:
+        return "unknown", f"offered; {q.unknown}"
+    assert quota.headroom is not None
+    return "ready", f"offered; quota headroom {quota.headroom:g} >= {q.need} vCPUs"
+
+
+def _judge(z: Zone, signals: Signals, q: _Quota, instance_type: str) -> ZoneReport:
+    """One AZ on every signal (offering, quota, Spot score, subnets); its reason is written with its verdict, so they cannot disagree."""
+    scores, subnets = signals.spot_scores.value, signals.subnets.value
+    offered = None if signals.offered.value is None else z.name in signals.offered.value
+    score = scores.get(z.zone_id or "") if scores is not None and z.zone_id else None
+    private = None
+    if subnets is not None and subnets.cluster is not None:
+        private = z.name in subnets.private_zones
+    verdict, reason = _verdict(z.name, offered, q, instance_type)
+    price = (signals.spot_prices.value or {}).get(z.name)
+    notes = []
+    if offered and score is not None:
+        notes.append(f"spot score {score}/10")
+    if offered and price is not None:
+        notes.append(f"spot ${price:.3f}/h a node")
+    if offered and private is False:
+        notes.append(f"no private subnet of {subnets.vpc_id if subnets else 'the cluster VPC'} here")
+    if notes:
+        reason = f"{reason}; {'; '.join(notes)}"
+    return ZoneReport(z.name, z.zone_id, offered, score, private, verdict, reason, price)
+
+
+def _order(spot: bool) -> Any:
+    """The sort key of zones: verdict, a private subnet, then the Spot placement score (likelier capacity) best
+    first; for Spot capacity the cheaper current Spot price breaks a tie of scores (an unknown price last)."""
+    def key(r: ZoneReport) -> tuple[Any, ...]:
+        score = -(r.spot_score if r.spot_score is not None else -1)
+        price = (r.spot_price_usd if r.spot_price_usd is not None else math.inf) if spot else 0.0
+        return (VERDICT_ORDER[r.verdict], r.private_subnet is False, score, price, r.zone)
+    return key
+
+
+def rank(
+    signals: Signals, *, region: str, instance_type: str, count: int, gpus_per_node: int | None = None,
+    capacity_type: str = "on-demand",
+) -> CapacityReport:
+    """Signals to ordered AZs with a verdict each; pure, so every branch is testable offline."""
+    q = _quota(signals, region=region, instance_type=instance_type, count=count)
+    if capacity_type == "spot" or (capacity_type == "spot-then-on-demand" and q.short):
+        # Spot nodes count against the Spot quota; spot-then-on-demand falls back to it when On-Demand is short
+        q = _quota(signals, region=region, instance_type=instance_type, count=count, spot=True)
     subnets = signals.subnets.value
-
-    reports: list[ZoneReport] = []
-    for z in zones:
-        offered = None if signals.offered.value is None else z.name in signals.offered.value
-        score = scores.get(z.zone_id or "") if scores is not None and z.zone_id else None
-        private = None
-        if subnets is not None and subnets.cluster is not None:
-            private = z.name in subnets.private_zones
-        verdict: Verdict
-        if offered is False:
-            verdict, reason = "not-offered", f"{instance_type} is not offered in {z.name}"
-        elif offered is None:
-            verdict, reason = "unknown", "the instance type offerings could not be read"
-        elif short:
-            assert need is not None and quota.value is not None
-            assert request is not None
-            used = "unknown" if quota.used is None else str(quota.used)
-            verdict = "quota-short"
-            reason = (
-                f"offered; On-Demand {qc.name} quota {quota.value:g} vCPUs with {used} in use "
-                f"leaves less than the {need} needed; request {quota.code} = {request.value:g}"
-            )
-        elif quota_unknown is not None:
-            verdict, reason = "unknown", f"offered; {quota_unknown}"
-        else:
-            assert quota.headroom is not None
-            verdict, reason = "ready", f"offered; quota headroom {quota.headroom:g} >= {need} vCPUs"
-        notes = []
-        if offered and score is not None:
-            notes.append(f"spot score {score}/10")
-        if offered and private is False:
-            notes.append(f"no private subnet of {subnets.vpc_id if subnets else 'the cluster VPC'} here")
-        if notes:
-            reason = f"{reason}; {'; '.join(notes)}"
-        reports.append(ZoneReport(z.name, z.zone_id, offered, score, private, verdict, reason))
-
-    reports.sort(key=lambda r: (
-        VERDICT_ORDER[r.verdict], r.private_subnet is False, -(r.spot_score if r.spot_score is not None else -1), r.zone,
-    ))
+    reports = [_judge(z, signals, q, instance_type) for z in _zones(signals)]
+    reports.sort(key=_order(capacity_type != "on-demand"))
     best = next((r.zone for r in reports if r.verdict in ("ready", "unknown") and r.offered), None)
     checks = check_instance(signals.facts.value, gpus_per_node) if signals.facts.value and gpus_per_node else []
     return CapacityReport(
-        region=region, instance_type=instance_type, count=count, vcpus_needed=need,
-        instance=signals.facts.value, quota=quota, spot_quota=spot_quota, zones=reports, best_zone=best,
-        quota_request=request, cluster=subnets if subnets is not None and subnets.cluster else None,
-        checks=checks, unknown=signals.unknowns(),
+        region=region, instance_type=instance_type, count=count, vcpus_needed=q.need,
+        instance=signals.facts.value, quota=q.report, spot_quota=_spot_quota(signals, instance_type), zones=reports, best_zone=best,
+        quota_request=q.request, cluster=subnets if subnets is not None and subnets.cluster else None,
+        checks=checks, unknown=signals.unknowns(), capacity_type=capacity_type,
+        on_demand_usd_per_node_hour=HOURLY_USD_US_EAST_1.get(instance_type),
     )
 
 

@@ -1,6 +1,6 @@
 """The AWS side of capacity discovery: each signal read by one function, all of them in parallel.
 
-Clients are passed in (made by `raydlc.aws`), so tests hand in clients that talk to a local
+Clients are passed in (made by `raydlc.edges.aws`), so tests hand in clients that talk to a local
 moto server. A signal that cannot be read becomes unknown with its reason while the others
 still answer; what makes every signal fail the same way (credentials, region, an endpoint
 that cannot be reached) stops the whole read instead.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from raydlc import aws
 from raydlc.capacity.signals import (
     InstanceFacts,
     QuotaClass,
@@ -23,6 +23,7 @@ from raydlc.capacity.signals import (
     Zone,
     quota_class,
 )
+from raydlc.edges import aws
 from raydlc.errors import CredentialsError, RaydlcError
 
 T = TypeVar("T")
@@ -137,6 +138,24 @@ def read_spot_scores(ec2: Any, region: str, instance_type: str, count: int) -> d
     }
 
 
+def read_spot_prices(ec2: Any, instance_type: str, az: str | None = None) -> dict[str, float]:
+    """The current Spot price (USD/hour, Linux) of the type in each AZ (or in `az`) that has one: the newest entry
+    of DescribeSpotPriceHistory per AZ (StartTime now returns the price in effect now and later changes)."""
+    newest: dict[str, tuple[Any, float]] = {}
+    where = {"AvailabilityZone": az} if az else {}
+    for p in aws.paginate(
+        ec2, "describe_spot_price_history", "SpotPriceHistory",
+        InstanceTypes=[instance_type], ProductDescriptions=["Linux/UNIX (Amazon VPC)", "Linux/UNIX"],
+        StartTime=datetime.now(UTC), **where,
+    ):
+        az, ts = p.get("AvailabilityZone"), p.get("Timestamp")
+        if not az or p.get("InstanceType", instance_type) != instance_type or az != (where.get("AvailabilityZone") or az):
+            continue
+        if az not in newest or (ts is not None and ts > newest[az][0]):
+            newest[az] = (ts, float(p["SpotPrice"]))
+    return {az: price for az, (_, price) in newest.items()}
+
+
 def _is_private(subnet: dict[str, Any]) -> bool:
     tags = {t["Key"]: t.get("Value", "") for t in subnet.get("Tags", [])}
     if "kubernetes.io/role/internal-elb" in tags:
@@ -188,6 +207,7 @@ def gather(
         "spot_scores": lambda: read_spot_scores(ec2, region, instance_type, count),
         "spot_quota": lambda: _spot_quota(quotas, qc),
         "subnets": lambda: read_subnets(eks, ec2, cluster),
+        "spot_prices": lambda: read_spot_prices(ec2, instance_type),
     }
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="capacity") as pool:
         futures = {name: pool.submit(_read, fn) for name, fn in readers.items()}

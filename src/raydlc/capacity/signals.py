@@ -100,6 +100,7 @@ class Signals:
     spot_scores: Signal[dict[str, int]]  # by AZ id
     spot_quota: Signal[QuotaValue]
     subnets: Signal[SubnetFacts]
+    spot_prices: Signal[dict[str, float]] = Signal()  # USD/hour by AZ name; empty: not read
 
     def unknowns(self) -> dict[str, str]:
         return {name: s.unknown for name, s in vars(self).items() if isinstance(s, Signal) and s.unknown}

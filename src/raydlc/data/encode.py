@@ -4,7 +4,7 @@
 the driver, or the model's own by id) and what the manifest records of it (name and hash).
 Each segment is encoded on its own, without special tokens, and every record ends in EOS, which
 carries the loss; labels are `IGNORE` where a segment does not. The `text` and
-`prompt`/`response` results equal the in-driver packing of raydlc.train.data bit for bit.
+`prompt`/`response` results equal the in-driver reference packing (tests/reference_packing.py) bit for bit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from raydlc.data.records import DEFAULT_TEMPLATE, LossOn, RecordError, Renderer, default_render, segments, template_render
+from raydlc.data.formats import DEFAULT_TEMPLATE, BadRecord, LossOn, Renderer, default_render, segments, template_render
 
 IGNORE = -100
 
@@ -52,7 +52,7 @@ def _load(spec_json: str) -> tuple[Any, Renderer]:
         from tokenizers import Tokenizer
 
         return Tokenizer.from_str(spec.tokenizer_json), default_render
-    from raydlc.train.tokenizer import load_pretrained_tokenizer
+    from raydlc.data.tokenizer import load_pretrained_tokenizer
 
     assert spec.pretrained is not None
     hf = load_pretrained_tokenizer(spec.pretrained)
@@ -76,7 +76,7 @@ def encode_batch(batch: dict[str, Any], *, spec_json: str, loss_on: LossOn) -> d
             continue
         try:
             segs.append([(s.text, s.learn) for s in segments(json.loads(rec), loss_on=loss_on, render=render)])
-        except RecordError as e:
+        except BadRecord as e:
             errors[i] = str(e)
             segs.append([])
     texts = [t for row in segs for t, _ in row]

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from raydlc import storage
 from raydlc.data import shards as S
+from raydlc.data.corpus import BUNDLED
 from raydlc.data.encode import IGNORE, TokenizerSpec, digest, encode_batch
 from raydlc.data.manifest import NAME, TOKENIZER_FILE, Counts, Manifest, Shard
-from raydlc.data.sources import BUNDLED, Source, Unit, read_unit, sample_texts
+from raydlc.data.sources import Source, Unit, read_unit, sample_texts
+from raydlc.edges.storage import filesystem
 from raydlc.errors import InputError
 
 BATCH_ROWS = 512  # records per encode call
@@ -45,9 +46,17 @@ class Recipe:
     on_bad_record: str
 
 
+def source_key(spec: str) -> str:
+    """The source as the key knows it: a local path made absolute, so `data prepare X` and `train --data ./X`
+    (which resolves it) name the same dataset."""
+    from raydlc import storage
+
+    return spec if spec == BUNDLED or storage.is_uri(spec) else storage.resolve(spec)
+
+
 def dataset_key(source: Source, tokenizer_name: str, recipe: Recipe) -> str:
     """The folder name a run prepares into and finds again: same source, tokenizer and recipe, same key."""
-    text = json.dumps([source.spec, source.fingerprint, tokenizer_name, recipe.seq_len, recipe.loss_on, recipe.chat_template, recipe.on_bad_record])
+    text = json.dumps([source_key(source.spec), source.fingerprint, tokenizer_name, recipe.seq_len, recipe.loss_on, recipe.chat_template, recipe.on_bad_record])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -58,14 +67,14 @@ def matches(m: Manifest, source: Source, tok_name: str, recipe: Recipe) -> bool:
     when the (same) tokenizer has none.
     """
     template_ok = m.chat_template in (recipe.chat_template, "default")
-    return template_ok and (m.source.get("fingerprint"), m.source.get("spec"), m.tokenizer.get("name"), m.seq_len, m.loss_on) == (
-        source.fingerprint, source.spec, tok_name, recipe.seq_len, recipe.loss_on
+    return template_ok and (m.source.get("fingerprint"), source_key(str(m.source.get("spec"))), m.tokenizer.get("name"), m.seq_len, m.loss_on) == (
+        source.fingerprint, source_key(source.spec), tok_name, recipe.seq_len, recipe.loss_on
     )
 
 
 def trained_tokenizer(source: Source, vocab: int) -> TokenizerSpec:
     """A byte-level BPE trained in the driver on the source's first characters (a built-in spec has none)."""
-    from raydlc.train.tokenizer import EOS, train_bpe
+    from raydlc.data.tokenizer import EOS, train_bpe
 
     texts = sample_texts(source)
     if not texts:
@@ -77,7 +86,7 @@ def trained_tokenizer(source: Source, vocab: int) -> TokenizerSpec:
 
 def model_tokenizer(model_id: str, chat_template: str) -> TokenizerSpec:
     """The model's own tokenizer, by the hash of its serialized form and chat template."""
-    from raydlc.train.tokenizer import load_pretrained_tokenizer
+    from raydlc.data.tokenizer import load_pretrained_tokenizer
 
     hf = load_pretrained_tokenizer(model_id)
     if hf.eos_token_id is None:
@@ -114,22 +123,26 @@ def run(source: Source, tok: TokenizerSpec, dest: str, recipe: Recipe, *, on_pro
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     S.remove(dest, NAME)  # an older dataset here is never mixed with this one: no manifest until the end
-    fs, root = storage.filesystem(dest)
+    fs, root = filesystem(dest)
     fs.create_dir(root, recursive=True)
     ds = _dataset(source).map_batches(encode_batch, fn_kwargs={"spec_json": json.dumps(tok.to_dict()), "loss_on": recipe.loss_on},
                         batch_size=BATCH_ROWS, batch_format="numpy")
     packer = Packer(dest, recipe.seq_len, skip=recipe.on_bad_record == "skip")
     t0 = time.perf_counter()
-    quiet = logging.getLogger("ray.data")  # its plan and timing lines are Ray's logs, not the user's output
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
+    # Ray Data's plan and timing lines are Ray's logs, not the user's output; and with the progress bars off (raydlc
+    # shows its own progress) its progress module warns that they are off (Ray 2.58 ray/data/_internal/progress).
+    quiet = {logging.getLogger("ray.data"): logging.WARNING, logging.getLogger("ray.data._internal.progress"): logging.ERROR}
+    levels = {log: log.level for log in quiet}
+    for log, level in quiet.items():
+        log.setLevel(level)
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
             packer.add(batch)
             if on_progress is not None:
                 on_progress({"records": packer.read, "tokens": packer.tokens + packer.pending, "elapsed_s": time.perf_counter() - t0})
     finally:
-        quiet.setLevel(level)
+        for log, level in levels.items():
+            log.setLevel(level)
     counts, written = packer.finish()
     if not written:
         raise InputError(f"--data {source.spec} gives fewer than {recipe.seq_len} tokens: not one sequence", hint="add text or lower --seq-len")

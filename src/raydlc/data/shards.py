@@ -16,6 +16,7 @@ import numpy as np
 
 from raydlc import storage
 from raydlc.data.manifest import NAME, Manifest, Shard
+from raydlc.edges.storage import filesystem, read_text
 from raydlc.errors import InputError
 
 ROW_DTYPE = np.dtype("<i4")
@@ -30,14 +31,14 @@ def write_shard(dest: str, i: int, ids: np.ndarray, labels: np.ndarray) -> Shard
     """One shard from [rows, seq_len] ids and labels, written through the destination's file system."""
     block = np.stack([ids, labels], axis=1).astype(ROW_DTYPE, copy=False)
     data = block.tobytes()
-    fs, root = storage.filesystem(dest)
+    fs, root = filesystem(dest)
     with fs.open_output_stream(f"{root}/{shard_name(i)}") as f:
         f.write(data)
     return Shard(shard_name(i), int(ids.shape[0]), hashlib.sha256(data).hexdigest(), len(data))
 
 
 def write_text(dest: str, name: str, text: str) -> None:
-    fs, root = storage.filesystem(dest)
+    fs, root = filesystem(dest)
     fs.create_dir(root, recursive=True)
     with fs.open_output_stream(f"{root}/{name}") as f:
         f.write(text.encode())
@@ -47,7 +48,7 @@ def remove(dest: str, name: str) -> None:
     """Remove one file if it is there (the old manifest, before shards are overwritten)."""
     import pyarrow.fs as pafs
 
-    fs, root = storage.filesystem(dest)
+    fs, root = filesystem(dest)
     if fs.get_file_info(f"{root}/{name}").type == pafs.FileType.File:
         fs.delete_file(f"{root}/{name}")
 
@@ -56,17 +57,17 @@ def read_manifest(dest: str) -> Manifest | None:
     """The dataset's manifest, or None where there is none (not prepared, or interrupted)."""
     import pyarrow.fs as pafs
 
-    fs, root = storage.filesystem(dest)
+    fs, root = filesystem(dest)
     if fs.get_file_info(f"{root}/{NAME}").type != pafs.FileType.File:
         return None
-    return Manifest.from_json(storage.read_text(storage.join(dest, NAME)), storage.join(dest, NAME))
+    return Manifest.from_json(read_text(storage.join(dest, NAME)), storage.join(dest, NAME))
 
 
 def verify(dest: str, m: Manifest, *, chunk: int = 1 << 22) -> None:
     """Every shard is there with its size and checksum, read in chunks; a failure names the shard."""
     import pyarrow.fs as pafs
 
-    fs, root = storage.filesystem(dest)
+    fs, root = filesystem(dest)
     for s in m.shards:
         path = f"{root}/{s.name}"
         info = fs.get_file_info(path)
@@ -91,7 +92,7 @@ class Rows:
     def __init__(self, dest: str, shard_rows: list[int], names: list[str], seq_len: int) -> None:
         self.dest, self.seq_len, self.names = dest, seq_len, names
         self.starts = np.concatenate([[0], np.cumsum(shard_rows)]).astype(np.int64)
-        self._fs, self._root = storage.filesystem(dest)
+        self._fs, self._root = filesystem(dest)
         self._remote = storage.is_uri(dest)
         self._maps: dict[int, np.ndarray] = {}
         self._files: dict[int, Any] = {}

@@ -5,6 +5,10 @@ row group, the bundled corpus) in a fixed order, and fingerprinted from the file
 and modification times, so a source that changed since it was prepared is noticed without
 reading it. Each unit is read by one Ray Data task (`read_unit`), which yields every record with
 where it came from (`FILE:LINE`, `FILE:row N`) or the reason it cannot be read.
+
+`read_local` reads a local .txt/.jsonl source whole, in one process, into `Document`s, failing on
+the first problem with its file and line: the check a job makes of `--data` before it starts, and
+the reference the prepared blocks are tested against (`read_hub` is its Hugging Face counterpart).
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from raydlc import storage
+from raydlc.data.corpus import BUNDLED, Document, bundled_corpus
+from raydlc.edges.storage import filesystem, s3_error
 from raydlc.errors import InputError
 
-BUNDLED = "bundled"
 SUFFIXES = {".jsonl": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 SAMPLE_CHARS = 2_000_000  # what a tokenizer trained here learns from: the first this many characters
 
@@ -62,26 +70,9 @@ def list_source(spec: str | None) -> Source:
     if spec is None or spec == BUNDLED:
         size = sum(len(r[1] or "") for r in _bundled_rows())
         return Source(BUNDLED, (Unit(BUNDLED, BUNDLED, BUNDLED),), _bundled_fingerprint(), 0, size)
-    import pyarrow.fs as pafs
-
-    fs, root = storage.filesystem(spec)
-    try:
-        info = fs.get_file_info(root)
-    except OSError as e:
-        raise InputError(f"--data {spec}: cannot list it ({e})", hint="check the path and the credentials for it") from e
-    if info.type == pafs.FileType.NotFound:
-        raise InputError(f"--data {spec}: no such file or directory", hint="pass a .jsonl/.parquet/.txt file or a directory of them")
-    if info.type == pafs.FileType.Directory:
-        infos = sorted(
-            (i for i in fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.type == pafs.FileType.File and _suffix(i.path) in SUFFIXES),
-            key=lambda i: i.path,
-        )
-        if not infos:
-            raise InputError(f"--data {spec}: the directory holds no .jsonl, .parquet or .txt files")
-    else:
-        if _suffix(info.path) not in SUFFIXES:
-            raise InputError(f"--data {spec}: unsupported file type {_suffix(info.path) or '(none)'!r}", hint="use .jsonl, .parquet or .txt")
-        infos = [info]
+    refuse_hub(spec)
+    fs, root = filesystem(spec)
+    infos = _remote_files(fs, root, spec) if storage.is_uri(spec) else _local_files(root, spec)
     units: list[Unit] = []
     h = hashlib.sha256()
     for i in infos:
@@ -91,6 +82,92 @@ def list_source(spec: str | None) -> Source:
         units.extend(_parquet_units(fs, i.path, uri) if kind == "parquet" else [Unit(i.path, uri, kind)])
     plain = all(u.kind != "parquet" for u in units)  # Parquet's bytes are compressed: no bound from them
     return Source(spec, tuple(units), h.hexdigest()[:16], len(infos), sum(int(i.size) for i in infos) if plain else None)
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    size: int
+    mtime_ns: int
+
+
+def _remote_files(fs: Any, root: str, spec: str) -> list[_File]:
+    """The data files under an s3:// (or other URI) prefix, or the one file it names."""
+    import pyarrow.fs as pafs
+
+    try:
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.Directory:
+            found = [i for i in fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.type == pafs.FileType.File and _suffix(i.path) in SUFFIXES]
+        else:
+            found = [info]
+    except OSError as e:
+        raise s3_error(e, spec) or InputError(f"--data {spec}: cannot list it ({e})", hint="check the path and the credentials for it") from e
+    if info.type == pafs.FileType.NotFound:
+        raise InputError(f"--data {spec}: no such file or directory", hint="pass a .jsonl/.parquet/.txt file or a directory of them")
+    if info.type == pafs.FileType.Directory and not found:
+        raise InputError(f"--data {spec}: the directory holds no .jsonl, .parquet or .txt files")
+    if info.type != pafs.FileType.Directory and _suffix(info.path) not in SUFFIXES:
+        raise InputError(f"--data {spec}: unsupported file type {_suffix(info.path) or '(none)'!r}", hint="use .jsonl, .parquet or .txt")
+    return sorted((_File(i.path, int(i.size or 0), int(i.mtime_ns or 0)) for i in found), key=lambda f: f.path)
+
+
+def _local_files(root: str, spec: str) -> list[_File]:
+    """The data files of a local source: links followed, each directory listed once (a link back to a
+    directory already listed, a loop, adds nothing), and a FIFO, socket or device refused by name."""
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        raise InputError(f"--data {spec}: no such file or directory", hint="pass a .jsonl/.parquet/.txt file or a directory of them") from None
+    except OSError as e:
+        raise InputError(f"--data {spec}: cannot read it ({(e.strerror or str(e)).lower()})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        _check_regular(spec, st)
+        if _suffix(root) not in SUFFIXES:
+            raise InputError(f"--data {spec}: unsupported file type {_suffix(root) or '(none)'!r}", hint="use .jsonl, .parquet or .txt")
+        return [_File(root, st.st_size, st.st_mtime_ns)]
+    found: list[_File] = []
+    seen: set[tuple[int, int]] = set()
+    todo = [root]
+    while todo:
+        d = todo.pop()
+        key = (os.stat(d).st_dev, os.stat(d).st_ino)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            names = sorted(os.listdir(d))
+        except OSError as e:
+            raise InputError(f"--data {_uri(spec, root, d)}: cannot list it ({(e.strerror or str(e)).lower()})") from None
+        for name in names:
+            path = f"{d}/{name}"
+            try:
+                st = os.stat(path)
+            except OSError:  # a broken link, or one in a loop of links
+                if _suffix(name) in SUFFIXES:
+                    raise InputError(f"--data {_uri(spec, root, path)}: a link that leads nowhere", hint="remove it or fix its target") from None
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(path)
+            elif _suffix(name) in SUFFIXES:
+                _check_regular(_uri(spec, root, path), st)
+                found.append(_File(path, st.st_size, st.st_mtime_ns))
+    if not found:
+        raise InputError(f"--data {spec}: the directory holds no .jsonl, .parquet or .txt files")
+    return sorted(found, key=lambda f: f.path)
+
+
+def _check_regular(where: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+        raise InputError(f"--data {where}: {kind}, not a regular file: data is read from files", hint="copy the data into a file and pass that")
+
+
+def refuse_hub(spec: str | None) -> None:
+    """An hf:// path is refused by name: pyarrow would ask the Hub (offline: an OSError that names no file)."""
+    if spec is not None and storage.scheme(spec) == "hf":
+        raise InputError(f"--data {spec}: a Hugging Face Hub path; raydlc prepares local files and s3:// prefixes",
+                         hint="download the dataset's .jsonl/.parquet files first (hf download REPO --repo-type dataset) and pass their folder")
 
 
 def _uri(spec: str, root: str, path: str) -> str:
@@ -131,7 +208,7 @@ def read_unit(unit: Unit) -> Iterator[Row]:
     if unit.kind == BUNDLED:
         yield from _bundled_rows()
         return
-    fs, _ = storage.filesystem(unit.uri) if storage.is_uri(unit.uri) else storage.filesystem(unit.path)
+    fs, _ = filesystem(unit.uri) if storage.is_uri(unit.uri) else filesystem(unit.path)
     if unit.kind == "parquet":
         yield from _parquet_rows(fs, unit)
         return
@@ -164,8 +241,6 @@ def read_unit(unit: Unit) -> Iterator[Row]:
 @functools.lru_cache(maxsize=1)
 def _bundled_rows() -> tuple[Row, ...]:
     """The bundled corpus as rows, made once per process (parsing the standard library takes seconds)."""
-    from raydlc.train.data import bundled_corpus
-
     return tuple((f"bundled:{i + 1}", json.dumps({"text": d.text}), None) for i, d in enumerate(bundled_corpus()))
 
 
@@ -181,14 +256,14 @@ def _parquet_rows(fs: Any, unit: Unit) -> Iterator[Row]:
 
 def first_problem(source: Source) -> str | None:
     """The first record's problem, if it has one: a cheap look before any Ray task starts."""
-    from raydlc.data.records import RecordError, segments
+    from raydlc.data.formats import BadRecord, segments
 
     for where, rec, error in read_unit(source.units[0]):
         if error is not None:
             return f"{where}: {error}"
         try:
             segments(json.loads(rec or "null"))
-        except RecordError as e:
+        except BadRecord as e:
             return f"{where}: {e}"
         return None
     return f"{source.units[0].uri}: no records"
@@ -196,7 +271,7 @@ def first_problem(source: Source) -> str | None:
 
 def sample_texts(source: Source, limit: int = SAMPLE_CHARS) -> list[str]:
     """The text of the first `limit` characters of good records, for a tokenizer trained here."""
-    from raydlc.data.records import RecordError, segments
+    from raydlc.data.formats import BadRecord, segments
 
     out: list[str] = []
     total = 0
@@ -206,7 +281,7 @@ def sample_texts(source: Source, limit: int = SAMPLE_CHARS) -> list[str]:
                 continue
             try:
                 segs = segments(json.loads(rec or "null"))
-            except RecordError:
+            except BadRecord:
                 continue
             for s in segs:
                 out.append(s.text)
@@ -214,3 +289,105 @@ def sample_texts(source: Source, limit: int = SAMPLE_CHARS) -> list[str]:
             if total >= limit:
                 return out
     return out
+
+
+# ---- whole documents, in one process -----------------------------------------------------------
+
+
+def is_local(data: str) -> bool:
+    """A path (existing or meant to be) rather than a Hugging Face dataset id."""
+    p = Path(data).expanduser()
+    return p.exists() or data.startswith((".", "/", "~")) or p.suffix.lower() in (".txt", ".jsonl", ".json") or "\\" in data
+
+
+def read_local(path: str | Path) -> list[Document]:
+    """A .txt/.jsonl file, or a directory of them; every problem names the file and line."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise InputError(f"--data {p}: no such file or directory", hint="pass a .txt/.jsonl file or a directory of them")
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in (".txt", ".jsonl"))
+        if not files:
+            raise InputError(f"--data {p}: the directory holds no .txt or .jsonl files")
+    else:
+        files = [p]
+    docs: list[Document] = []
+    for f in files:
+        docs.extend(_read_file(f))
+    if not docs:
+        raise InputError(f"--data {p}: no text in it", hint="the file(s) are empty or hold only whitespace")
+    return docs
+
+
+def _read_file(f: Path) -> list[Document]:
+    suffix = f.suffix.lower()
+    if suffix not in (".txt", ".jsonl"):
+        raise InputError(f"--data {f}: unsupported file type {suffix or '(none)'!r}", hint="use .txt (plain text) or .jsonl")
+    try:
+        text = f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"--data {f}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except OSError as e:
+        raise InputError(f"--data {f}: cannot read it ({e.strerror or e})") from e
+    if not text.strip():
+        raise InputError(f"--data {f}: the file is empty", hint="give it some text, or remove it")
+    if suffix == ".txt":
+        return [Document(text)]
+    return [_jsonl_record(f, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def _jsonl_record(f: Path, n: int, line: str) -> Document:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(f"--data {f}:{n}: not valid JSON ({e.msg})") from e
+    hint = 'each line must be {"text": ...} or {"prompt": ..., "response": ...} with string values'
+    if not isinstance(rec, dict):
+        raise InputError(f"--data {f}:{n}: expected a JSON object, got {type(rec).__name__}", hint=hint)
+    if "prompt" in rec or "response" in rec:
+        prompt, response = rec.get("prompt"), rec.get("response")
+        if not isinstance(prompt, str) or not isinstance(response, str):
+            missing = [k for k in ("prompt", "response") if not isinstance(rec.get(k), str)]
+            raise InputError(f"--data {f}:{n}: field(s) {', '.join(missing)} missing or not a string", hint=hint)
+        if not response.strip():
+            raise InputError(f"--data {f}:{n}: empty response (nothing to learn)", hint=hint)
+        return Document(response, prompt=prompt)
+    if isinstance(rec.get("text"), str) and rec["text"].strip():
+        return Document(rec["text"])
+    raise InputError(f"--data {f}:{n}: no 'text' or 'prompt'/'response' fields (found {sorted(rec)})", hint=hint)
+
+
+def read_hub(dataset_id: str, split: str = "train", max_docs: int | None = None) -> list[Document]:
+    """A Hugging Face dataset, on the cluster; needs the `hf` extra and network."""
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise InputError(
+            f"--data {dataset_id!r} is not a local file, and Hugging Face datasets are not installed",
+            hint="install raydlc[hf] to read a dataset id, or pass a local .txt/.jsonl path",
+        ) from e
+    try:
+        ds = datasets.load_dataset(dataset_id, split=split)
+    except Exception as e:  # datasets raises many types for offline/unknown ids
+        raise InputError(f"--data {dataset_id!r}: cannot load the dataset ({e})", hint="check the id and the network (HF_HUB_OFFLINE)") from e
+    cols = set(ds.column_names)
+    docs: list[Document] = []
+    for i, rec in enumerate(ds):
+        if max_docs is not None and i >= max_docs:
+            break
+        if {"prompt", "response"} <= cols:
+            docs.append(Document(str(rec["response"]), prompt=str(rec["prompt"])))
+        elif "text" in cols:
+            docs.append(Document(str(rec["text"])))
+        else:
+            raise InputError(f"--data {dataset_id!r}: no 'text' or 'prompt'/'response' columns (has {sorted(cols)})")
+    if not docs:
+        raise InputError(f"--data {dataset_id!r}: the {split} split is empty")
+    return docs
+
+
+def load_documents(data: str | None) -> list[Document]:
+    """What `--data` names, whole: the bundled corpus, a local .txt/.jsonl source, or a Hugging Face dataset."""
+    if data is None or data == BUNDLED:
+        return bundled_corpus()
+    return read_local(data) if is_local(data) else read_hub(data)

@@ -6,8 +6,8 @@ one thing; `up` and `down` are two dependency orders over them (`lifecycle/order
 scheduler (`lifecycle/steps.py`) runs, independent steps at the same time. `up` and `down` are
 idempotent and resumable because every step starts by looking at the world (`check`) and acts
 only on the difference; `--dry-run` stops after the look and prints the plan. The tools are
-eksctl (cluster and node groups) and helm (raydlc's releases), run through `raydlc.tools`;
-everything else in Kubernetes goes through `raydlc.kube`, and AWS through `raydlc.aws`. Nothing
+eksctl (cluster and node groups) and helm (raydlc's releases), run through `raydlc.edges.tools`;
+everything else in Kubernetes goes through `raydlc.edges.kube`, and AWS through `raydlc.edges.aws`. Nothing
 here imports boto3 or kubernetes at import time, and `up`/`down`/`status` load the resources
 only when called.
 """

@@ -1,6 +1,6 @@
 """What AWS says about one cluster: its EKS objects, eksctl's stacks, and everything that bills.
 
-Each function takes the client it needs (from `raydlc.aws`, through the Context) and answers
+Each function takes the client it needs (from `raydlc.edges.aws`, through the Context) and answers
 with plain data; "not found" is an answer (None or []), not an error. These are the facts `up`
 checks before acting and `down` checks before it calls a cluster gone: AWS, not a tool's exit
 code, decides that nothing is left.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from raydlc import aws
 from raydlc.capacity import PROBE_TAG  # the tag `raydlc capacity --probe` puts on its reservation
+from raydlc.edges import aws
 from raydlc.render.eksctl import OWNER_TAG
 
 # Stacks that will never become healthy again and block a create of the same name.
@@ -27,7 +27,8 @@ LIVE_STACK_STATUSES = [
 ]
 BILLED_INSTANCE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported", "InsufficientFreeAddresses",
-                   "does not have sufficient", "not supported in your requested Availability Zone")
+                   "does not have sufficient", "not supported in your requested Availability Zone",
+                   "UnfulfillableCapacity")
 
 
 def cluster_stack(name: str) -> str:

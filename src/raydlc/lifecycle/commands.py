@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raydlc.edges.tools import Command, command
 from raydlc.render import FILES
 from raydlc.render.eksctl import CREATE_FLAGS
 from raydlc.render.helm import Release
-from raydlc.tools import Command, command
 
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
@@ -96,7 +96,7 @@ class ReleaseState:
     values: dict[str, Any] | None = None
 
     def matches(self, r: Release) -> bool:
-        from raydlc.kube import differences
+        from raydlc.edges.kube import differences
 
         return (self.status == "deployed" and self.version == r.version
                 and not differences(r.values, self.values or {}) and not differences(self.values or {}, r.values))
@@ -120,7 +120,7 @@ def release_state(ctx: Context, r: Release) -> ReleaseState:
     if res.returncode != 0:
         if "not found" in res.output:
             return ReleaseState("absent")
-        from raydlc.tools import ToolFailed
+        from raydlc.edges.tools import ToolFailed
 
         raise ToolFailed(f"`{res.command}` failed: {res.output.strip()[-300:]}", returncode=res.returncode, lines=res.lines)
     doc = _json(res.output)

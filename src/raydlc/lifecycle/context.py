@@ -1,7 +1,7 @@
 """What every step of one `up`/`down`/`status` shares: config, clients, the tool runner, the notes.
 
 Clients are made once and lazily (a dry run on an account with no cluster never needs a
-kubeconfig), from `raydlc.aws` and `raydlc.kube` only. Files raydlc writes for a cluster — the
+kubeconfig), from `raydlc.edges.aws` and `raydlc.edges.kube` only. Files raydlc writes for a cluster — the
 rendered manifests and its kubeconfig — live in one raydlc-owned directory per cluster and
 region, so `~/.kube/config` is never touched unless KUBECONFIG (the setting) points there.
 
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from raydlc.edges.tools import Command, Result, Runner
 from raydlc.errors import InputError
 from raydlc.lifecycle.types import Reporter
-from raydlc.tools import Command, Result, Runner
 
 if TYPE_CHECKING:
     from raydlc.config import Config
-    from raydlc.kube import Kube
+    from raydlc.edges.kube import Kube
 
 T = TypeVar("T")
 
@@ -89,6 +89,7 @@ class Context:
         self._clients: dict[str, Any] = {}
         self._kube: Kube | None = None
         self.notes: dict[str, list[str]] = {}  # per step: what was removed / found absent (down)
+        self.keeps_cluster = False  # `down --keep-cluster`: what is inside the cluster must be removed, not left to go with it
 
     # ------------------------------------------------------------------ edges
 
@@ -101,7 +102,7 @@ class Context:
 
     def aws_session(self) -> Any:
         """The one boto3 session of this run (credentials checked when it is made)."""
-        from raydlc import aws
+        from raydlc.edges import aws
 
         with self._lock:
             if self._session is None:
@@ -109,7 +110,7 @@ class Context:
             return self._session
 
     def aws(self, service: str) -> Any:
-        from raydlc import aws
+        from raydlc.edges import aws
 
         with self._lock:
             if service not in self._clients:
@@ -118,7 +119,7 @@ class Context:
 
     def kube(self) -> Kube:
         """The cluster's API through raydlc's kubeconfig; InputError when it was never written."""
-        from raydlc.kube import Kube, load_client
+        from raydlc.edges.kube import Kube, load_client
 
         with self._lock:
             if self._kube is None:
@@ -149,8 +150,12 @@ class Context:
         explain: Callable[[T], str] | None = None, stuck: Callable[[T], str | None] | None = None,
         hint: str | None = None,
     ) -> T:
-        """Poll until `done`; `stuck(value)` returning a line ends the wait early as the step's failure (with `hint`)."""
-        from raydlc.kube import wait_until
+        """Poll until `done`; `stuck(value)` returning a line ends the wait early as the step's failure (with `hint`).
+
+        The same wait serves AWS and Kubernetes; running out of time is a KubeTimeout either way.
+        """
+        from raydlc.edges import poll
+        from raydlc.edges.kube import KubeTimeout
         from raydlc.lifecycle.types import StepFailed
 
         def finished(value: T) -> bool:
@@ -162,8 +167,8 @@ class Context:
             return False
 
         self.reporter.line(step, f"waiting for {what}")
-        return wait_until(fetch, finished, timeout=timeout, interval=self.timings.poll_s, what=what, explain=explain,
-                          cancel=self.cancel)
+        return poll.until(fetch, finished, what=what, timeout=timeout, interval=self.timings.poll_s, explain=explain,
+                          cancel=self.cancel, ramp=True, error=KubeTimeout)
 
     def note(self, step: str, text: str) -> None:
         with self._lock:
@@ -171,11 +176,12 @@ class Context:
 
     # ------------------------------------------------------------------ documents
 
-    def documents(self, only: str, zones: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-        """The rendered documents of one kind (schema-checked by render); eksctl's need the zones, GPU AZ first."""
+    def documents(self, only: str, zones: Sequence[str] = (), cfg: Config | None = None) -> dict[str, dict[str, Any]]:
+        """The rendered documents of one kind (schema-checked by render); eksctl's need the zones, GPU AZ first.
+        `cfg`: a variant of the run's config (spot-then-on-demand's on-demand fallback group)."""
         from raydlc.render import render_all
 
-        return render_all(self.cfg, list(zones), only=only)
+        return render_all(cfg or self.cfg, list(zones), only=only)
 
     def path_of(self, name: str) -> Path:
         return self.dir / name

@@ -4,7 +4,7 @@ eksctl's kubeconfig runs `aws-iam-authenticator`, else `aws eks get-token`, and 
 aws-iam-authenticator even when neither is installed (`pkg/utils/kubeconfig/kubeconfig.go`,
 `NewForKubectl`, v0.230.0); with only boto3 credentials every Kubernetes call would then fail
 while the control plane bills. So after eksctl writes it, the current context's user gets
-raydlc's own plugin, `raydlc eks-token` (`raydlc.ekstoken`), run by the absolute path of the
+raydlc's own plugin, `raydlc eks-token` (`raydlc.edges.eks_token`), run by the absolute path of the
 raydlc that wrote it, so the Python client, kubectl and helm all get tokens the same way.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from raydlc.ekstoken import EXEC_APIS
+from raydlc.edges.eks_token import EXEC_APIS
 
 
 def command() -> list[str]:

@@ -21,21 +21,21 @@ from raydlc.errors import InputError
 from raydlc.lifecycle.context import Context, Timings
 from raydlc.lifecycle.resource import Resource
 from raydlc.lifecycle.resources.autoscaler import ClusterAutoscaler
+from raydlc.lifecycle.resources.bucket import Storage
 from raydlc.lifecycle.resources.capacity import Capacity
 from raydlc.lifecycle.resources.cluster import Cluster, refuse_foreign
 from raydlc.lifecycle.resources.device_plugins import DevicePlugins
 from raydlc.lifecycle.resources.gpu_nodegroup import GpuNodeGroup
 from raydlc.lifecycle.resources.kuberay import KubeRay
 from raydlc.lifecycle.resources.raycluster import RayCluster
-from raydlc.lifecycle.resources.storage import Storage
 from raydlc.lifecycle.steps import Step, order, plan_all, run_all, select
 from raydlc.lifecycle.types import Goal, Reporter, Run
 from raydlc.render.autoscaler import enabled as elastic
 
 if TYPE_CHECKING:
     from raydlc.config import Config
-    from raydlc.lifecycle.report import ClusterStatus
-    from raydlc.tools import Runner
+    from raydlc.edges.tools import Runner
+    from raydlc.lifecycle.cluster_status import ClusterStatus
 
 Graph = list[tuple[Resource, tuple[str, ...]]]
 
@@ -81,9 +81,9 @@ def names(goal: Goal) -> list[str]:
 
 def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | None, timings: Timings | None,
              runner: Runner | None, yes: bool = False) -> Context:
-    from raydlc import aws
-    from raydlc.render.storage import for_cluster
-    from raydlc.tools import Runner
+    from raydlc.edges import aws
+    from raydlc.edges.tools import Runner
+    from raydlc.render.bucket import for_cluster
 
     region = cfg.cluster.region
     cfg = for_cluster(cfg, lambda: aws.account_id(region))
@@ -107,11 +107,27 @@ def _refuse_zone(ctx: Context, graph: Graph, selected: Sequence[str]) -> None:
         raise InputError(choice.reason, hint=choice.hint)
 
 
+def _refuse_system_node(cfg: Config) -> None:
+    """A system node that cannot hold the head beside the operator, the add-ons, the submitter and a probe pod
+    leaves one of them Pending: refused (InputError naming SYSTEM_NODE_TYPE) before anything is asked or made."""
+    from raydlc.render import autoscaler, sizing
+
+    sizing.head_size(cfg.system_nodes.instance_type, cfg.total_gpus, autoscaler.enabled(cfg))
+
+
+def _check_permissions(ctx: Context, selected: Sequence[str]) -> None:
+    """The caller may do what the selected steps will ask of AWS (IAM's policy simulator): else one InputError naming
+    every missing action, before anything is made (raydlc.lifecycle.permissions)."""
+    from raydlc.lifecycle import permissions
+
+    permissions.check(ctx.aws_session(), ctx.cfg, selected, lambda text: ctx.reporter.line("capacity", text))
+
+
 def _check_token(ctx: Context) -> None:
     """The cluster will authenticate raydlc by an STS-signed token: one STS refuses stops `up` before it bills."""
-    from raydlc import ekstoken
+    from raydlc.edges import eks_token
 
-    who = ekstoken.check(ctx.aws_session(), ctx.cfg.cluster.name)
+    who = eks_token.check(ctx.aws_session(), ctx.cfg.cluster.name)
     ctx.reporter.line("capacity", f"STS accepts an EKS token signed as {who}")
 
 
@@ -123,13 +139,15 @@ def up(
     graph = resources(autoscaling=elastic(cfg))
     plan = steps("up", graph)
     selected = select(plan, only=only, from_=from_, until=until)  # a bad step name is refused before AWS is asked
+    _refuse_system_node(cfg)
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner, yes=yes)
     if dry_run:
         return Run("up", True, plan_all(plan, ctx, selected))
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
+    _check_token(ctx)  # credentials STS refuses: said as such, before the permission check asks STS who the caller is
+    _check_permissions(ctx, selected)
     _require_tools(ctx, graph, selected)
     _refuse_zone(ctx, graph, selected)
-    _check_token(ctx)
     return Run("up", False, run_all(plan, ctx, selected), ctx.notes)
 
 
@@ -138,6 +156,7 @@ def down(
     reporter: Reporter | None = None, timings: Timings | None = None, runner: Runner | None = None,
 ) -> Run:
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
+    ctx.keeps_cluster = keep_cluster
     refuse_foreign(ctx)
     graph = resources(delete_storage=delete_storage, autoscaling=elastic(cfg))
     plan = steps("down", graph)
@@ -149,7 +168,7 @@ def down(
 
 
 def status(cfg: Config, *, timings: Timings | None = None, runner: Runner | None = None) -> ClusterStatus:
-    from raydlc.lifecycle.report import report
+    from raydlc.lifecycle.cluster_status import report
 
     ctx = _context(cfg, dry_run=True, force=False, reporter=None, timings=timings, runner=runner)
     graph = resources(autoscaling=elastic(cfg))

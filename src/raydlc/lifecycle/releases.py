@@ -12,10 +12,10 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
 from raydlc.lifecycle import commands
-from raydlc.lifecycle.resource import Resource, gone, kube_if_cluster, look_inside
-from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.lifecycle.resource import Resource, gone, gone_or_unseen, kube_if_cluster, look_inside
+from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 from raydlc.render.helm import Release
 
 if TYPE_CHECKING:
@@ -52,17 +52,17 @@ class HelmRelease(Resource):
             return found
         return Observation("ready", f"release {r.name} {r.version} deployed" if r is not None else "no release to install")
 
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state == "ready":
-            return Plan("none", obs.reason)
+            return StepPlan("none", obs.reason)
         r = self.release(ctx.cfg)
         if r is not None and (obs.facts.get("release") or obs.state in ("absent", "unknown")):
             cmds: list[str] = []
             if str(obs.facts.get("release", "")).startswith("pending"):
                 cmds.append(str(commands.uninstall(ctx, r)))
             cmds += [f"write {ctx.path_of(r.filename)}", str(commands.install(ctx, r))]
-            return Plan("create" if obs.state in ("absent", "unknown") else "repair", obs.reason, tuple(cmds))
-        return Plan("wait", obs.reason)
+            return StepPlan("create" if obs.state in ("absent", "unknown") else "repair", obs.reason, tuple(cmds))
+        return StepPlan("wait", obs.reason)
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
         r = self.release(ctx.cfg)
@@ -83,17 +83,17 @@ class HelmRelease(Resource):
         if r is None:
             return gone("no release to remove for this AMI family")
         if kube_if_cluster(ctx) is None:
-            return gone(f"the cluster is gone, and release {r.name} with it")
+            return gone_or_unseen(ctx, f"release {r.name}", f"the cluster is gone, and release {r.name} with it")
         state = commands.release_state(ctx, r)
         if state.status == "absent":
             return gone(f"release {r.name} is not installed")
         return Observation("ready", f"release {r.name} is {state.status}")
 
-    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan:
         r = self.release(ctx.cfg)
         if obs.state == "absent" or r is None:
-            return Plan("none", obs.reason)
-        return Plan("delete", obs.reason, (str(commands.uninstall(ctx, r)),))
+            return StepPlan("none", obs.reason)
+        return StepPlan("delete", obs.reason, (str(commands.uninstall(ctx, r)),))
 
     def remove(self, ctx: Context, obs: Observation) -> None:
         r = self.release(ctx.cfg)

@@ -22,10 +22,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
 from raydlc.errors import RaydlcError
 from raydlc.lifecycle import cloud
-from raydlc.lifecycle.types import Goal, Observation, Plan
+from raydlc.lifecycle.types import Goal, Observation, StepPlan
 from raydlc.render.nodes import ROLE
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Resource(ABC):
     def check(self, ctx: Context, goal: Goal) -> Observation:
         return self.look(ctx) if goal == "up" else self.left(ctx)
 
-    def plan(self, ctx: Context, obs: Observation, goal: Goal) -> Plan:
+    def plan(self, ctx: Context, obs: Observation, goal: Goal) -> StepPlan:
         return self.plan_up(ctx, obs) if goal == "up" else self.plan_down(ctx, obs)
 
     def verify(self, ctx: Context, goal: Goal) -> str:
@@ -54,7 +54,7 @@ class Resource(ABC):
         """How far `up`'s promise is kept."""
 
     @abstractmethod
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan: ...
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan: ...
 
     @abstractmethod
     def ensure(self, ctx: Context, obs: Observation) -> None: ...
@@ -70,7 +70,7 @@ class Resource(ABC):
         """What of the resource is left to remove (absent: nothing)."""
 
     @abstractmethod
-    def plan_down(self, ctx: Context, obs: Observation) -> Plan: ...
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan: ...
 
     @abstractmethod
     def remove(self, ctx: Context, obs: Observation) -> None: ...
@@ -124,6 +124,33 @@ def kube_if_cluster(ctx: Context) -> k8s.Kube | None:
     if kube is None or not reaches(kube):
         return None
     return kube
+
+
+def api_unreachable(ctx: Context) -> str | None:
+    """Why `down` cannot look inside a cluster that is still there (ACTIVE or UPDATING): no kubeconfig, or an API
+    server that does not answer through it; None when the cluster is gone or its API answers."""
+    name = ctx.cfg.cluster.name
+    desc = cloud.cluster(ctx.aws("eks"), name)
+    if desc is None or desc.get("status") not in ("ACTIVE", "UPDATING"):
+        return None
+    kube = ctx.kube_or_none()
+    if kube is None:
+        return f"EKS cluster {name} is {desc['status']}, but there is no kubeconfig at {ctx.kubeconfig} to look inside it"
+    if not reaches(kube):
+        return f"EKS cluster {name} is {desc['status']}, but its API server does not answer through {ctx.kubeconfig}"
+    return None
+
+
+def gone_or_unseen(ctx: Context, what: str, gone_reason: str) -> Observation:
+    """Down's look when the API is not there: `what` is gone with a gone cluster. Beside a cluster that is still
+    there but cannot be looked into, it goes when this `down` deletes the cluster, and with `--keep-cluster` it
+    is unknown: still to remove, as far as anyone can tell."""
+    why = api_unreachable(ctx)
+    if why is None:
+        return gone(gone_reason)
+    if not ctx.keeps_cluster:
+        return gone(f"{why}: {what} goes when the cluster is deleted")
+    return Observation("unknown", f"{why}: {what} may still be there")
 
 
 def reaches(kube: k8s.Kube) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydlc import aws
+from raydlc.edges import aws
 from raydlc.lifecycle import cloud
 from raydlc.lifecycle.types import StepFailed
 

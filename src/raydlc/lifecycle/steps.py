@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
 from typing import TYPE_CHECKING
 
+from raydlc.edges.poll import Cancelled
 from raydlc.errors import InputError, RaydlcError
-from raydlc.lifecycle.types import Interrupted, Observation, Plan, StepResult
-from raydlc.tools import Cancelled
+from raydlc.lifecycle.types import Interrupted, Observation, StepPlan, StepResult
 
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
@@ -35,7 +36,7 @@ class Step:
     needs: tuple[str, ...]
     summary: str
     check: Callable[[Context], Observation]
-    plan: Callable[[Context, Observation], Plan]
+    plan: Callable[[Context, Observation], StepPlan]
     act: Callable[[Context, Observation], None]
     verify: Callable[[Context], str]  # the reason the promise holds; raises StepFailed when it does not
 
@@ -44,23 +45,30 @@ class Step:
 
 
 def order(steps: Sequence[Step]) -> list[Step]:
-    """Dependency order, stable in the order the steps are declared; a cycle or unknown need is a bug."""
-    by_name = {s.name: s for s in steps}
+    """Dependency order, stable in the order the steps are declared; a cycle or unknown need is a bug.
+
+    Passes over the declared order, each taking every step whose needs are placed (those placed
+    earlier in the same pass included), so steps declared in a valid order keep it.
+    """
+    names = {s.name for s in steps}
     for s in steps:
         for need in s.needs:
-            if need not in by_name:
+            if need not in names:
                 raise ValueError(f"step {s.name} needs unknown step {need}")
+    sorter = TopologicalSorter({s.name: s.needs for s in steps})
+    try:
+        sorter.prepare()
+    except CycleError as e:
+        raise ValueError(f"steps form a cycle: {sorted(set(e.args[1]))}") from None
     done: list[Step] = []
-    placed: set[str] = set()
-    while len(done) < len(steps):
-        progress = False
+    ready: set[str] = set()
+    while sorter.is_active():
         for s in steps:
-            if s.name not in placed and all(n in placed for n in s.needs):
+            ready.update(sorter.get_ready())
+            if s.name in ready:
+                ready.discard(s.name)
+                sorter.done(s.name)
                 done.append(s)
-                placed.add(s.name)
-                progress = True
-        if not progress:
-            raise ValueError(f"steps form a cycle: {sorted(set(by_name) - placed)}")
     return done
 
 
@@ -136,7 +144,7 @@ def _run_one(step: Step, ctx: Context) -> StepResult:
     t0 = time.monotonic()
     ctx.reporter.started(step.name)
     obs: Observation | None = None
-    p: Plan | None = None
+    p: StepPlan | None = None
     try:
         obs = step.check(ctx)
         p = step.plan(ctx, obs)
@@ -154,6 +162,12 @@ def _run_one(step: Step, ctx: Context) -> StepResult:
     except RaydlcError as e:
         result = StepResult(step.name, "failed", p.action if p else "", e.message, list(p.commands) if p else [],
                             obs.state if obs else "", time.monotonic() - t0, error=e)
+    except OSError as e:  # a file raydlc writes (~/.raydlc, the kubeconfig): the path named; exit 2 when it is the user's
+        from raydlc.edges.files import os_error
+
+        err = os_error(e)
+        result = StepResult(step.name, "failed", p.action if p else "", err.message, list(p.commands) if p else [],
+                            obs.state if obs else "", time.monotonic() - t0, error=err)
     except Exception as e:  # a bug or an unmapped library error: keep the traceback for --debug
         result = StepResult(step.name, "failed", p.action if p else "", f"{type(e).__name__}: {e}", [],
                             obs.state if obs else "", time.monotonic() - t0, error=e)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
 
 AT_ONCE = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"})
 CRASH_RESTARTS = 3

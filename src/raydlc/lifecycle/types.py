@@ -32,7 +32,7 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class Plan:
+class StepPlan:
     """What a step would do about an observation, and the exact commands or API calls."""
 
     action: str  # none | create | wait | replace | repair | delete | refuse | blocked
@@ -71,7 +71,7 @@ class Reporter:
 
     def started(self, step: str) -> None: ...
 
-    def acting(self, step: str, plan: Plan) -> None: ...
+    def acting(self, step: str, plan: StepPlan) -> None: ...
 
     def line(self, step: str, text: str) -> None: ...
 

@@ -10,7 +10,7 @@ never leaves half a manifest (or half a set) behind.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,8 @@ import yaml
 
 from raydlc import schemas
 from raydlc.config import Config
+from raydlc.edges.files import write_all
 from raydlc.errors import InputError
-from raydlc.files import write_all
 
 FILES = {
     "eksctl": "eksctl-cluster.yaml",
@@ -31,9 +31,10 @@ KINDS = ("eksctl", "raycluster", "rayjob", "helm", "netpol")
 
 
 def render_all(
-    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None
+    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None, prices: Mapping[str, float] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """filename -> document for every manifest (or only one kind); `zones`: AZs offering the GPU type, best first."""
+    """filename -> document for every manifest (or only one kind); `zones`: AZs offering the GPU type, best first;
+    `prices`: USD per instance-hour the RayJob's budget deadline is priced at (the list prices by default)."""
     from raydlc.render.eksctl import render_eksctl
     from raydlc.render.helm import render_helm
     from raydlc.render.netpol import render_netpol
@@ -49,7 +50,7 @@ def render_all(
     if only in (None, "raycluster"):
         out[FILES["raycluster"]] = render_raycluster(cfg)
     if only in (None, "rayjob"):
-        out[FILES["rayjob"]] = render_rayjob(cfg, code_uri(cfg))
+        out[FILES["rayjob"]] = render_rayjob(cfg, code_uri(cfg), prices)
     if only in (None, "netpol"):
         out[FILES["netpol"]] = render_netpol(cfg)
     for name, doc in out.items():
@@ -59,8 +60,8 @@ def render_all(
 
 def code_uri(cfg: Config) -> str | None:
     """Where raydlc's zip for the RayJob's `py_modules` lives: the cluster's bucket (`code/`); None without one."""
-    from raydlc import codezip
-    from raydlc.render.storage import bucket_of
+    from raydlc.render import codezip
+    from raydlc.render.bucket import bucket_of
 
     bucket = bucket_of(cfg)
     return None if bucket is None else codezip.build().uri(bucket.name)
@@ -91,6 +92,6 @@ def to_yaml_stream(docs: dict[str, dict[str, Any]]) -> str:
 
 
 def write(docs: dict[str, dict[str, Any]], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write each document under out_dir, every file or none (`raydlc.files.write_all`); returns the paths."""
+    """Write each document under out_dir, every file or none (`raydlc.edges.files.write_all`); returns the paths."""
     root = Path(out_dir)
     return write_all({root / name: to_yaml(doc) for name, doc in docs.items()}, "--out")

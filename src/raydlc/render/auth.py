@@ -21,18 +21,12 @@ from raydlc.errors import ConfigError
 
 SECRET_KEY = "auth_token"  # the key KubeRay reads the token from (utils.RAY_AUTH_TOKEN_SECRET_KEY)
 MIN_RAY = (2, 52, 0)  # KubeRay v1.7.0 validation.go: token auth needs Ray 2.52.0 or later
-HEADER = "Authorization"
 TOKEN_BYTES = 32  # 256 bits of randomness
 
 
 def secret_name(cfg: Config) -> str:
     """One Secret per RayCluster, in its namespace, named after it."""
     return f"{cfg.ray.cluster_name}-ray-token"
-
-
-def headers(token: str | None) -> dict[str, str]:
-    """What Ray's own clients send (AUTHORIZATION_HEADER_NAME, AUTHORIZATION_BEARER_PREFIX); nothing without a token."""
-    return {HEADER: f"Bearer {token}"} if token else {}
 
 
 def auth_options(cfg: Config) -> dict[str, Any]:

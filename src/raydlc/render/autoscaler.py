@@ -23,7 +23,7 @@ and `extractAllocatableResourcesFromAsg`). eksctl copies a managed node group's 
 carry only the taint's value, so raydlc writes the taint tag itself in the `tags`, which eksctl
 applies after (and over) its own.
 
-The CA's role (a pod identity, as the Ray pods' S3 role in raydlc.render.storage) may read every
+The CA's role (a pod identity, as the Ray pods' S3 role in raydlc.render.bucket) may read every
 ASG but change only those tagged `k8s.io/cluster-autoscaler/<cluster>=owned`: this cluster's.
 """
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydlc import catalog
 from raydlc.config import Config
+from raydlc.facts import images
 from raydlc.render import nodes
-from raydlc.render.storage import _capped
+from raydlc.render.bucket import _capped
 
 RELEASE = "cluster-autoscaler"  # the Helm release, its Deployment (fullnameOverride) and its service account
 NAMESPACE = "kube-system"
@@ -44,7 +44,7 @@ ENABLED_TAG = "k8s.io/cluster-autoscaler/enabled"
 TEMPLATE = "k8s.io/cluster-autoscaler/node-template/"
 EMPTY_NODE_MINUTES = 2
 # Kubernetes' example requests for the CA (its chart sets none); the system node leaves room for them
-# beside the operator, CoreDNS and the head's autoscaler sidecar (raydlc.render.sizing, SYSTEM_PODS_*).
+# beside the operator, CoreDNS and the head's autoscaler sidecar (raydlc.render.sizing, system_node_pods).
 RESOURCES = {"requests": {"cpu": "100m", "memory": "600Mi"}, "limits": {"memory": "600Mi"}}
 
 # Reads on "*" as the CA README lists them ("Full Cluster Autoscaler Features Policy"): ASG discovery,
@@ -79,7 +79,7 @@ def role_name(cfg: Config) -> str:
 def asg_tags(cfg: Config, efa_interfaces: int) -> dict[str, str]:
     """The GPU node group's tags for discovery and for scale-from-zero (eksctl propagates them to the ASG)."""
     tags = {ENABLED_TAG: "true", cluster_tag(cfg): "owned"}
-    tags.update({f"{TEMPLATE}label/{k}": v for k, v in nodes.gpu_labels().items()})
+    tags.update({f"{TEMPLATE}label/{k}": v for k, v in nodes.gpu_labels(cfg).items()})
     tags.update({f"{TEMPLATE}taint/{t['key']}": f"{t['value']}:{t['effect']}" for t in nodes.gpu_taints(cfg)})
     tags[f"{TEMPLATE}resources/{nodes.GPU_RESOURCE}"] = str(cfg.gpu_nodes.gpus_per_node)
     tags[f"{TEMPLATE}resources/{nodes.EFA_RESOURCE}"] = str(efa_interfaces)
@@ -127,8 +127,8 @@ def values(cfg: Config) -> dict[str, Any]:
         "awsRegion": cfg.cluster.region,
         "autoDiscovery": {"clusterName": cfg.cluster.name},
         "fullnameOverride": RELEASE,
-        "image": {"repository": catalog.CLUSTER_AUTOSCALER_REPOSITORY,
-                  "tag": catalog.cluster_autoscaler_image(cfg.cluster.k8s_version) or ""},
+        "image": {"repository": images.CLUSTER_AUTOSCALER_REPOSITORY,
+                  "tag": images.cluster_autoscaler_image(cfg.cluster.k8s_version) or ""},
         "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT}},
         "extraArgs": args(cfg),
         "nodeSelector": nodes.system_labels(),

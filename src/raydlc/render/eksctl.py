@@ -16,7 +16,7 @@ from typing import Any
 
 from raydlc.config import Config, zone_problem
 from raydlc.errors import InputError
-from raydlc.render import autoscaler, nodes, storage
+from raydlc.render import autoscaler, bucket, nodes
 
 API_VERSION = "eksctl.io/v1alpha5"
 OWNER_TAG = "raydlc.io/cluster"  # on every AWS resource of the cluster; `raydlc down` refuses clusters without it
@@ -90,6 +90,19 @@ def _elastic(cfg: Config, gpu: dict[str, Any]) -> None:
     gpu["tags"] = {**gpu["tags"], **autoscaler.asg_tags(cfg, it.efa_interfaces if it is not None else 1)}
 
 
+def spot(cfg: Config) -> bool:
+    """Whether the GPU node group asks for Spot capacity. eksctl v0.230.0's ManagedNodeGroup `spot: true`
+    becomes the AWS::EKS::Nodegroup's CapacityType SPOT (pkg/cfn/builder/managed_nodegroup.go); it keeps the
+    one `instanceType` (eksctl refuses instanceType with instanceTypes) and the group's one AZ and EFA.
+    The system group never does."""
+    return cfg.gpu_nodes.capacity_type != "on-demand"
+
+
+def on_demand(cfg: Config) -> Config:
+    """The same config with the GPU nodes on-demand: spot-then-on-demand's fallback group."""
+    return cfg.model_copy(update={"gpu_nodes": cfg.gpu_nodes.model_copy(update={"capacity_type": "on-demand"})})
+
+
 def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, Any]:
     cluster_azs, gpu_az = availability_zones(cfg, zones)
     sysn, gpun = cfg.system_nodes, cfg.gpu_nodes
@@ -99,21 +112,24 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
     )
     gpu = _nodegroup(
         gpun.nodegroup_name, gpun.instance_type, gpun.count, gpun.volume_size_gb, cfg.cluster.ami_family,
-        nodes.gpu_labels(),
+        nodes.gpu_labels(cfg),
     )
     for ng in (system, gpu):
         ng["tags"] = {OWNER_TAG: cfg.cluster.name}
     gpu["availabilityZones"] = [gpu_az]
     gpu["efaEnabled"] = True
+    if spot(cfg):
+        gpu["spot"] = True
     taints = nodes.gpu_taints(cfg)
     if taints:
         gpu["taints"] = taints
     if autoscaler.enabled(cfg):
         _elastic(cfg, gpu)
     iam: dict[str, Any] = {"withOIDC": True}
-    # Pod identities (eks-pod-identity-agent, rendered above, serves them): the Ray pods' S3 access
-    # (raydlc.render.storage) and the Cluster Autoscaler's ASG access (raydlc.render.autoscaler).
-    associations = [a for a in (storage.pod_identity(cfg), autoscaler.pod_identity(cfg)) if a is not None]
+    # Pod identities (eks-pod-identity-agent, rendered above, serves them): the Ray head's and workers' S3 access
+    # (raydlc.render.bucket) and the Cluster Autoscaler's ASG access (raydlc.render.autoscaler).
+    ca = autoscaler.pod_identity(cfg)
+    associations = [*bucket.pod_identities(cfg), *([ca] if ca is not None else [])]
     if associations:
         iam["podIdentityAssociations"] = associations
     return {

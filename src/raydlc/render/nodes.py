@@ -16,11 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from raydlc.config import Config
+from raydlc.facts import instances
 
 ROLE = "role"
 SYSTEM_ROLE = "system"
 GPU_ROLE = "gpu-worker"
 GPU_PRESENT = "nvidia.com/gpu.present"  # the NVIDIA chart's default node affinity keys on it
+# The Cluster Autoscaler 1.36 (cloudprovider/aws GPULabel) sees a GPU node by this label or by allocatable
+# nvidia.com/gpu (utils/gpu NodeHasGpu). A labelled node whose device plugin has not registered yet is
+# "resource unready" (processors/customresources/gpu_processor.go FilterOutNodesWithUnreadyResources), so the CA
+# counts it as still coming up; an unlabelled one looks Ready with no GPU, and the CA adds more nodes for the
+# pending worker pods, up to the group's maximum.
+ACCELERATOR = "k8s.amazonaws.com/accelerator"
 
 GPU_TAINT_KEY = "aws.amazon.com/efa"
 GPU_TAINT_VALUE = "true"
@@ -34,8 +41,12 @@ def system_labels() -> dict[str, str]:
     return {ROLE: SYSTEM_ROLE}
 
 
-def gpu_labels() -> dict[str, str]:
-    return {ROLE: GPU_ROLE, GPU_PRESENT: "true"}
+def gpu_labels(cfg: Config) -> dict[str, str]:
+    """The GPU node group's labels: on the nodes (eksctl) and in the ASG's node-template tags (the CA)."""
+    labels = {ROLE: GPU_ROLE, GPU_PRESENT: "true"}
+    if accelerator := instances.accelerator_label(cfg.gpu_nodes.instance_type):
+        labels[ACCELERATOR] = accelerator
+    return labels
 
 
 def gpu_taints(cfg: Config) -> list[dict[str, str]]:

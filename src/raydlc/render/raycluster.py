@@ -19,11 +19,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from raydlc import catalog
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
-from raydlc.render import auth, autoscaler, nodes, storage
-from raydlc.render.sizing import head_size, worker_size
+from raydlc.facts import instances
+from raydlc.render import auth, autoscaler, bucket, eksctl, nodes
+from raydlc.render.sizing import SUBMITTER, head_size, worker_size
 
 API_VERSION = "ray.io/v1"
 CLUSTER_LABEL = "raydlc.io/cluster"  # on every pod of one Ray cluster; the NetworkPolicy keys on it
@@ -40,8 +40,34 @@ SECRET_KEYS = ("HF_TOKEN",)
 STOP_RAY = "ray stop"  # the pod's own preStop hook: runs inside the Ray container, never on this machine
 
 
-def _pre_stop() -> dict[str, Any]:
-    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", STOP_RAY]}}}
+# A Spot GPU node's reclaim reaches Ray through its pod (GPU_CAPACITY_TYPE spot*). On an EC2 Spot interruption
+# notice (two minutes before the instance goes) or a rebalance recommendation, an EKS managed node group cordons
+# and drains the node: its pods are evicted, and each runs its preStop hook inside terminationGracePeriodSeconds
+# before SIGTERM (EKS User Guide, managed node groups "Capacity types"; Kubernetes "Container hooks"). The GPU
+# worker's hook first tells Ray's GCS that this node is going (`ray drain-node` with reason PREEMPTION and the
+# reclaim deadline; Ray 2.58 python/ray/scripts/scripts.py: the node defaults to this one, the address to
+# RAY_ADDRESS, which KubeRay v1.7.0 sets in every Ray container, common/pod.go), so Ray Train's preemption
+# watcher (ray.train.get_preemption_info(), polling GCS's draining nodes) tells the training loop while the node
+# still works; the hook then holds the pod for the window the loop has to checkpoint, and stops Ray.
+SPOT_NOTICE_S = 120  # EC2's Spot interruption notice: the instance goes two minutes after it
+# Ray Train (2.58) ends the attempt at the deadline: it tears the workers down and restarts them under
+# max_preemption_failures. A worker killed before that by `ray stop` (SIGTERM: its node's death reads as an expected
+# termination, not a preemption) would be charged to MAX_FAILURES, so the deadline falls inside the hold.
+DRAIN_DEADLINE_S = 95  # what Ray is told: the node goes this long after the drain (the notice, less EKS's reaction)
+DRAIN_HOLD_S = 100  # the preStop hook keeps the Ray node alive at most this long for the checkpoint, then stops Ray
+TRAIN_WORKER = "ray::RayTrainWorker"  # the process title of a Ray Train v2 worker actor (ray.train.v2._internal.execution.worker_group.worker)
+SPOT_GRACE_S = 110  # the GPU worker pod's terminationGracePeriodSeconds: the hold and `ray stop`, inside the notice
+DRAIN_REASON = "DRAIN_NODE_REASON_PREEMPTION"
+# The hold ends early once no Ray Train worker runs here (the attempt ended after its checkpoint, or the node was
+# idle: Ray's autoscaler removing an idle worker pod need not wait); without pgrep it holds the whole window.
+DRAIN_RAY = (f"ray drain-node --reason={DRAIN_REASON} --reason-message='EKS is draining this Spot node' "
+             f"--deadline-remaining-seconds={DRAIN_DEADLINE_S} || echo 'raydlc: ray drain-node failed' >&2; "
+             f"t=0; while [ $t -lt {DRAIN_HOLD_S} ] && {{ ! command -v pgrep >/dev/null || pgrep -f '{TRAIN_WORKER}' >/dev/null; }}; "
+             f"do sleep 1; t=$((t+1)); done; {STOP_RAY}")
+
+
+def _pre_stop(drain: bool = False) -> dict[str, Any]:
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", DRAIN_RAY if drain else STOP_RAY]}}}
 
 
 def _volume_mounts() -> list[dict[str, Any]]:
@@ -69,19 +95,21 @@ def worker_env(cfg: Config) -> dict[str, str]:
     env = {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0"}
     if cfg.ray.nccl_net:
         env["NCCL_NET"] = cfg.ray.nccl_net
-    it = catalog.instance_type(cfg.gpu_nodes.instance_type)
+    it = instances.instance_type(cfg.gpu_nodes.instance_type)
     if it is not None and it.gpudirect_rdma:
         env["FI_EFA_USE_DEVICE_RDMA"] = "1"
     return env
 
 
-def _identity(cfg: Config) -> dict[str, Any]:
-    """The service account whose pod identity may write the run prefix (raydlc.render.storage); none without a bucket."""
-    return {"serviceAccountName": storage.SERVICE_ACCOUNT} if storage.bucket_of(cfg) is not None else {}
+def _identity(cfg: Config, account: str) -> dict[str, Any]:
+    """The service account whose pod identity may write the run prefix (raydlc.render.bucket); none without a bucket.
+    The head's (`bucket.SERVICE_ACCOUNT`) is also the one KubeRay binds its autoscaler Role to; the workers'
+    (`bucket.WORKER_SERVICE_ACCOUNT`) is bound to nothing."""
+    return {"serviceAccountName": account} if bucket.bucket_of(cfg) is not None else {}
 
 
 def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
-    size = head_size(cfg.system_nodes.instance_type, cfg.total_gpus)
+    size = head_size(cfg.system_nodes.instance_type, cfg.total_gpus, autoscaler.enabled(cfg))
     container = {
         "name": "ray-head",
         "image": cfg.images.dlc_image,
@@ -100,7 +128,7 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
         "template": {
             "metadata": {"labels": {CLUSTER_LABEL: instance}},
             "spec": {
-                **_identity(cfg),
+                **_identity(cfg, bucket.SERVICE_ACCOUNT),
                 "nodeSelector": nodes.system_labels(),
                 "containers": [container],
                 "volumes": _volumes(),
@@ -112,7 +140,7 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
 def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
     gpun = cfg.gpu_nodes
     size = worker_size(gpun.instance_type)
-    it = catalog.instance_type(gpun.instance_type)
+    it = instances.instance_type(gpun.instance_type)
     assert it is not None  # worker_size raised otherwise
     devices = {nodes.GPU_RESOURCE: str(gpun.gpus_per_node), nodes.EFA_RESOURCE: str(it.efa_interfaces)}
     container = {
@@ -122,14 +150,16 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
         "env": _env(worker_env(cfg)) + _secret_env(),
         "resources": size.resources(devices),
         "volumeMounts": _volume_mounts(),
-        "lifecycle": _pre_stop(),
+        "lifecycle": _pre_stop(drain=eksctl.spot(cfg)),
     }
     spec: dict[str, Any] = {
-        **_identity(cfg),
+        **_identity(cfg, bucket.WORKER_SERVICE_ACCOUNT),
         "nodeSelector": {nodes.ROLE: nodes.GPU_ROLE},
         "containers": [container],
         "volumes": _volumes(),
     }
+    if eksctl.spot(cfg):
+        spec["terminationGracePeriodSeconds"] = SPOT_GRACE_S
     tolerations = nodes.gpu_tolerations(cfg)
     if tolerations:
         spec["tolerations"] = tolerations
@@ -234,7 +264,7 @@ def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
 
 def _submitter(cfg: Config, instance: str) -> dict[str, Any]:
     """The K8sJobMode submitter pod, labelled as a pod of the cluster it submits to, so that head's NetworkPolicy admits it."""
-    q = {"cpu": "500m", "memory": "1Gi"}
+    q = {"cpu": f"{SUBMITTER.cpu_m}m", "memory": f"{SUBMITTER.memory_mi // 1024}Gi"}  # counted on the system node
     return {
         "metadata": {"labels": {CLUSTER_LABEL: instance}},
         "spec": {
@@ -257,7 +287,7 @@ def check_model(cfg: Config) -> None:
     """The job's MODEL_ID must be something the training program can build: a built-in spec, a
     hub id, or a directory whose config.json names a supported architecture (read here, on the
     machine that renders; the job reads the same path on the cluster)."""
-    from raydlc.models import spec_for
+    from raydlc.facts.models import spec_for
 
     try:
         spec_for(cfg.train.model_id)
@@ -282,7 +312,7 @@ def job_deadline(cfg: Config, prices: Mapping[str, float] | None = None) -> int:
     """activeDeadlineSeconds: JOB_DEADLINE_S, or sooner the time JOB_MAX_COST_USD buys at the list
     price of the job's GPU nodes (`prices`: USD per instance-hour, the catalogue's by default); a
     budget with no price, or too small for start-up and a step, is refused here, before submission."""
-    from raydlc.train import budget
+    from raydlc.planner import budget
 
     usd = cfg.train.max_cost_usd
     if usd is None:
@@ -296,15 +326,18 @@ def job_deadline(cfg: Config, prices: Mapping[str, float] | None = None) -> int:
 def render_rayjob(cfg: Config, code_uri: str | None = None, prices: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The RayJob on the RayCluster `up` made (`clusterSelector`): no second head, and KubeRay never deletes that
     cluster when the job ends (rayjob_controller.go skips deletion for a clusterSelector job, so neither
-    shutdownAfterJobFinishes nor a TTL is rendered). `code_uri` is raydlc's zip in the bucket (raydlc.codezip)."""
+    shutdownAfterJobFinishes nor a TTL is rendered). `code_uri` is raydlc's zip in the bucket (raydlc.render.codezip)."""
     check_storage(cfg)
     check_model(cfg)
     check_on_standing_cluster(cfg)
     deadline = job_deadline(cfg, prices)
     name = cfg.ray.job_name
+    env = runtime_env(cfg, code_uri)
+    # The job's own driver stops at the deadline too: KubeRay v1.7.0 only marks a clusterSelector RayJob Failed there.
+    env["env_vars"][FIELDS["JOB_DEADLINE_S"].env_var] = str(deadline)
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
-        "runtimeEnvYAML": json.dumps(runtime_env(cfg, code_uri), indent=2, sort_keys=True),
+        "runtimeEnvYAML": json.dumps(env, indent=2, sort_keys=True),
         "clusterSelector": {CLUSTER_SELECTOR_KEY: cfg.ray.cluster_name},
         "activeDeadlineSeconds": deadline,
         "submissionMode": cfg.ray.submission_mode,

@@ -3,22 +3,28 @@
 Settings come from the same `RAYDLC_*` variables and YAML as the CLI (the job's runtime env
 carries them), flags and `--set NAME=VALUE` override; there are no laptop defaults here: the
 model, step count and workers (one per GPU) are the cluster's. The last stdout line is the
-summary as JSON.
+summary as JSON. Given `JOB_DEADLINE_S` (a rendered RayJob carries its activeDeadlineSeconds so), the
+driver stops the run that long after it started, exit 1, its checkpoints kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from raydlc.errors import RaydlcError
-from raydlc.output import emit_json, err_console
+from raydlc.views.output import emit_json, err_console
+
+if TYPE_CHECKING:
+    from raydlc.config import Config
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The training settings' options, built from their fields as `raydlc train`'s are (raydlc.flags)."""
-    from raydlc import flags
+    """The training settings' options, built from their fields as `raydlc train`'s are (raydlc.config.flags)."""
+    from raydlc.config import flags
 
     ap = argparse.ArgumentParser(prog="python -m raydlc.train", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--config", help="raydlc.yaml (default: ./raydlc.yaml or $RAYDLC_CONFIG)")
@@ -39,12 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         overrides.update({k: v for k, v in vars(ns).items() if k.isupper() and v is not None})
         cfg = load_config(ns.config, overrides=overrides)
         address = None if ns.local and ns.address == "auto" else ns.address
-        summary = launch.run(launch.settings(cfg, local=ns.local), launch.target(cfg, local=ns.local, address=address), on_progress=_print_progress)
+        where = replace(launch.target(cfg, local=ns.local, address=address), deadline_at=deadline_at(cfg, time.time()))
+        summary = launch.run(launch.settings(cfg, local=ns.local), where, on_progress=_print_progress)
     except RaydlcError as e:
         err_console.print(f"error: {e}", highlight=False)
         return e.exit_code
     emit_json(summary)
     return 0
+
+
+def deadline_at(cfg: Config, now: float) -> float | None:
+    """When this driver stops the run: JOB_DEADLINE_S from now when the job was given one (a RayJob carries its
+    activeDeadlineSeconds so, since KubeRay v1.7.0 only marks a clusterSelector RayJob Failed there); else never."""
+    return now + cfg.ray.job_deadline_s if cfg.origin("JOB_DEADLINE_S") != "default" else None
 
 
 def _print_progress(rec: dict[str, Any]) -> None:
@@ -54,12 +67,22 @@ def _print_progress(rec: dict[str, Any]) -> None:
         print(f"step {rec['step']}: loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s  {rec['step_time_s']:.3f} s{cost_note(rec.get('cost'))}", flush=True)
     elif rec.get("stage") == "stalled":
         print(f"stall guard: {rec['reason']}; evidence: {rec['evidence']}", flush=True)
+    elif rec.get("stage") == "deadline":
+        print(f"deadline: {rec['reason']}", flush=True)
+    elif rec.get("preempted"):
+        print(f"step {rec['step']}: {preempted_line(rec)}", flush=True)
     elif rec.get("resumed"):
         print(f"step {rec['step']}: resumed from its checkpoint", flush=True)
 
 
+def preempted_line(rec: dict[str, Any]) -> str:
+    """What a drain notice's progress record (train.preempt.Notice.record) says to the user."""
+    return (f"preempted (a drain notice for ranks {rec.get('preempted_ranks')}): the checkpoint of step {rec['step']} is saved; "
+            "Ray Train restarts from it when the nodes are back")
+
+
 def cost_note(cost: dict[str, Any] | None) -> str:
-    """`  $1.20 spent of $5.00, forecast $4.10`: what `raydlc job status` reads back from the log (raydlc.jobs.latest_cost)."""
+    """`  $1.20 spent of $5.00, forecast $4.10`: what `raydlc job status` reads back from the log (raydlc.jobs.control.latest_cost)."""
     if not cost:
         return ""
     forecast = f", forecast ${cost['forecast_usd']:.2f}" if cost.get("forecast_usd") is not None else ""

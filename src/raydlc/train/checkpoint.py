@@ -17,6 +17,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -107,12 +108,13 @@ def verify_remote(uri: str) -> Manifest:
     """A checkpoint in remote storage, checked without downloading it: the manifest and every
     file's size. The SHA-256s are checked by each worker after its download (`load`)."""
     from raydlc import storage
+    from raydlc.edges.storage import file_sizes, read_text
 
     hint = "resume from an earlier checkpoint (RESUME_FROM), or start without --resume"
     try:
-        raw = json.loads(storage.read_text(storage.join(uri, MANIFEST)))
+        raw = json.loads(read_text(storage.join(uri, MANIFEST)))
         m = Manifest(int(raw["step"]), int(raw["world_size"]), dict(raw["files"]), dict(raw.get("meta", {})))
-        sizes = storage.file_sizes(uri)
+        sizes = file_sizes(uri)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint {uri} is partial or unreadable: {e}", hint=hint) from e
     for name, want in sorted(m.files.items()):
@@ -126,10 +128,11 @@ def verify_remote(uri: str) -> Manifest:
 def latest(storage_path: str | Path) -> str | None:
     """The newest checkpoint of the newest run under `storage_path` that has one (a path or a URI)."""
     from raydlc import storage
+    from raydlc.edges.storage import list_dirs
 
     root = str(storage_path)
-    for run in reversed(storage.list_dirs(root)):
-        steps = sorted(((int(m.group(1)), name) for name in storage.list_dirs(storage.join(root, run)) if (m := _NAME.match(name))), reverse=True)
+    for run in reversed(list_dirs(root)):
+        steps = sorted(((int(m.group(1)), name) for name in list_dirs(storage.join(root, run)) if (m := _NAME.match(name))), reverse=True)
         if steps:
             found = storage.join(root, run, steps[0][1])
             return found if storage.is_uri(found) else str(Path(found))
@@ -168,18 +171,51 @@ def save(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
     """Collective: every rank writes its shards into its own staging `directory`; rank 0 adds the manifest.
 
     Staging directories may be different folders (or machines); the manifest lists the union
-    of what all ranks wrote, gathered over the process group.
+    of what all ranks wrote, gathered over the process group. The blocking form of `start` + `seal`.
     """
-    import torch
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory.mkdir(parents=True, exist_ok=True)
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, storage_writer=dcp.FileSystemWriter(str(directory), single_file_per_rank=True))
+    _save_extra(directory, step=step, rank=rank, extra=extra)
+    seal(directory, file_digests(directory), step=step, rank=rank, world_size=world_size, meta=meta)
+
+
+def _save_extra(directory: Path, *, step: int, rank: int, extra: dict[str, Any]) -> None:
+    import torch
+
     torch.save({"step": step, "rank": rank, "rng": rng_state(), **extra}, directory / f"extra_rank{rank}.pt")
-    mine = file_digests(directory)
+
+
+def start(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, rank: int, extra: dict[str, Any], group: Any) -> Future[dict[str, Any]]:
+    """Collective: the start of an asynchronous save; a future of this rank's file digests.
+
+    DCP's `async_save` copies this rank's shards to host memory now (the only part the loop
+    waits for), then writes them in a thread, coordinating the ranks over `group`: a gloo group
+    of its own, so the thread's collectives never interleave with the training's. A second
+    thread waits for the write and hashes the files, so the manifest's SHA-256s cost the loop nothing.
+    Training may change the weights as soon as this returns. `seal` finishes the checkpoint.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    directory.mkdir(parents=True, exist_ok=True)
+    _save_extra(directory, step=step, rank=rank, extra=extra)
+    msd, osd = get_state_dict(model, optimizer)
+    written = dcp.async_save({"model": msd, "optim": osd}, storage_writer=dcp.FileSystemWriter(str(directory), single_file_per_rank=True), process_group=group)
+    return _HASHER.submit(lambda: (written.result(), file_digests(directory))[1])
+
+
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raydlc-ckpt-hash")  # waits for each write, then hashes its files
+
+
+def seal(directory: Path, mine: dict[str, Any], *, step: int, rank: int, world_size: int, meta: dict[str, Any]) -> None:
+    """Collective: gather every rank's file digests; rank 0 writes the manifest (atomically: a
+    directory without it is partial). Call once every rank's files are written."""
+    import torch.distributed as dist
+
     gathered: list[dict[str, Any] | None] = [None] * world_size
     dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -192,6 +228,19 @@ def save(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
         os.replace(tmp, directory / MANIFEST)
 
 
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints (with a manifest) directly under
+    `root`; never one without a manifest (it may still be arriving). Returns what it deleted.
+    For storage raydlc writes itself (torchrun); under Ray Train, CheckpointConfig.num_to_keep."""
+    import shutil
+
+    done = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / MANIFEST).is_file())
+    old = [p for _, p in done[:-keep]] if keep > 0 else []
+    for p in old:
+        shutil.rmtree(p)
+    return old
+
+
 def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> dict[str, Any]:
     """Verify, then load model + optimizer shards (resharding if the world size changed) and this rank's extras.
 
@@ -200,10 +249,11 @@ def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimiz
     import tempfile
 
     from raydlc import storage
+    from raydlc.edges.storage import download
 
     if storage.is_uri(str(directory)):
         with tempfile.TemporaryDirectory(prefix="raydlc-resume-") as tmp:
-            return _load_local(storage.download(str(directory), Path(tmp)), model, optimizer, rank=rank)
+            return _load_local(download(str(directory), Path(tmp)), model, optimizer, rank=rank)
     return _load_local(Path(directory), model, optimizer, rank=rank)
 
 

@@ -1,7 +1,7 @@
 """From settings to a finished run: prepare the inputs in the driver, resolve the run on what Ray
 grants, run TorchTrainer, and summarise from what Ray hands back.
 
-The request is one `TrainConfig` and `Target` says where the run goes; neither is rebound.
+The request is one `TrainConfig` and `RunTarget` (train.runspec) says where the run goes; neither is rebound.
 Everything that can be wrong with the input is found in `prepare` (train.prepare), before Ray
 starts a worker; the run is resolved once, here, from the workers Ray can place, into the
 RunSpec every worker receives (train.resolve). Progress and metrics come back through Ray (an
@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc import rayedge, storage
+from raydlc import storage
 from raydlc.config import TrainConfig, with_local_defaults
+from raydlc.edges import poll, ray_runtime
 from raydlc.errors import TrainError
-from raydlc.train.prepare import Checked, Prepared, check, prepare
+from raydlc.train.prepare import Checked, check, prepare
 from raydlc.train.resolve import Granted, resolve, resolve_resources
-from raydlc.train.runspec import Crash, Hang, RunSpec
+from raydlc.train.runspec import Prepared, RunSpec, RunTarget
 
 if TYPE_CHECKING:
     from raydlc.config import Config
@@ -34,23 +36,6 @@ NODE_WAIT_S = 600.0  # on a cluster, how long to wait for worker nodes still joi
 # GPU workers scaling up from zero: as long as `submit` follows them (coldstart.NODE_PROVISION_S + POD_START_S)
 COLD_WAIT_S = 30 * 60.0
 PROGRESS_EVERY_S = 1.0  # how often the driver drains rank 0's progress (rank 0 posts at most this often too)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a run goes, beside what it trains."""
-
-    address: str | None = None  # a Ray head to join; None: RAY_ADDRESS, else a local Ray started here
-    instance_type: str | None = None  # the GPU nodes' type: what `SHARDING=auto` plans with
-    log_to_driver: bool = True
-    env: dict[str, str] = field(default_factory=dict)  # extra worker environment
-    crash: Crash | None = None  # fault injection for tests and drills
-    hang: Hang | None = None  # fault injection for the stall guard's test
-    usd_per_hour: float | None = None  # the run's GPU nodes' price, given (tests, a negotiated rate); None: the list price of instance_type
-
-    @property
-    def local(self) -> bool:
-        return self.address is None and rayedge.address_from_env() is None
 
 
 def settings(cfg: Config, *, local: bool) -> TrainConfig:
@@ -78,10 +63,10 @@ def absolute_paths(train: TrainConfig, cwd: Path | None = None) -> TrainConfig:
     return train.updated(**changed) if changed else train
 
 
-def target(cfg: Config, *, local: bool, address: str | None = None) -> Target:
+def target(cfg: Config, *, local: bool, address: str | None = None) -> RunTarget:
     """Where the run goes; a run that joins a cluster (not local, or given an address) plans with
     the config's GPU node type, which a local Ray does not have."""
-    where = Target(address=address)
+    where = RunTarget(address=address)
     return where if local and where.local else replace(where, instance_type=cfg.gpu_nodes.instance_type)
 
 
@@ -92,7 +77,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 
 def run(
-    train: TrainConfig, where: Target | None = None, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None,
+    train: TrainConfig, where: RunTarget | None = None, *, on_progress: ProgressFn | None = None, prepared: Prepared | None = None,
     checked: Checked | None = None,
 ) -> dict[str, Any]:
     """Check, start (or join) Ray, prepare the dataset on it, resolve the run on what it grants, train, and summarise.
@@ -101,19 +86,20 @@ def run(
     per GPU) they wait for the cluster's resources. The dataset is prepared (Ray Data) or found
     before any worker starts.
     """
-    where = where or Target()
+    train.refuse_lora("the training program")  # whatever started it (a RayJob, python -m raydlc.train): before Ray
+    where = where or RunTarget()
     started = time.time()  # a budget's clock: the run occupies its nodes from here
     if prepared is None and checked is None and train.num_workers > 0:
         checked = check(train, where)  # before Ray starts
-    with rayedge.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
+    with ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         if not where.local and train.use_gpu and train.num_workers > 0:  # GPU workers that may be at zero come when asked for
-            rayedge.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
-        resources = rayedge.cluster_resources()
+            ray_runtime.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
+        resources = ray_runtime.cluster_resources()
         workers = resolve_resources(train, resources)
         p = prepared or prepare(train, where, workers=workers.num_workers, checked=checked, on_progress=on_progress)
         if on_progress is not None:
             on_progress({"stage": "training", "steps": train.steps})
-        slots = rayedge.node_capacities(
+        slots = ray_runtime.node_capacities(
             "GPU" if workers.use_gpu else "CPU", at_least=workers.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
         )
         spec = resolve(train, where, p, Granted(resources, tuple(slots)), started_at=started, now=time.time())
@@ -122,13 +108,13 @@ def run(
         return summary if checked is None else {**summary, "preflight": checked}
 
 
-def _preflight(spec: RunSpec, where: Target, storage_path: str) -> dict[str, Any]:
+def _preflight(spec: RunSpec, where: RunTarget, storage_path: str) -> dict[str, Any]:
     """The collective bandwidth check on the workers the job will use; a failure stops the run here.
 
     A network verdict needs several GPU nodes of a known type; on CPUs (gloo) the figures are
     reported without one.
     """
-    from raydlc import preflight
+    from raydlc.checks import preflight
 
     mesh = spec.mesh
     per_node = mesh.ranks_per_node[0] if len(set(mesh.ranks_per_node)) == 1 else None
@@ -140,13 +126,27 @@ def _preflight(spec: RunSpec, where: Target, storage_path: str) -> dict[str, Any
     return report.to_dict()
 
 
-def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | None) -> dict[str, Any]:
+# The CUDA caching allocator maps memory in growable segments instead of fixed blocks: FSDP2's
+# all-gather and reduce-scatter buffers of different sizes come and go every unit, and without it
+# the freed blocks fragment the pool (reserved far above allocated, OOM with memory free).
+GPU_WORKER_ENV: dict[str, str] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def worker_env(spec: RunSpec, extra: dict[str, str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The training workers' environment: Ray's (edges.ray_runtime), and on GPU workers
+    GPU_WORKER_ENV, where a value in the driver's environment (`environ`) or `extra` wins."""
+    env = os.environ if environ is None else environ
+    gpu = {k: env.get(k, v) for k, v in GPU_WORKER_ENV.items()} if spec.use_gpu else {}
+    return {**ray_runtime.worker_env(), **gpu, **(extra or {})}
+
+
+def _fit(spec: RunSpec, p: Prepared, where: RunTarget, on_progress: ProgressFn | None) -> dict[str, Any]:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     from raydlc.train.loop import train_func
     from raydlc.train.stall import StallGuard, Watch
 
-    box = rayedge.mailbox()
+    box = ray_runtime.mailbox()
     progress_file = None if storage.is_uri(spec.run_dir) else Path(spec.run_dir) / "progress.jsonl"
     stop = threading.Event()
     guard = StallGuard.of(spec.train.stall_minutes, spec.train.stall_first_minutes)
@@ -157,13 +157,13 @@ def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | No
         run_config=RunConfig(
             name=spec.run_name,
             storage_path=p.storage,
-            failure_config=FailureConfig(max_failures=spec.train.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=None),
-            worker_runtime_env={"env_vars": rayedge.worker_env(where.env)},
+            failure_config=FailureConfig(max_failures=spec.train.max_failures, max_preemption_failures=spec.train.max_preemptions),
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.train.checkpoint_keep or None),
+            worker_runtime_env={"env_vars": worker_env(spec, where.env)},
         ),
     )
     t0 = time.perf_counter()
-    follower = _Follower(box, on_progress, progress_file, stop, guard, Watch(since=time.monotonic()), spec, trainer)
+    follower = _Follower(box, on_progress, progress_file, stop, guard, Watch(since=time.monotonic()), spec, trainer, deadline_at=where.deadline_at)
     watcher = threading.Thread(target=follower.run, daemon=True)
     watcher.start()
     try:
@@ -172,13 +172,17 @@ def _fit(spec: RunSpec, p: Prepared, where: Target, on_progress: ProgressFn | No
         if follower.stalled is not None:
             raise follower.stalled from None
         hint = f"worker logs are in Ray's session dir; checkpoints under {spec.run_dir}"
-        raise rayedge.run_error(e, f"training run {spec.run_name}", hint) from e
+        raise ray_runtime.run_error(e, f"training run {spec.run_name}", hint) from e
     finally:
         stop.set()
         watcher.join(timeout=5)
     if follower.stalled is not None:
         raise follower.stalled
     return _summary(spec, p, result, time.perf_counter() - t0)
+
+
+class DeadlinePassed(TrainError):
+    """The job's deadline passed before the run ended; the driver stopped it (exit 1), its checkpoints kept."""
 
 
 def _trainer_class() -> type:
@@ -214,7 +218,8 @@ class _Follower:
     watch: Any  # train.stall.Watch
     spec: RunSpec
     trainer: Any
-    stalled: Exception | None = None
+    stalled: Exception | None = None  # why the run was aborted: a stall, or its deadline
+    deadline_at: float | None = None  # RunTarget.deadline_at
 
     def run(self) -> None:
         while True:
@@ -222,14 +227,26 @@ class _Follower:
             self.take(self.drain())
             if last:
                 return
+            if self.deadline_at is not None and time.time() >= self.deadline_at:
+                self.end_deadline()
+                return
             decision = self.guard.check(time.monotonic(), self.watch.since, self.watch.step, first=self.watch.first)
             if decision.stalled:
                 self.end_stalled(decision)
                 return
 
+    def end_deadline(self) -> None:
+        """Past the job's deadline: set the error the run ends with and abort it (KubeRay would leave it running)."""
+        self.stalled = DeadlinePassed(
+            f"training run {self.spec.run_name} stopped: past its deadline (JOB_DEADLINE_S, or what JOB_MAX_COST_USD buys; "
+            "the RayJob's activeDeadlineSeconds)", hint=f"its checkpoints under {self.spec.run_dir} are kept: --resume continues from the last")
+        if self.on_progress is not None:
+            self.on_progress({"stage": "deadline", "reason": str(self.stalled)})
+        self._abort()
+
     def drain(self) -> list[dict[str, Any]]:
         try:
-            records = rayedge.drain(self.box)
+            records = ray_runtime.drain(self.box)
         except Exception:
             return []
         now = time.monotonic()
@@ -255,7 +272,7 @@ class _Follower:
         b = self.spec.budget
         if b is None or "loss" not in rec:
             return rec
-        from raydlc.train.budget import spend
+        from raydlc.planner.budget import spend
 
         return {**rec, "cost": spend(b, time.time(), step=rec["step"], steps=self.spec.train.steps, step_s=rec.get("step_time_s")).to_dict()}
 
@@ -263,19 +280,24 @@ class _Follower:
         """Ask every rank for its stacks, write the evidence, set the error the run ends with, abort the run."""
         from raydlc.train import stall
 
+        def stacks_in() -> bool:
+            """Whether every rank's stacks came; if not, what the mailbox holds is taken in."""
+            if set(self.watch.ranks) <= set(self.watch.stacks):
+                return True
+            self.take(self.drain())
+            return False
+
         try:
             self.box.ask.remote("stacks")
-            deadline = time.monotonic() + 3 * self.guard.beat_every_s() + 5.0
-            while time.monotonic() < deadline and not set(self.watch.ranks) <= set(self.watch.stacks):
-                time.sleep(0.5)
-                self.take(self.drain())
+            poll.until(stacks_in, bool, what="every rank's stacks", timeout=3 * self.guard.beat_every_s() + 5.0, interval=0.5,
+                       or_last=True)
         except Exception:
             pass
         doc = stall.evidence(self.watch, decision, time.monotonic())
         try:
             path = stall.write_evidence(doc, self.watch, self.spec.run_dir)
         except Exception as e:  # the reason still reaches the person
-            path = f"(not written: {rayedge.root_cause(e)})"
+            path = f"(not written: {ray_runtime.root_cause(e)})"
         if self.on_progress is not None:
             self.on_progress({"stage": "stalled", "reason": doc["reason"], "evidence": path})
         self.stalled = stall.Stalled(f"training run {self.spec.run_name} stopped: {doc['reason']}",
@@ -301,12 +323,12 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
     mesh = spec.mesh
     cost = None
     if spec.budget is not None:
-        from raydlc.train import budget
+        from raydlc.planner import budget
 
         spent = budget.spend(spec.budget, time.time(), step=int(s.get("steps") or 0), steps=spec.train.steps, step_s=s.get("step_time_s"))
         cost = {**spent.to_dict(), "price": budget.price_note() if spec.budget.instance_type else "given by the caller"}
     return {
-        **{k: s.get(k) for k in ("steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "step_time_s", "peak_mem_mb")},
+        **{k: s.get(k) for k in ("steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "step_time_s", "peak_mem_mb", "peak_reserved_mb", "overfitting")},
         "loss_drop": (1 - s["final_loss"] / s["first_loss"]) if s.get("first_loss") and s.get("final_loss") is not None else None,
         "model": spec.train.model_id,
         "workers": mesh.world_size,
@@ -334,9 +356,10 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "checkpoint": ckpt,
         "export": f"{run_dir}/export",
         "metrics": f"{run_dir}/metrics.jsonl",
-        "plot": f"{run_dir}/loss.png",
+        "plot": None,  # drawn by the caller, where matplotlib is (raydlc.views.lossplot)
         "wall_s": wall,
         "stopped_by": s.get("stopped_by"),
         "stop_reason": s.get("stop_reason"),
         "cost": cost,
+        "skipped_steps": s.get("skipped_steps"),
     }

@@ -1,5 +1,7 @@
 """The per-worker program Ray Train's TorchTrainer runs, in named parts: build, step, evaluate,
 checkpoint, finalize. `run_loop` strings them together; the benchmark times `train_step` itself.
+When a step is followed by a read, an eval, a report or a checkpoint is train.cadence's answer;
+tests inject faults as step hooks (train.faults), never as branches here.
 
 The loss is normalised by the global number of target tokens of the whole optimizer step (an
 all-reduce of one count, before any forward), so the gradient equals the gradient of the global
@@ -25,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -70,6 +72,12 @@ class RaySession:
 
         return ray.train.torch.get_device()
 
+    def node(self) -> str:
+        """This worker's node: its IP and Ray node id."""
+        import ray
+
+        return f"{ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:12]})"
+
     def fetch(self, data: Any) -> Any:
         import ray
 
@@ -84,13 +92,22 @@ class RaySession:
         ck = ray.train.get_checkpoint()
         return ck.as_directory() if ck is not None else contextlib.nullcontext(None)
 
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None, *, wait: bool = False) -> None:
+        """Ray's report (a barrier); a checkpoint directory is Ray's from here: it uploads it in its
+        own thread, deletes the local copy, then registers it (CheckpointConfig.num_to_keep prunes
+        the oldest). Reports without a checkpoint go the same way so that they do not wait behind
+        an upload (Ray processes reports in order). `wait`: upload here (Ray's SYNC mode), after the reports before it."""
         import ray.train
 
-        if checkpoint_dir is None:
-            ray.train.report(metrics)
-        else:
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir), checkpoint_dir_name=name)
+        ck = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir is not None else None
+        mode = ray.train.CheckpointUploadMode.SYNC if wait else ray.train.CheckpointUploadMode.ASYNC
+        ray.train.report(metrics, checkpoint=ck, checkpoint_dir_name=name, checkpoint_upload_mode=mode)
+
+    def preemption(self) -> Any:
+        """Collective (a barrier across the workers): Ray Train's drain notice for this worker group, or None (train.preempt)."""
+        import ray.train
+
+        return ray.train.get_preemption_info()
 
     def progress(self, records: list[dict[str, Any]], *, wait: bool = False) -> None:
         """Rank 0's new records to the driver's mailbox: fire and forget, except with `wait`,
@@ -115,10 +132,11 @@ class RaySession:
 class TorchrunSession:
     """The same loop under plain torchrun (the benchmark's baseline): env ranks, local storage."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, keep: int = 0) -> None:
         import torch.distributed as dist
 
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.keep = keep  # CHECKPOINT_KEEP: the newest checkpoints kept in run_dir; 0 = all
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.run_dir = run_dir
         if not dist.is_initialized():
@@ -131,6 +149,11 @@ class TorchrunSession:
 
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
+    def node(self) -> str:
+        import socket
+
+        return socket.gethostname()
+
     def fetch(self, data: Any) -> Any:
         return data
 
@@ -139,12 +162,22 @@ class TorchrunSession:
 
         return contextlib.nullcontext(None)
 
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None) -> None:
+    def preemption(self) -> None:
+        """No drain notices without Ray."""
+        return None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None, *, wait: bool = False) -> None:
+        """Copies the checkpoint in place (always complete on return, so `wait` changes nothing)."""
         import torch.distributed as dist
+
+        from raydlc.train.checkpoint import prune
 
         if checkpoint_dir is not None and name is not None:
             shutil.copytree(checkpoint_dir, Path(self.run_dir) / name, dirs_exist_ok=True)
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
         dist.barrier()
+        if checkpoint_dir is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each node its own run_dir
+            prune(Path(self.run_dir), self.keep)
 
     def progress(self, records: list[dict[str, Any]], *, wait: bool = False) -> None:
         pass
@@ -170,7 +203,8 @@ class Trainer:
 
 
 def reduce_dtype(name: str, bf16: bool) -> torch.dtype | None:
-    """FSDP2's reduce_dtype for REDUCE_DTYPE: None where it is the parameters' own (fp32 without bf16 compute)."""
+    """FSDP2's reduce_dtype for REDUCE_DTYPE: None where it is the parameters' own (fp32 without bf16 compute).
+    `auto` reaches here only where no planner chose (a local run): fp32."""
     import torch
 
     if name == "bf16":
@@ -179,7 +213,8 @@ def reduce_dtype(name: str, bf16: bool) -> torch.dtype | None:
 
 
 def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (β2 0.95), fused on CUDA; the learning rate is set by `train_step` each step."""
+    """AdamW (β2 0.95), fused on every device: the fused kernel takes `found_inf`, which skips a
+    non-finite step on the device (`optimizer_step`); the learning rate is set by `train_step` each step."""
     import torch
 
     return torch.optim.AdamW(
@@ -187,13 +222,13 @@ def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device
         lr=settings.learning_rate,
         betas=(0.9, 0.95),
         weight_decay=settings.weight_decay,
-        fused=True if device.type == "cuda" else None,
+        fused=True,
     )
 
 
 def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.device, bf16: bool) -> Trainer:
-    """Model (a built-in spec at random init, or pretrained weights loaded shard by shard after
-    FSDP2 has sharded the meta-device model), FSDP2 over the planned mesh, optimizer.
+    """Model (a built-in spec at random init, or pretrained weights; either way built on the meta
+    device, sharded by FSDP2, then filled shard by shard), FSDP2 over the planned mesh, optimizer.
 
     Needs the process group: the mesh is built over it.
     """
@@ -201,10 +236,10 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from raydlc.models import get_spec
-    from raydlc.plan import default_sync
+    from raydlc.facts.models import get_spec
+    from raydlc.planner import default_sync
     from raydlc.train.loss import use_chunked_loss
-    from raydlc.train.model import apply_fsdp, build_model
+    from raydlc.train.model import apply_fsdp, build_random_sharded
     from raydlc.train.weights import build_sharded
 
     torch.manual_seed(settings.seed)
@@ -213,16 +248,16 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
 
     def shard(model: nn.Module) -> nn.Module:
         return apply_fsdp(
-            use_chunked_loss(model, settings.loss_chunk) if settings.loss_chunk > 0 else model,
+            use_chunked_loss(model, settings.loss_chunk, compile=bool(settings.compile)) if settings.loss_chunk > 0 else model,
             mesh=device_mesh,
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=reduce_dtype(settings.reduce_dtype, bf16),
             activation_checkpointing=settings.activation_checkpointing,
-            compile=settings.compile,
+            compile=bool(settings.compile),
         )
 
     if spec:
-        model = shard(build_model(get_spec(spec), device=device, seed=settings.seed))
+        model = build_random_sharded(get_spec(spec), device=device, shard=shard, seed=settings.seed)
     else:
         model = build_sharded(settings.model_id, device=device, shard=shard, log=dist.get_rank() == 0)
     accum = settings.grad_accum if isinstance(settings.grad_accum, int) else 1
@@ -240,6 +275,7 @@ class StepOutput:
     loss: torch.Tensor  # the global mean over target tokens (float64)
     grad_norm: torch.Tensor
     tokens: torch.Tensor  # target tokens in the global batch
+    skipped: torch.Tensor  # True: the loss or the gradient norm was not finite, and AdamW left the weights alone
 
 
 Batch = tuple["torch.Tensor", "torch.Tensor"]
@@ -281,7 +317,7 @@ def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple
     inside the head (train.loss) when the model has a `ChunkedHead`, else over the full logits."""
     import torch.nn.functional as F
 
-    from raydlc.train.data import IGNORE
+    from raydlc.data.encode import IGNORE
     from raydlc.train.loss import head_of, targets
 
     y = labels[:, 1:]
@@ -302,7 +338,7 @@ def target_tokens(t: Trainer, batches: list[Batch]) -> torch.Tensor:
     import torch
     import torch.distributed as dist
 
-    from raydlc.train.data import IGNORE
+    from raydlc.data.encode import IGNORE
 
     n = torch.stack([(labels[:, 1:] != IGNORE).sum() for _, labels in batches]).sum()
     dist.all_reduce(n)
@@ -318,16 +354,26 @@ def forward_backward(t: Trainer, batch: Batch, n_global: torch.Tensor) -> torch.
     return total.detach()
 
 
-def optimizer_step(t: Trainer, lr: float) -> torch.Tensor:
-    """Clip the global gradient norm, apply AdamW at `lr`, clear the gradients; returns the norm."""
+def optimizer_step(t: Trainer, lr: float, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip the global gradient norm, apply AdamW at `lr`, clear the gradients; returns the norm and
+    whether the step was skipped.
+
+    A step whose global loss or gradient norm is not finite leaves the weights, the moments and
+    the step count as they were: the fused AdamW kernel reads `found_inf` on the device and skips
+    itself (the path torch's GradScaler uses), so the guard costs no host sync. Both values are
+    global (the norm over every shard, the loss all-reduced), so every rank skips alike.
+    """
     import torch
 
     grad_norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.settings.max_grad_norm)
+    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    skipped = ~(torch.isfinite(norm) & torch.isfinite(loss))
     for g in t.optimizer.param_groups:
         g["lr"] = lr
+    t.optimizer.found_inf = skipped.float()  # type: ignore[attr-defined]
     t.optimizer.step()
     t.optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return norm, skipped
 
 
 def gradient_sync(t: Trainer, last: bool) -> None:
@@ -341,7 +387,8 @@ def gradient_sync(t: Trainer, last: bool) -> None:
 
 
 def train_step(t: Trainer, batches: list[Batch], lr: float) -> StepOutput:
-    """The product's training step: forward and backward of each micro-batch, clip, AdamW; no host sync inside."""
+    """The product's training step: forward and backward of each micro-batch, clip, AdamW unless
+    the step is not finite; no host sync inside."""
     import torch.distributed as dist
 
     n_global = target_tokens(t, batches)
@@ -351,10 +398,9 @@ def train_step(t: Trainer, batches: list[Batch], lr: float) -> StepOutput:
             gradient_sync(t, last=i == len(batches) - 1)
         totals.append(forward_backward(t, batch, n_global).double())
     total = totals[0] if len(totals) == 1 else sum(totals[1:], totals[0])
-    grad_norm = optimizer_step(t, lr)
     dist.all_reduce(total)
-    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    return StepOutput(loss=total / n_global.clamp(min=1), grad_norm=norm, tokens=n_global)
+    norm, skipped = optimizer_step(t, lr, total)
+    return StepOutput(loss=total / n_global.clamp(min=1), grad_norm=norm, tokens=n_global, skipped=skipped)
 
 
 @dataclass
@@ -370,11 +416,11 @@ class Unread:
 
         from raydlc.train import metrics as mx
 
-        values = torch.stack([torch.stack([o.loss.double(), o.grad_norm.double()]) for _, _, _, o in self.steps]).tolist()
+        values = torch.stack([torch.stack([o.loss.double(), o.grad_norm.double(), o.skipped.double()]) for _, _, _, o in self.steps]).tolist()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = (time.perf_counter() - self.started) / len(self.steps)
-        now, peak = time.time(), mx.peak_memory_mb()
+        now, peak, reserved = time.time(), mx.peak_memory_mb(), mx.peak_reserved_mb()
         return [
             {
                 "step": step,
@@ -386,9 +432,11 @@ class Unread:
                 "time": now,
                 "tokens_per_s": tokens_per_step / dt,
                 "peak_mem_mb": peak,
+                "peak_reserved_mb": reserved,
                 "data": fingerprint,
+                "skipped": bool(skipped),
             }
-            for (step, lr, fingerprint, _), (loss, norm) in zip(self.steps, values)
+            for (step, lr, fingerprint, _), (loss, norm, skipped) in zip(self.steps, values)
         ]
 
 
@@ -400,7 +448,7 @@ def evaluate(t: Trainer, ids: np.ndarray, labels: np.ndarray, *, rank: int, batc
     import torch
     import torch.distributed as dist
 
-    from raydlc.train.data import eval_slice
+    from raydlc.data.order import eval_slice
 
     t.model.eval()
     idx = eval_slice(len(ids), rank, t.world)
@@ -439,20 +487,75 @@ def restore(t: Trainer, run: RunSpec, session: Any, rank: int) -> tuple[int, lis
     return int(extra["step"]), list(extra.get("history", []))
 
 
-def save_checkpoint(t: Trainer, session: Any, *, step: int, rank: int, history: list[dict[str, Any]], meta: dict[str, Any], metrics: dict[str, Any]) -> None:
-    """Collective: every rank stages its shards, then one report registers them as one checkpoint."""
-    from raydlc.train import checkpoint as ckpt
+@dataclass
+class Pending:
+    """A checkpoint being written: its staging directory, the future of this rank's file digests,
+    and what goes up to Ray with it once it is whole."""
 
-    with tempfile.TemporaryDirectory(prefix=f"raydlc-ckpt-r{rank}-") as tmp:
-        ckpt.save(Path(tmp), t.model, t.optimizer, step=step, rank=rank, world_size=t.world, extra={"history": history}, meta=meta)
-        session.report(metrics, tmp, ckpt.dir_name(step))
+    step: int
+    directory: Path
+    digests: Any  # concurrent.futures.Future[dict]: the write, then the hashes
+    metrics: dict[str, Any]
+
+
+class Saver:
+    """Asynchronous checkpoints at the cadence's steps (train.checkpoint.start / seal).
+
+    A save stages the shards to host memory and returns; DCP writes and a thread hashes while
+    the loop trains on. The checkpoint is sealed (manifest) and reported to Ray (which uploads it
+    in the background and keeps CHECKPOINT_KEEP of them) at the first read after every rank's
+    write is done, and at the latest before the next save and at the end. `slowest_s` is the
+    longest the loop waited for one save (the budget holds twice that back for the last one).
+    """
+
+    def __init__(self, session: Any, rank: int, meta: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        self.session, self.rank, self.meta = session, rank, meta  # meta: what a checkpoint must match to be continued
+        self.group = dist.new_group(backend="gloo")  # DCP's own: its writer thread's collectives
+        self.pending: Pending | None = None
+        self.slowest_s = 0.0
+        self._waited = 0.0
+
+    def save(self, t: Trainer, *, step: int, history: list[dict[str, Any]], metrics: dict[str, Any], beat: Any) -> None:
+        """Collective: finish the previous save, then start this one."""
+        from raydlc.train import checkpoint as ckpt
+
+        self.finish(t, beat=beat)
+        beat.phase = f"checkpoint of step {step}"
+        began = time.perf_counter()
+        staging = Path(tempfile.mkdtemp(prefix=f"raydlc-ckpt-r{self.rank}-"))
+        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra={"history": list(history)}, group=self.group)
+        self.pending = Pending(step, staging, digests, metrics)
+        self._waited = time.perf_counter() - began
+
+    def poll(self, t: Trainer, beat: Any) -> None:
+        """Collective, at each read: seal and report the pending checkpoint if every rank's write is
+        done (one scalar all-reduce while a save is pending; reads already wait for the device)."""
+        if self.pending is not None and not agreed(not self.pending.digests.done(), t.device):
+            self.finish(t, beat=beat)
+
+    def finish(self, t: Trainer, *, beat: Any, wait: bool = False) -> None:
+        """Collective: wait for the pending save's write and hashes, write its manifest, hand it to Ray;
+        with `wait` (a drain notice) the report returns once the checkpoint is uploaded, not in the background."""
+        from raydlc.train import checkpoint as ckpt
+
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        beat.phase = f"checkpoint of step {p.step}: finishing"
+        began = time.perf_counter()
+        ckpt.seal(p.directory, p.digests.result(), step=p.step, rank=self.rank, world_size=t.world, meta=self.meta)
+        self.session.report(p.metrics, str(p.directory), ckpt.dir_name(p.step), wait=wait)  # the session owns the directory from here
+        self.slowest_s = max(self.slowest_s, self._waited + time.perf_counter() - began)
 
 
 # ---- finalize ----------------------------------------------------------------------------------
 
 
 def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int, stopped: dict[str, Any] | None = None) -> None:
-    """Export, metrics, plot, summary and the run's settings into the run directory; then drop the FSDP state.
+    """Export, metrics, summary and the run's settings into the run directory; then drop the FSDP state.
+    The loss plot is the caller's to draw from the metrics (raydlc.views.lossplot): the image has no matplotlib.
 
     The export and the metrics files are the run's products; a restart after the last
     checkpoint lands here directly (no steps left) and writes them again, identically.
@@ -460,10 +563,10 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
     import torch
     import torch.distributed as dist
 
-    from raydlc import storage
+    from raydlc.data.tokenizer import to_hf
+    from raydlc.edges.storage import publish
     from raydlc.train import checkpoint as ckpt
     from raydlc.train import metrics as mx
-    from raydlc.train.tokenizer import to_hf
 
     tok = to_hf(run.tokenizer) if rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="raydlc-export-") as tmp:
@@ -471,17 +574,16 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
         ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32)
         if rank == 0:
             mx.write_jsonl(history, out / "metrics.jsonl")
-            mx.plot(history, out / "loss.png", title=f"{run.train.model_id}: {t.world} worker(s), global batch {run.global_batch} x {run.train.seq_len}")
             (out / "summary.json").write_text(json.dumps({**mx.summarize(history), **(stopped or {})}, indent=1))
             (out / "run.json").write_text(run.model_dump_json(indent=1))  # the settings as this worker validated them
-            storage.publish(out, run.run_dir)
+            publish(out, run.run_dir)
     # bf16 on gloo aborts at exit unless every rank drops its FSDP state before the group goes.
     t.model = t.optimizer = None  # type: ignore[assignment]
     gc.collect()
     dist.barrier()
 
 
-# ---- stopping: the budget, and the stall guard's test hook ---------------------------------------
+# ---- stopping: the budget ------------------------------------------------------------------------
 
 
 def agreed(flag: bool, device: torch.device) -> bool:
@@ -494,41 +596,85 @@ def agreed(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def injected_hang(rank: int, step: int) -> None:
-    """Test-only (RunSpec.hang, never a setting): this rank stops making progress, as a rank stuck outside a collective."""
-    print(f"[raydlc] injected hang: rank {rank} stops at step {step}", flush=True)
-    while True:
-        time.sleep(3600)
+def budget_stop(clock: Any, step: int, history: list[dict[str, Any]], *, checkpoint_s: float, device: torch.device, rank: int) -> dict[str, Any] | None:
+    """After `step`, whether the budget (a train.budget.BudgetClock) ends the run here, agreed by every rank: why, or None."""
+    if not agreed(clock.must_stop(step, history, now=time.time(), perf=time.perf_counter(), checkpoint_s=checkpoint_s), device):
+        return None
+    stopped = clock.stopped(step, time.time())
+    if rank == 0:
+        print(f"[raydlc] {stopped['stop_reason']}", flush=True)
+    return stopped
 
 
-def heartbeat(run: RunSpec, session: Any, rank: int, device: torch.device) -> Any:
-    """Each rank's heartbeat thread while the stall guard is on (STALL_MINUTES > 0), else nothing."""
-    import contextlib
+def check_finite(history: list[dict[str, Any]], limit: int) -> None:
+    """Raise when the last `limit` steps read were all skipped (a non-finite loss or gradient norm).
 
-    from raydlc.train.heartbeat import Heartbeat
-    from raydlc.train.stall import StallGuard
+    Called at each read, so on a GPU the run notices at the read after the limit (up to
+    REPORT_EVERY steps later): those steps were skipped on the device and changed no weight, so
+    nothing waits for the host in between. Every rank reads the same global flags and raises alike.
+    """
+    from raydlc.errors import TrainError
+    from raydlc.train.metrics import skipped_in_a_row
 
-    guard = StallGuard.of(run.train.stall_minutes, run.train.stall_first_minutes)
-    return Heartbeat(session, rank=rank, every_s=guard.beat_every_s(), device=device) if guard.on else contextlib.nullcontext(None)
+    run = skipped_in_a_row(history)
+    if len(run) >= limit:
+        raise TrainError(
+            f"{len(run)} steps in a row had a non-finite loss or gradient norm (steps {run[0]} to {run[-1]}): the run stops at step {run[-1]}",
+            hint="the weights are those of the last finite step; lower LEARNING_RATE or MAX_GRAD_NORM, check the data, or --resume from the last checkpoint",
+        )
 
 
 # ---- the loop ----------------------------------------------------------------------------------
 
 
+class StepHooks(Protocol):
+    """What runs at the start of every step beside the training: nothing in a real run; tests and
+    drills pass faults this way (train.faults), so the loop holds no branch for them."""
+
+    def before_step(self, step: int, *, rank: int, resumed: bool) -> None: ...
+
+
+class NoHooks:
+    def before_step(self, step: int, *, rank: int, resumed: bool) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RankData:
+    """This rank's view of the prepared dataset: the rows by index, the held-out rows and their sequences."""
+
+    view: Any  # data.dataset.TrainData
+    rows: Any  # its open rows (`take`)
+    held: np.ndarray
+    eval_ids: np.ndarray
+    eval_labels: np.ndarray
+
+
+def heartbeat(run: RunSpec, session: Any, rank: int, device: torch.device) -> Any:
+    """Each rank's heartbeat thread while the stall guard is on (STALL_MINUTES > 0), else its fields alone."""
+    from raydlc.train.heartbeat import Heartbeat, Quiet
+    from raydlc.train.stall import StallGuard
+
+    guard = StallGuard.of(run.train.stall_minutes, run.train.stall_first_minutes)
+    return Heartbeat(session, rank=rank, every_s=guard.beat_every_s(), device=device) if guard.on else Quiet()
+
+
 def train_func(config: dict[str, Any]) -> None:
     """Ray Train's entry point: the RunSpec as JSON, where the prepared dataset is, the progress mailbox."""
-    run_loop(RunSpec.from_wire(config["run"]), RaySession(config.get("progress")), config["data"])
+    run = RunSpec.from_wire(config["run"])
+    run_loop(run, RaySession(config.get("progress")), config["data"], hooks=run.faults)
 
 
-def run_loop(run: RunSpec, session: Any, data: Any) -> None:
+def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = None) -> None:
     """The worker's run: its device, its view of the prepared data, then the loop under the rank's heartbeat."""
     import torch
 
     from raydlc.data.dataset import TrainData
-    from raydlc.train.layout import check_placement
+    from raydlc.train.layout import check_nodes, check_placement
 
     rank = session.rank
     check_placement(run.mesh, world_size=session.world, local_world_size=session.local_world)
+    check_nodes(run.mesh, reported_nodes(session))
     use_gpu = torch.cuda.is_available() and run.use_gpu
     if use_gpu:
         device = session.device()
@@ -542,111 +688,79 @@ def run_loop(run: RunSpec, session: Any, data: Any) -> None:
     eval_ids, eval_labels = rows.take(held)
 
     with heartbeat(run, session, rank, device) as beat:
-        _train(run, session, view, rows, held, eval_ids, eval_labels, device, beat)
+        _train(run, session, RankData(view, rows, held, eval_ids, eval_labels), device, beat, hooks or NoHooks())
 
 
-# One loop on purpose: its cadences (read, eval, report, checkpoint, the budget) share the step's locals; split, they would pass a dozen values around.
-def _train(run: RunSpec, session: Any, view: Any, rows: Any, held: np.ndarray, eval_ids: np.ndarray, eval_labels: np.ndarray,
-           device: torch.device, beat: Any) -> None:
-    from raydlc.data.index import train_rows
-    from raydlc.train import budget as bx
-    from raydlc.train import metrics as mx
-    from raydlc.train.data import global_batch, rank_slice
+def reported_nodes(session: Any) -> list[str]:
+    """Collective: every rank's node, by rank (each rank reports its own; train.layout.check_nodes judges)."""
+    import torch.distributed as dist
+
+    nodes: list[str | None] = [None] * session.world
+    dist.all_gather_object(nodes, session.node())
+    return [str(n) for n in nodes]
+
+
+def run_step(t: Trainer, run: RunSpec, data: RankData, step: int, *, rank: int, world: int) -> tuple[float, str, StepOutput]:
+    """One optimizer step on this rank's rows of the step's global batch: its learning rate, the batch's fingerprint, its outputs."""
+    from raydlc.data.order import global_batch, rank_slice, train_rows
 
     s = run.train
-    rank, world = session.rank, session.world
-    steps, batch, seq_len = s.steps, s.batch_size, s.seq_len
-    global_size = run.global_batch
-    if beat is not None:
-        beat.phase = "building the model"
+    lr = lr_at(step, s.learning_rate, s.warmup_steps)
+    gidx = global_batch(step, data.view.n_train, run.global_batch, s.seed)
+    ids, labels = data.rows.take(train_rows(rank_slice(gidx, rank, world), data.held))
+    return lr, batch_fingerprint(gidx), train_step(t, micro_batches(ids, labels, np.arange(len(ids)), s.batch_size, t.device), lr)
+
+
+def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, beat: Any, hooks: StepHooks) -> None:
+    """Build, restore, then step until STEPS or the budget; what follows a step is the cadence's (train.cadence)."""
+    from raydlc.planner.budget import BudgetClock
+    from raydlc.train import metrics as mx
+    from raydlc.train.cadence import Cadence
+    from raydlc.train.preempt import PreemptionWatch
+
+    s, rank = run.train, session.rank
+    beat.phase = "building the model"
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
     start_step, history = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
         session.progress([{"step": start_step, "resumed": True}])  # a restart after a failure, or --resume: the driver says so
-    report_every = s.report_every
-    eval_every = s.eval_every or s.checkpoint_every
-    meta = run.checkpoint_meta()
-    mesh_shape = list(t.mesh.shape)
-
+    cadence = Cadence.of(s, gpu=device.type == "cuda")
+    watch = PreemptionWatch(session, steps=s.steps)  # drain notices (a Spot reclaim): asked at the same steps on every rank
+    progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta())
     t.model.train()
-    # A read copies device values to the host and waits for the GPU: on a GPU only when the loop
-    # has to report anyway; on a CPU there is nothing to wait for, so every step.
-    read_every = report_every if device.type == "cuda" else 1
-    unread: Unread | None = None
-    unposted: list[dict[str, Any]] = []  # rank 0's records not yet sent to the driver: at most one post a second
-    posted = time.monotonic()
+    unread: Unread | None = None  # steps whose device values the loop has not read yet
     stopped: dict[str, Any] | None = None  # why the loop ended before STEPS (the budget)
-    began, ckpt_s = time.perf_counter(), 0.0
-    if beat is not None:
-        beat.step, beat.phase = start_step, "training"
-    for step in range(start_step + 1, steps + 1):
-        if run.crash and start_step == 0 and step == run.crash.step and rank == run.crash.rank:
-            print(f"[raydlc] injected failure: rank {rank} exits at step {step}", flush=True)
-            os._exit(1)
-        if beat is not None:
-            beat.entered, beat.phase = step, f"step {step}"
-        if run.hang and start_step == 0 and step == run.hang.step and rank == run.hang.rank:
-            injected_hang(rank, step)
-        if unread is None:
-            unread = Unread([], time.perf_counter())
-        lr = lr_at(step, s.learning_rate, s.warmup_steps)
-        gidx = global_batch(step, view.n_train, global_size, s.seed)
-        ids, labels = rows.take(train_rows(rank_slice(gidx, rank, world), held))
-        out = train_step(t, micro_batches(ids, labels, np.arange(len(ids)), batch, device), lr)
-        unread.steps.append((step, lr, batch_fingerprint(gidx), out))
-        if beat is not None:
-            beat.step, beat.completed = step, beat.completed + 1
-        # The budget is asked where the loop reads anyway (every step on a CPU, every REPORT_EVERY on a GPU: the
-        # agreement is a host sync), looking ahead as many steps as until the next read, at the last read's step time.
-        if run.budget is not None and step < steps and step % read_every == 0:
-            per_step = next((r["step_time_s"] for r in reversed(history) if "step_time_s" in r), (time.perf_counter() - began) / (step - start_step))
-            if agreed(run.budget.must_stop(time.time(), step_s=per_step * read_every, checkpoint_s=ckpt_s), device):
-                spent = run.budget.spent(time.time())
-                stopped = {"stopped_by": "budget", "stop_reason": bx.stop_reason(run.budget, step=step, spent_usd=spent)}
-                if rank == 0:
-                    print(f"[raydlc] {stopped['stop_reason']}", flush=True)
-        last = step == steps or stopped is not None
-        is_ckpt = last or (s.checkpoint_every > 0 and step % s.checkpoint_every == 0)
-        is_eval = last or (eval_every > 0 and step % eval_every == 0)
-        is_report = is_ckpt or step % report_every == 0
-        if not (is_report or is_eval or step % read_every == 0):
+    clock = BudgetClock(run.budget, cadence.read_every, start_step, time.perf_counter()) if run.budget is not None else None
+    beat.step, beat.phase = start_step, "training"
+    for step in range(start_step + 1, s.steps + 1):
+        beat.entered, beat.phase = step, f"step {step}"
+        hooks.before_step(step, rank=rank, resumed=start_step > 0)
+        unread = unread or Unread([], time.perf_counter())
+        unread.steps.append((step, *run_step(t, run, data, step, rank=rank, world=session.world)))
+        beat.step, beat.completed = step, beat.completed + 1
+        if clock is not None and cadence.asks_budget(step):
+            stopped = budget_stop(clock, step, history, checkpoint_s=saver.slowest_s, device=device, rank=rank)
+        due = cadence.due(step, stopping=stopped is not None, preempted=watch.noticed(step, stopping=stopped is not None))
+        if not due.read:
             continue
         first_new = len(history)
-        history.extend(unread.read(tokens_per_step=global_size * seq_len, device=device))
+        history.extend(unread.read(tokens_per_step=run.global_batch * s.seq_len, device=device))
+        check_finite(history, s.max_nonfinite_steps)
         unread = None
-        rec = history[-1]
-        if is_eval:
-            history.append({"step": step, "eval_loss": evaluate(t, eval_ids, eval_labels, rank=rank, batch_size=batch)})
-        if rank == 0:
-            unposted += history[first_new:]
-            if is_report or is_eval or time.monotonic() - posted >= PROGRESS_EVERY_S:
-                session.progress(unposted)
-                unposted, posted = [], time.monotonic()
-        if is_report:
-            window = [r for r in history if "loss" in r][-report_every:]
-            metrics = {
-                "step": step,
-                "loss": rec["loss"],
-                "tokens_per_s": sum(r["tokens"] for r in window) / sum(r["step_time_s"] for r in window),
-                "step_time_s": sum(r["step_time_s"] for r in window) / len(window),
-                "peak_mem_mb": rec["peak_mem_mb"],
-                "mesh_shape": mesh_shape,
-            }
-            if last:
-                metrics.update({f"summary_{k}": v for k, v in {**mx.summarize(history), **(stopped or {})}.items() if v is not None})
-            if is_ckpt:
-                if beat is not None:
-                    beat.phase = f"checkpoint of step {step}"
-                saving = time.perf_counter()
-                save_checkpoint(t, session, step=step, rank=rank, history=history, meta=meta, metrics=metrics)
-                ckpt_s = max(ckpt_s, time.perf_counter() - saving)
+        if due.validate:
+            history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
+        progress.add(history[first_new:], now=due.report or due.validate)
+        saver.poll(t, beat)
+        if due.report:
+            metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last, stopped=stopped)
+            if due.save:
+                saver.save(t, step=step, history=history, metrics=metrics, beat=beat)
             else:
                 session.report(metrics)
-        if last:
+        if due.last:
             break
-
-    if rank == 0:
-        session.progress(unposted, wait=True)
-    if beat is not None:
-        beat.phase = "finishing: export"
+    saver.finish(t, beat=beat, wait=watch.notice is not None)
+    progress.flush()
+    watch.hold(beat, rank=rank)  # after a drain notice: until Ray Train ends the attempt (it restarts from this checkpoint)
+    beat.phase = "finishing: export"
     finalize(t, run, history, rank=rank, stopped=stopped)

@@ -15,6 +15,7 @@ parameter, and computes the loss in its forward while `targets` gives it the lab
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raydlc.train.data import IGNORE
+from raydlc.data.encode import IGNORE
+
+
+def chunk_loss(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One chunk's summed cross-entropy: the head's matmul, the fp32 logits, the loss."""
+    return F.cross_entropy((h @ weight.t()).float(), y, ignore_index=IGNORE, reduction="sum")
+
+
+def chunk_logit_grad(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """One chunk's gradient of the summed loss with respect to its logits (softmax minus the
+    one-hot target, zero on ignored tokens, times the incoming gradient), in the hidden states' dtype."""
+    g = torch.softmax((h @ weight.t()).float(), dim=-1)
+    g[torch.arange(len(y), device=y.device), y.clamp(min=0)] -= 1.0
+    g.mul_(((y != IGNORE).to(g.dtype) * grad)[:, None])
+    return g.to(h.dtype)
+
+
+@functools.cache
+def compiled() -> tuple[Any, Any]:
+    """`chunk_loss` and `chunk_logit_grad` compiled whole (fullgraph): the fp32 logits, softmax and
+    cross-entropy fuse into few kernels instead of an elementwise chain over chunk x vocabulary entries."""
+    return torch.compile(chunk_loss, fullgraph=True, dynamic=False), torch.compile(chunk_logit_grad, fullgraph=True, dynamic=False)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -30,35 +52,33 @@ class ChunkedCrossEntropy(torch.autograd.Function):
 
     The gradient of the head's weight is accumulated chunk by chunk in the weight's own dtype
     (what autograd's single matmul would produce, rounded once per chunk instead of once).
+    With `compile`, each chunk's loss and logit gradient run compiled (`compiled`).
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int, compile: bool = False) -> torch.Tensor:
+        loss_fn = compiled()[0] if compile else chunk_loss
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
-            logits = (hidden[s : s + chunk] @ weight.t()).float()
-            total = total + F.cross_entropy(logits, labels[s : s + chunk], ignore_index=IGNORE, reduction="sum")
-            del logits  # before the next chunk's: one chunk's logits at a time
+            total = total + loss_fn(hidden[s : s + chunk], weight, labels[s : s + chunk])  # one chunk's logits at a time
         ctx.save_for_backward(hidden, weight, labels)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.compile = chunk, compile
         return total
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, labels = ctx.saved_tensors
         chunk = ctx.chunk
+        grad_fn = compiled()[1] if ctx.compile else chunk_logit_grad
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight)
         for s in range(0, hidden.shape[0], chunk):
-            h, y = hidden[s : s + chunk], labels[s : s + chunk]
-            g = torch.softmax((h @ weight.t()).float(), dim=-1)
-            g[torch.arange(len(y), device=y.device), y.clamp(min=0)] -= 1.0
-            g.mul_(((y != IGNORE).to(g.dtype) * grad)[:, None])
-            g = g.to(hidden.dtype)
+            h = hidden[s : s + chunk]
+            g = grad_fn(h, weight, labels[s : s + chunk], grad)
             grad_hidden[s : s + chunk] = g @ weight
             grad_weight.addmm_(g.t(), h)
             del g
-        return grad_hidden, grad_weight, None, None
+        return grad_hidden, grad_weight, None, None, None
 
 
 class ChunkedHead(nn.Linear):
@@ -71,6 +91,7 @@ class ChunkedHead(nn.Linear):
     """
 
     chunk: int = 0
+    compile: bool = False
     labels: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -78,18 +99,16 @@ class ChunkedHead(nn.Linear):
             return super().forward(hidden)
         y = self.labels[:, 1:].reshape(-1)
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-        return ChunkedCrossEntropy.apply(h, self.weight, y, self.chunk)
+        return ChunkedCrossEntropy.apply(h, self.weight, y, self.chunk, self.compile)
 
 
-def use_chunked_loss(model: nn.Module, chunk: int) -> nn.Module:
+def use_chunked_loss(model: nn.Module, chunk: int, *, compile: bool = False) -> nn.Module:
     """Give `model` a `ChunkedHead` of `chunk` tokens (before FSDP): the same weight parameter, so a
     tied head stays the embedding and state-dict keys, checkpoints and the export do not change."""
     old = model.lm_head  # type: ignore[attr-defined]
-    if isinstance(old, ChunkedHead):
-        old.chunk = chunk
-        return model
-    old.__class__ = ChunkedHead
-    old.chunk = chunk
+    if not isinstance(old, ChunkedHead):
+        old.__class__ = ChunkedHead
+    old.chunk, old.compile = chunk, compile
     return model
 
 

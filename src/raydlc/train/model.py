@@ -1,11 +1,11 @@
-"""Causal LMs (Qwen2, Llama) built from a spec (raydlc.models), FSDP2 in torchtitan's units
+"""Causal LMs (Qwen2, Llama) built from a spec (raydlc.facts.models), FSDP2 in torchtitan's units
 (embeddings, blocks, [norm, head], root), and pretrained weights loaded shard by shard (raydlc.train.weights)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydlc.models import ModelSpec
+from raydlc.facts.models import ModelSpec
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +74,8 @@ def apply_fsdp(
     again at once); so is the last block. A tied model's one weight is both embedding and head:
     it stays in the root unit with the final norm (one parameter in one unit), held all step.
     The root holds nothing else (rotary buffers). A 2-D mesh (replicate, shard) is HSDP.
-    `compile` compiles each block's forward on its own (static shapes), so FSDP's hooks and
+    `compile` compiles each block's forward on its own (static shapes, `fullgraph=True`: a graph
+    break is an error, not a silent fallback; torchtitan's per-block compile), so FSDP's hooks and
     the checkpoint wrapper stay outside the compiled graphs. Parameter names do not change
     (`fully_shard` wraps no module), so state dicts, DCP checkpoints and the HF export read the
     same keys whatever the units.
@@ -86,7 +87,7 @@ def apply_fsdp(
     layers = decoder_layers(model)
     if compile:
         for layer in layers:
-            layer.forward = torch.compile(layer.forward, dynamic=False)  # type: ignore[method-assign]
+            layer.forward = torch.compile(layer.forward, dynamic=False, fullgraph=True)  # type: ignore[method-assign]
     if activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -109,3 +110,89 @@ def apply_fsdp(
 def tied(model: nn.Module) -> bool:
     """Whether the head's weight is the embedding's (one parameter)."""
     return model.lm_head.weight is model.model.embed_tokens.weight  # type: ignore[attr-defined, union-attr]
+
+
+# ---- random init on the meta device, shard by shard -------------------------------------------
+
+INIT_CHUNK = 1 << 24  # values drawn at a time (64 MB of fp32): what a rank holds beyond its shard
+
+
+def build_random_sharded(spec: ModelSpec, *, device: torch.device, shard: Any, seed: int) -> nn.Module:
+    """A randomly initialised model that no rank ever holds whole (torchtitan's order): built on the
+    meta device, sharded by FSDP2 (`shard`), given storage for its local shards only (`to_empty`),
+    then initialised shard by shard (`init_weights`) and its computed buffers (RoPE) rebuilt."""
+    import torch
+
+    from raydlc.train.weights import reset_computed_buffers
+
+    model = shard(build_model(spec, device="meta"))
+    model.to_empty(device=device)
+    reset_computed_buffers(model, device)
+    with torch.no_grad():
+        init_weights(model, seed=seed)
+    return model
+
+
+def init_weights(model: nn.Module, *, seed: int) -> None:
+    """transformers' initialisation of these models (Linear and Embedding weights N(0, initializer_range),
+    biases 0, RMSNorm weights 1), written into each rank's shard only.
+
+    Each parameter's values come from its own generator, seeded by `seed` and the parameter's
+    name, on the parameter's device, drawn row block by row block (INIT_CHUNK values) over the
+    whole tensor: a rank keeps the rows of its shard and discards the rest. So the values depend
+    on the seed and the shapes only, never on the number of ranks or the mesh, and a rank holds
+    its shard plus one block. They are not the values `from_config` draws for the same seed (one
+    stream over the whole model, in module order).
+    """
+    import zlib
+
+    std = float(getattr(model.config, "initializer_range", 0.02) or 0.02)  # type: ignore[union-attr]
+    kinds: dict[int, str] = {}
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if "RMSNorm" in type(module).__name__:
+                kinds.setdefault(id(p), "ones")
+            elif pname == "bias":
+                kinds.setdefault(id(p), "zeros")
+            else:
+                kinds.setdefault(id(p), "normal")
+    for name, p in model.named_parameters():  # a tied weight once, under its first name
+        local = p.to_local() if hasattr(p, "to_local") else p
+        kind = kinds[id(p)]
+        if kind == "ones":
+            local.fill_(1.0)
+        elif kind == "zeros":
+            local.zero_()
+        else:
+            _fill_normal(local, p, std=std, seed=(seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63))
+
+
+def _fill_normal(local: torch.Tensor, p: Any, *, std: float, seed: int) -> None:
+    """The local rows of a full tensor of N(0, std) values drawn row block by row block from `seed`."""
+    import math
+
+    import torch
+
+    first = _row_offset(p)
+    rows = p.shape[0]
+    per_row = math.prod(p.shape[1:])
+    block = max(1, INIT_CHUNK // max(per_row, 1))
+    gen = torch.Generator(device=local.device).manual_seed(seed)
+    end = first + local.shape[0]
+    for r0 in range(0, rows, block):
+        if r0 >= end:
+            break
+        drawn = torch.empty((min(block, rows - r0), *p.shape[1:]), device=local.device, dtype=local.dtype).normal_(0.0, std, generator=gen)
+        lo, hi = max(r0, first), min(r0 + len(drawn), end)
+        if lo < hi:
+            local[lo - first : hi - first] = drawn[lo - r0 : hi - r0]
+
+
+def _row_offset(p: Any) -> int:
+    """The first row of this rank's shard of a DTensor (FSDP2 shards dim 0); 0 for a plain tensor."""
+    if not hasattr(p, "device_mesh"):
+        return 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return int(offset[0]) if len(offset) else 0

@@ -1,11 +1,11 @@
 """What the driver prepares before any worker starts: the model's source, the prepared dataset and
 its tokenizer, the storage and the checkpoint to continue.
 
-`Prepared` holds facts about the inputs, none of the settings: those are resolved once, into the
-RunSpec (train.resolve). Every bad input that needs no Ray fails in `check`, before Ray starts;
-the dataset is prepared (or found) with Ray Data in `prepare`, before any worker: the rules are
-train.resolve's, checked on the step as requested; `resolve` checks them again on the step Ray's
-grant decides.
+`Prepared` (train.runspec) holds facts about the inputs, none of the settings: those are resolved
+once, into the RunSpec (train.resolve). Every bad input that needs no Ray fails in `check`, before
+Ray starts; the dataset is prepared (or found) with Ray Data in `prepare`, before any worker: the
+rules are train.resolve's, checked on the step as requested; `resolve` checks them again on the
+step Ray's grant decides.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc import storage
 from raydlc.errors import CheckpointError, InputError
+from raydlc.train.runspec import Prepared, RunTarget
 
 if TYPE_CHECKING:
     from raydlc.config import TrainConfig
-    from raydlc.data.dataset import Plan, TrainData
-    from raydlc.models import ModelSpec
+    from raydlc.data.dataset import DatasetPlan
+    from raydlc.facts.models import ModelSpec
     from raydlc.train.checkpoint import Manifest
-    from raydlc.train.launch import Target
-    from raydlc.train.tokenizer import TokenizerInfo
 
 DEFAULT_OUT = "raydlc-out"
 
@@ -33,24 +32,6 @@ DEFAULT_OUT = "raydlc-out"
 def new_run_name() -> str:
     t = time.time()
     return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime(t)) + f"-{int(t * 1e6) % 1_000_000:06d}"
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """The driver's facts about a run's inputs, made once and passed on unchanged."""
-
-    builtin: str | None  # a built-in spec (random init), or None: from_pretrained(MODEL_ID)
-    model: ModelSpec | None  # the architecture, when known
-    data: TrainData  # where the workers read their rows: the prepared dataset, never its rows
-    tokenizer: TokenizerInfo
-    storage: str  # STORAGE_PATH, resolved
-    run_name: str
-    resume_from: str | None
-    n_train: int
-    n_eval: int
-    data_digest: str
-    resume_meta: dict[str, Any] | None = None
-    dataset_reused: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,11 +43,11 @@ class Checked:
     root: str
     resume_from: str | None
     manifest: Manifest | None
-    plan: Plan
+    plan: DatasetPlan
     world: int
 
 
-def check(train: TrainConfig, where: Target | None = None, *, workers: int | None = None) -> Checked:
+def check(train: TrainConfig, where: RunTarget | None = None, *, workers: int | None = None) -> Checked:
     """Every input problem that needs no Ray: raises `InputError`/`CheckpointError`.
 
     `workers` is the world size the eval split is made for, when NUM_WORKERS=0 was resolved from
@@ -93,18 +74,18 @@ def check(train: TrainConfig, where: Target | None = None, *, workers: int | Non
 
 
 def prepare(
-    train: TrainConfig, where: Target | None = None, *, workers: int | None = None, checked: Checked | None = None,
+    train: TrainConfig, where: RunTarget | None = None, *, workers: int | None = None, checked: Checked | None = None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Prepared:
     """Check, then prepare (or find) the dataset with Ray Data on the Ray this run uses, and split it by index."""
-    from raydlc import rayedge
     from raydlc.data import dataset
+    from raydlc.data.tokenizer import TokenizerInfo
+    from raydlc.edges import ray_runtime
     from raydlc.train import resolve as R
-    from raydlc.train.tokenizer import TokenizerInfo
 
     c = checked or check(train, where, workers=workers)
     address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
-    with rayedge.connected(address, workers=c.world, log_to_driver=log, env=env):
+    with dataset.writing(c.plan), ray_runtime.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
     t = made.tokenizer
     info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained)
@@ -118,7 +99,7 @@ def prepare(
     return p
 
 
-def _check_bound(train: TrainConfig, plan: Plan, world: int) -> None:
+def _check_bound(train: TrainConfig, plan: DatasetPlan, world: int) -> None:
     """Data that cannot give one global batch is refused before Ray: by its rows when prepared, else by
     the most rows its bytes can give (a tokenizer trained here)."""
     from raydlc.train import resolve as R

@@ -2,7 +2,7 @@
 made into the one RunSpec every worker receives.
 
 The request (a `TrainConfig`) is never rebound: `resolve` reads it with the cluster's facts
-(`Target`), the driver's preparation (`Prepared`: the model, the packed data, the checkpoint to
+(`RunTarget`), the driver's preparation (`Prepared`: the model, the packed data, the checkpoint to
 continue) and the grant (`Granted`: Ray's resources and the slots on each node), and returns the
 RunSpec whose `train` is the request with everything `auto` or empty made concrete. Every rule a
 run enforces beyond the config's own is a function here, each with its error, so the driver
@@ -19,16 +19,14 @@ from typing import TYPE_CHECKING
 from raydlc import storage
 from raydlc.config import shared_storage_problem
 from raydlc.errors import CheckpointError, ConfigError, InputError
-from raydlc.train.layout import Decision, Mesh, decide, placement, plan_mesh
-from raydlc.train.runspec import RunSpec
+from raydlc.train.layout import Mesh, StepLayout, decide, placement, plan_mesh
+from raydlc.train.runspec import Prepared, RunSpec, RunTarget
 
 if TYPE_CHECKING:
     from raydlc.config import TrainConfig
-    from raydlc.models import ModelSpec
-    from raydlc.train.budget import Budget
-    from raydlc.train.launch import Target
-    from raydlc.train.prepare import Prepared
-    from raydlc.train.tokenizer import TokenizerInfo
+    from raydlc.data.tokenizer import TokenizerInfo
+    from raydlc.facts.models import ModelSpec
+    from raydlc.planner.budget import Budget
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,13 @@ def check_request(train: TrainConfig, workers: int) -> None:
     """What training needs beyond the config's own bounds (a planner accepts one-token sequences)."""
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
-    if train.seq_len < 2:
-        raise InputError("seq len must be at least 2")
+    check_seq_len(train.seq_len)
+
+
+def check_seq_len(seq_len: int) -> None:
+    """A block trains each token on the next one: a one-token block has nothing to learn from (`plan` takes it)."""
+    if seq_len < 2:
+        raise InputError(f"--seq-len must be at least 2 (each token is trained on the next one), got {seq_len}")
 
 
 def model_source(train: TrainConfig) -> tuple[str | None, ModelSpec | None]:
@@ -70,7 +73,7 @@ def model_source(train: TrainConfig) -> tuple[str | None, ModelSpec | None]:
     A local directory's config.json is read and checked here, and its safetensors listed: the
     workers load them shard by shard.
     """
-    from raydlc.models import SPECS, model_dir, spec_for
+    from raydlc.facts.models import SPECS, model_dir, spec_for
     from raydlc.train.weights import check_against_config, safetensors_files
 
     builtin = train.model_id.lower() if train.model_id.lower() in SPECS else None
@@ -104,10 +107,10 @@ def check_data(train: TrainConfig, p: Prepared) -> None:
 
     Called with the step as requested (before Ray) and as decided (`resolve`).
     """
-    from raydlc.train import data as D
+    from raydlc.data.order import check_count
 
     global_size = global_sequences(train)
-    D.check_count(n_train=p.n_train, n_eval=p.n_eval, global_batch=global_size, seq_len=train.seq_len, world_size=train.num_workers)
+    check_count(n_train=p.n_train, n_eval=p.n_eval, global_batch=global_size, seq_len=train.seq_len, world_size=train.num_workers)
     if p.resume_meta is None or p.resume_from is None:
         return
     # The data order is a function of (data, seq_len, global batch, seed): all must match to continue it.
@@ -135,7 +138,7 @@ def resolve_resources(train: TrainConfig, cluster_resources: Mapping[str, float]
 def plan_layout(
     train: TrainConfig, capacities: list[int] | tuple[int, ...], *, model: ModelSpec | None, instance_type: str | None,
     max_sequences: int | None = None,
-) -> tuple[Mesh, Decision]:
+) -> tuple[Mesh, StepLayout]:
     """The mesh and the step for the workers Ray will place on nodes of these capacities (GPUs, or CPUs)."""
     counts = placement(capacities, train.num_workers)
     decision = decide(train, counts, model=model, instance_type=instance_type, max_sequences=max_sequences)
@@ -152,7 +155,7 @@ def check_storage(train: TrainConfig, mesh: Mesh) -> None:
 # ---- the one resolution -----------------------------------------------------------------------------
 
 
-def resolve(train: TrainConfig, cluster: Target, p: Prepared, granted: Granted, *, started_at: float = 0.0, now: float = 0.0) -> RunSpec:
+def resolve(train: TrainConfig, cluster: RunTarget, p: Prepared, granted: Granted, *, started_at: float = 0.0, now: float = 0.0) -> RunSpec:
     """The run as every worker will run it: resources, layout and step decided, every rule checked.
 
     The planner plans with the cluster's GPU type only when the workers use GPUs (a local run
@@ -160,7 +163,7 @@ def resolve(train: TrainConfig, cluster: Target, p: Prepared, granted: Granted, 
     started at `started_at` (epoch seconds, when the driver began) and `now` is what it reads now.
     """
     w = resolve_resources(train, granted.resources)
-    sized = train.updated(use_gpu=w.use_gpu, num_workers=w.num_workers)
+    sized = train.updated(use_gpu=w.use_gpu, num_workers=w.num_workers, compile=w.use_gpu if train.compile is None else train.compile)
     instance_type = cluster.instance_type if w.use_gpu else None
     mesh, decision = plan_layout(sized, granted.slots, model=p.model, instance_type=instance_type, max_sequences=p.n_train)
     final = decision.apply(sized)
@@ -177,18 +180,17 @@ def resolve(train: TrainConfig, cluster: Target, p: Prepared, granted: Granted, 
         tokenizer=p.tokenizer,
         data_digest=p.data_digest,
         resume_from=p.resume_from,
-        crash=cluster.crash,
-        hang=cluster.hang,
+        faults=cluster.faults,
         budget=run_budget(final, cluster, mesh.nodes, started_at=started_at, now=now, step_s=decision.step_time_s),
         layout_note=decision.note,
     )
 
 
-def run_budget(train: TrainConfig, cluster: Target, nodes: int, *, started_at: float, now: float, step_s: float | None = None) -> Budget | None:
+def run_budget(train: TrainConfig, cluster: RunTarget, nodes: int, *, started_at: float, now: float, step_s: float | None = None) -> Budget | None:
     """JOB_MAX_COST_USD priced at the nodes the run occupies (the given price, else the GPU type's
     list price); a budget without a price, or below what the run has spent since `started_at`
     plus one step, is refused."""
-    from raydlc.train.budget import Budget, check_budget, hourly_price, list_prices
+    from raydlc.planner.budget import Budget, check_budget, hourly_price, list_prices
 
     if train.max_cost_usd is None:
         return None

@@ -1,37 +1,66 @@
-"""What every worker of one run receives: the validated settings and the driver's decisions.
+"""A run's values, from the request to the workers: where it goes, what the driver prepared, what every worker receives.
 
-The driver decides once (train.resolve: the model source, the mesh, the step, the precision,
-where the run writes, which checkpoint it continues) and sends this as JSON; each worker validates it again on its
-side of the Ray boundary, so a worker never reads an untyped dict. The packed data travel
-beside it in Ray's object store.
+`RunTarget` says where a run goes, beside what it trains; `Prepared` is the driver's facts about
+its inputs (train.prepare makes it); `RunSpec` is what every worker receives: the validated
+settings and the driver's decisions. The driver decides once (train.resolve: the model source,
+the mesh, the step, the precision, where the run writes, which checkpoint it continues) and sends
+the RunSpec as JSON; each worker validates it again on its side of the Ray boundary, so a worker
+never reads an untyped dict. The packed data travel beside it in Ray's object store. They live
+here, below launch, prepare and resolve, so that none of those imports another for a type.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from raydlc.config import TrainConfig
-from raydlc.train.budget import Budget
+from raydlc.data.tokenizer import TokenizerInfo
+from raydlc.edges import ray_runtime
+from raydlc.planner.budget import Budget
+from raydlc.train.faults import Fault
 from raydlc.train.layout import Mesh
-from raydlc.train.tokenizer import TokenizerInfo
+
+if TYPE_CHECKING:
+    from raydlc.data.dataset import TrainData
+    from raydlc.facts.models import ModelSpec
 
 
-class Crash(BaseModel):
-    """Fault injection for tests and drills: `rank` exits at `step` of the first attempt."""
+@dataclass(frozen=True)
+class RunTarget:
+    """Where a run goes, beside what it trains."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    address: str | None = None  # a Ray head to join; None: RAY_ADDRESS, else a local Ray started here
+    instance_type: str | None = None  # the GPU nodes' type: what `SHARDING=auto` plans with
+    log_to_driver: bool = True
+    env: dict[str, str] = field(default_factory=dict)  # extra worker environment
+    faults: Fault | None = None  # fault injection for tests and drills (train.faults): a crash or a hang
+    usd_per_hour: float | None = None  # the run's GPU nodes' price, given (tests, a negotiated rate); None: the list price of instance_type
+    deadline_at: float | None = None  # wall-clock time (time.time()) past which the driver aborts the run: a RayJob's deadline
 
-    rank: int
-    step: int
+    @property
+    def local(self) -> bool:
+        return self.address is None and ray_runtime.address_from_env() is None
 
 
-class Hang(BaseModel):
-    """Fault injection for the stall guard's test, never set by a setting: `rank` stops making progress at `step` of the first attempt."""
+@dataclass(frozen=True)
+class Prepared:
+    """The driver's facts about a run's inputs, made once and passed on unchanged."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rank: int
-    step: int
+    builtin: str | None  # a built-in spec (random init), or None: from_pretrained(MODEL_ID)
+    model: ModelSpec | None  # the architecture, when known
+    data: TrainData  # where the workers read their rows: the prepared dataset, never its rows
+    tokenizer: TokenizerInfo
+    storage: str  # STORAGE_PATH, resolved
+    run_name: str
+    resume_from: str | None
+    n_train: int
+    n_eval: int
+    data_digest: str
+    resume_meta: dict[str, Any] | None = None
+    dataset_reused: bool = False
 
 
 class RunSpec(BaseModel):
@@ -47,8 +76,7 @@ class RunSpec(BaseModel):
     tokenizer: TokenizerInfo
     data_digest: str
     resume_from: str | None = None
-    crash: Crash | None = None
-    hang: Hang | None = None
+    faults: Fault | None = None  # tests and drills only (train.faults): the loop's step hooks
     budget: Budget | None = None  # JOB_MAX_COST_USD with the price it is spent at and when the clock started
     layout_note: str | None = None  # where the step came from (the planner, or the config), for people
 

@@ -2,7 +2,7 @@
 
 The driver already hears from every rank (train.heartbeat: each rank posts where it is every few
 seconds, from a thread beside the training thread). `Watch` folds those records into when the
-last step completed; `StallGuard.check` decides, as a frozen `Decision`, whether the wait has
+last step completed; `StallGuard.check` decides, as a frozen `StallCheck`, whether the wait has
 passed STALL_MINUTES (the first step of each attempt gets STALL_FIRST_MINUTES: weights load,
 kernels compile). On a stall the driver asks every rank for its threads' Python stacks and
 its last log lines, names the ranks that are not waiting in a collective (those the others
@@ -32,7 +32,7 @@ COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "barrier",
     "all_to_all", "all_to_all_single", "wait", "reduce", "gather", "scatter", "send", "recv", "monitored_barrier",
 })
-SLOW_PHASES = ("checkpoint", "finishing")  # heartbeat phases that legitimately take a while without a step
+SLOW_PHASES = ("checkpoint", "finishing", "preempted")  # heartbeat phases that legitimately take a while without a step (train.preempt's hold)
 TRAINING_FRAME = "run_loop"  # the loop's function: the thread that has it is the training thread
 
 
@@ -41,7 +41,7 @@ class Stalled(TrainError):
 
 
 @dataclass(frozen=True)
-class Decision:
+class StallCheck:
     """Whether the run has stalled, with the figures a person reads."""
 
     stalled: bool
@@ -66,11 +66,11 @@ class StallGuard:
     def on(self) -> bool:
         return self.limit_s > 0
 
-    def check(self, now: float, last_step_at: float, step: int, *, first: bool) -> Decision:
+    def check(self, now: float, last_step_at: float, step: int, *, first: bool) -> StallCheck:
         """`last_step_at`: when the last step completed (or the attempt began, while `first`)."""
         limit = self.first_limit_s if first else self.limit_s
         waited = max(0.0, now - last_step_at)
-        return Decision(self.on and waited > limit, waited, limit, step, first)
+        return StallCheck(self.on and waited > limit, waited, limit, step, first)
 
     def beat_every_s(self) -> float:
         """How often each rank reports where it is: a tenth of the allowance, between 0.5 and 30 s."""
@@ -155,7 +155,7 @@ def suspects(watch: Watch) -> list[int]:
     return sorted(behind | silent | outside)
 
 
-def evidence(watch: Watch, d: Decision, now: float) -> dict[str, Any]:
+def evidence(watch: Watch, d: StallCheck, now: float) -> dict[str, Any]:
     """The stall's record: the decision, the suspects and, per rank, its last heartbeat, where it is and its last log lines."""
     named = suspects(watch)
     ranks = []
@@ -176,7 +176,7 @@ def evidence(watch: Watch, d: Decision, now: float) -> dict[str, Any]:
             "first_step_allowance": d.first, "last_step": d.step, "ranks": ranks}
 
 
-def reason(watch: Watch, d: Decision, named: list[int]) -> str:
+def reason(watch: Watch, d: StallCheck, named: list[int]) -> str:
     """`no step for 20.0 min; rank 1 last seen at step 3 in hang (loop.py:530) on node 10.0.0.2`: one line."""
     what = "the first step" if d.first else "an optimizer step"
     head = f"no step for {d.waited_s / 60:.1f} min (limit {d.limit_s / 60:g} min for {what})"
@@ -203,6 +203,7 @@ def stack_text(answer: dict[str, Any]) -> str:
 def write_evidence(doc: dict[str, Any], watch: Watch, run_dir: str) -> str:
     """`<run_dir>/stall/evidence.json` and `rank-<r>.stack.txt` (run_dir may be a URI); returns the evidence's path."""
     from raydlc import storage
+    from raydlc.edges.storage import publish
 
     with tempfile.TemporaryDirectory(prefix="raydlc-stall-") as tmp:
         out = Path(tmp)
@@ -210,7 +211,7 @@ def write_evidence(doc: dict[str, Any], watch: Watch, run_dir: str) -> str:
         for r, answer in watch.stacks.items():
             (out / f"rank-{r}.stack.txt").write_text(stack_text(answer))
         dest = storage.join(run_dir, "stall")
-        storage.publish(out, dest)
+        publish(out, dest)
     return storage.join(dest, "evidence.json")
 
 

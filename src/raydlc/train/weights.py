@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc.errors import InputError, TrainError
-from raydlc.models import model_dir, read_config
+from raydlc.facts.models import model_dir, read_config
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from raydlc.models import ModelSpec
+    from raydlc.facts.models import ModelSpec
 
 SUFFIX = ".safetensors"
 # What a run needs from a hub repository: the config, the weights, the tokenizer.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raydlc.dashboard import Job
-from raydlc.verify import FAIL, NA, PASS, Verdict
+from raydlc.checks.gate import FAIL, NA, PASS, GateVerdict
+from raydlc.edges.ray_dashboard import Job
 
 _STATUS = {"SUCCEEDED": "green", "FAILED": "bold red", "STOPPED": "yellow", "RUNNING": "cyan", "PENDING": "cyan"}
 _ROW = {PASS: "green", FAIL: "bold red", NA: "dim"}
@@ -45,7 +45,7 @@ def print_cost(cost: dict[str, Any], console: Any) -> None:
     console.print(f"  spend at step {cost['step']}: ${cost['spent_usd']:.2f} of ${cost['budget_usd']:.2f}{forecast} (list prices)", highlight=False)
 
 
-def print_verdict(v: Verdict, console: Any) -> None:
+def print_verdict(v: GateVerdict, console: Any) -> None:
     from rich.table import Table
 
     job = f", job {v.job.submission_id}" if v.job else ""

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from raydlc.lifecycle.types import Goal, Plan, Reporter, Run, StepResult
+from raydlc.lifecycle.types import Goal, Reporter, Run, StepPlan, StepResult
 
 _STYLE = {"done": "green", "failed": "bold red", "skipped": "yellow", "interrupted": "yellow", "planned": "cyan"}
 _ACTION_STYLE = {"none": "dim", "create": "green", "delete": "red", "replace": "yellow", "repair": "yellow",
@@ -84,7 +84,7 @@ class LiveReporter(Reporter):
     def started(self, step: str) -> None:
         self._set(step, state="checking", t0=time.monotonic())
 
-    def acting(self, step: str, plan: Plan) -> None:
+    def acting(self, step: str, plan: StepPlan) -> None:
         self._set(step, state="acting", detail=f"{plan.action}: {plan.reason}")
 
     def line(self, step: str, text: str) -> None:
@@ -134,7 +134,7 @@ class LineReporter(Reporter):
     def started(self, step: str) -> None:
         self._out(step, "checking")
 
-    def acting(self, step: str, plan: Plan) -> None:
+    def acting(self, step: str, plan: StepPlan) -> None:
         self._out(step, f"{plan.action}: {plan.reason}")
 
     def line(self, step: str, text: str) -> None:
@@ -226,7 +226,7 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
         parts.append(pods)
     store = doc.get("storage")
     if store:
-        from raydlc.lifecycle.resources.storage import human
+        from raydlc.lifecycle.resources.bucket import human
 
         title = f"storage {store['uri']}: {store['objects']} objects, {human(store['size_bytes'])}"
         if store["newest_checkpoints"]:
@@ -246,18 +246,23 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
         money.add_row(i["item"], str(i["count"]), f"{i['usd_per_hour']:,.4f}")
     parts.append(money)
     parts.append(Text(_idle_line(cost)))
+    if doc.get("gpu_prices"):
+        from raydlc.capacity.prices import GpuPrices
+
+        parts.append(Text(GpuPrices.from_dict(doc["gpu_prices"]).line()))
     console.print(Group(*parts))
     console.print(f"[dim]{cost['prices']}[/]" + (f"; unpriced: {', '.join(cost['unpriced'])}" if cost["unpriced"] else ""),
                   highlight=False)
 
 
 def execute(command: Goal, fn: Callable[[Reporter | None], Run], *, json_: bool, dry_run: bool) -> int:
-    """Run `up`/`down` with the right display; returns the exit code (0 ok, 1 a step failed, 130 Ctrl-C)."""
+    """Run `up`/`down` with the right display; returns the exit code (0 ok, 1 a step failed, 2 each failure was
+    the user's input, 130 Ctrl-C)."""
     import sys
 
     from raydlc.lifecycle.orders import names
     from raydlc.lifecycle.types import Interrupted
-    from raydlc.output import console, emit_json, err_console
+    from raydlc.views.output import console, emit_json, err_console
 
     if dry_run:
         run = fn(None)
@@ -292,4 +297,7 @@ def execute(command: Goal, fn: Callable[[Reporter | None], Run], *, json_: bool,
         hint = getattr(r.error, "hint", None)
         if hint:
             err_console.print(f"  hint: {escape(hint)}", highlight=False)
-    return code or (0 if run.ok else 1)
+    if code or run.ok:
+        return code
+    # 2 when every failure is the user's to fix (a path, a kubeconfig), as for any other command; else 1
+    return 2 if run.failed and all(getattr(r.error, "exit_code", 1) == 2 for r in run.failed) else 1

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from raydlc.telemetry.nccl import NcclReport, expect_ok
+from raydlc.nccl import NcclReport, expect_ok
 
 MAX_ROWS = 64
 MAX_LINES = 24

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydlc.plan import GB, Plan
+from raydlc.planner import GB, TrainingPlan
 
 
-def print_plan(p: Plan, console: Any) -> None:
+def print_plan(p: TrainingPlan, console: Any) -> None:
     """Tables for people: memory by component for both strategies, then time and the recommendation."""
     from rich.table import Table
 
@@ -22,6 +22,9 @@ def print_plan(p: Plan, console: Any) -> None:
         f"{f' x {p.grad_accum} accumulated' if p.grad_accum > 1 else ''}"
         f"{', activation checkpointing' if p.activation_checkpointing else ''}"
     )
+    if p.lora.get("rank"):
+        console.print(f"LoRA rank {p.lora['rank']} on {', '.join(p.lora['targets'])}: {p.lora['adapter_params']:,} adapter parameters "
+                      f"({p.lora['trained_fraction']:.2%}) trained, the base frozen in bf16 (planned only: training with LoRA lands with issue 36)")
     mem = Table(title="per-GPU memory")
     mem.add_column("component")
     for s in p.strategies.values():
@@ -53,3 +56,8 @@ def print_plan(p: Plan, console: Any) -> None:
         f"~{r['tokens_per_s']:,.0f} tokens/s (global batch at most {r['max_global_batch']:,} tokens)"
     )
     console.print(f"  why: {r['reason']}; micro-batch: {r['micro_batch_reason']}")
+    prices = getattr(p, "prices", None)
+    if prices:
+        from raydlc.capacity.prices import GpuPrices
+
+        console.print(GpuPrices.from_dict(prices).line(), highlight=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydlc.preflight import PreflightReport
+from raydlc.checks.preflight import PreflightReport
 
 
 def print_report(report: PreflightReport, console: Any) -> None:

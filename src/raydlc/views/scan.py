@@ -7,8 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from raydlc.plan import GB
-from raydlc.scaleout import Scan
+from raydlc.planner import GB
+from raydlc.planner.scan import Scan
 
 
 def _layout(r: Any) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
+from raydlc.edges.tools import ToolFailed
 from raydlc.lifecycle.releases import HelmRelease
 from raydlc.lifecycle.resource import gone
 from raydlc.lifecycle.stuck import StuckWatch
@@ -17,7 +18,6 @@ from raydlc.lifecycle.types import Observation, StepFailed
 from raydlc.render import autoscaler as render
 from raydlc.render import helm as helm_render
 from raydlc.render.nodes import ROLE, SYSTEM_ROLE
-from raydlc.tools import ToolFailed
 
 if TYPE_CHECKING:
     from raydlc.config import Config

@@ -12,17 +12,17 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from raydlc import aws
 from raydlc.capacity.choice import ZoneChoice, choose, existing_choice
+from raydlc.edges import aws
 from raydlc.lifecycle import cloud, nodegroups
 from raydlc.lifecycle.resource import Resource, gone
-from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
 
 READS = ("raydlc capacity (reads: ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, "
-         "servicequotas:GetServiceQuota, ec2:GetSpotPlacementScores, eks:DescribeCluster)")
+         "servicequotas:GetServiceQuota, ec2:GetSpotPlacementScores, ec2:DescribeSpotPriceHistory, eks:DescribeCluster)")
 
 
 class Capacity(Resource):
@@ -60,8 +60,8 @@ class Capacity(Resource):
         choice = self.choice(ctx)
         return Observation("ready" if choice.zone is not None else "degraded", choice.reason)
 
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
-        return Plan("none" if obs.state == "ready" else "blocked", obs.reason, (READS,))
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
+        return StepPlan("none" if obs.state == "ready" else "blocked", obs.reason, (READS,))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
         """Only reached when no zone can take the node group: nothing to make, so say what to change."""
@@ -89,10 +89,10 @@ class Capacity(Resource):
         return Observation("ready", f"{len(found)} raydlc capacity reservation(s) active",
                            {"ids": [r["CapacityReservationId"] for r in found]})
 
-    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state != "ready":
-            return Plan("none", obs.reason)
-        return Plan("delete", obs.reason, tuple(f"ec2:CancelCapacityReservation {i}" for i in obs.facts["ids"]))
+            return StepPlan("none", obs.reason)
+        return StepPlan("delete", obs.reason, tuple(f"ec2:CancelCapacityReservation {i}" for i in obs.facts["ids"]))
 
     def remove(self, ctx: Context, obs: Observation) -> None:
         ec2 = ctx.aws("ec2")

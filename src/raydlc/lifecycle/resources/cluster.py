@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from raydlc import aws
+from raydlc.edges import aws
+from raydlc.edges.tools import ToolFailed
 from raydlc.errors import InputError
 from raydlc.lifecycle import cloud, commands, kubeconfig, nodegroups
 from raydlc.lifecycle.resource import Resource, gone, reaches, ready_nodes
 from raydlc.lifecycle.stacks import delete_stack
-from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 from raydlc.render import FILES
 from raydlc.render.eksctl import OWNER_TAG
 from raydlc.render.nodes import SYSTEM_ROLE
-from raydlc.tools import ToolFailed
 
 if TYPE_CHECKING:
     from raydlc.capacity.choice import ZoneChoice
@@ -118,16 +118,16 @@ class Cluster(Resource):
             facts["kubeconfig"] = "broken"
         return facts, missing
 
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         sysname = ctx.cfg.system_nodes.nodegroup_name
         f = obs.facts
         if obs.state == "ready":
-            return Plan("none", obs.reason)
+            return StepPlan("none", obs.reason)
         if f.get("foreign"):
-            return Plan("refuse", obs.reason + "; pass --force to use it anyway")
+            return StepPlan("refuse", obs.reason + "; pass --force to use it anyway")
         cmds: list[str] = []
         if obs.state == "creating" and not f:
-            return Plan("wait", obs.reason, ("eks:DescribeCluster until ACTIVE",))
+            return StepPlan("wait", obs.reason, ("eks:DescribeCluster until ACTIVE",))
         if f.get("stale_stack"):
             cmds.append(f"cloudformation:DeleteStack {f['stale_stack']} (then wait until deleted)")
         if obs.state == "deleting":
@@ -137,7 +137,7 @@ class Cluster(Resource):
         if obs.state in ("absent", "deleting") or f.get("failed"):
             cmds += [f"write {ctx.path_of(FILES['eksctl'])}", str(commands.create_cluster(ctx)),
                      str(commands.create_nodegroup(ctx, sysname))]
-            return Plan("replace" if f.get("stale_stack") or f.get("failed") else "create", obs.reason, tuple(cmds))
+            return StepPlan("replace" if f.get("stale_stack") or f.get("failed") else "create", obs.reason, tuple(cmds))
         if f.get("system") == "failed":
             cmds.append(str(commands.delete_nodegroup(ctx, sysname)))
         if f.get("system") in ("absent", "failed"):
@@ -146,7 +146,7 @@ class Cluster(Resource):
             cmds.append(f"eks:DescribeNodegroup {sysname} until ACTIVE")
         if f.get("kubeconfig") in ("missing", "broken"):
             cmds.append(str(commands.write_kubeconfig(ctx)))
-        return Plan("repair", obs.reason, tuple(cmds))
+        return StepPlan("repair", obs.reason, tuple(cmds))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
         if obs.facts.get("foreign"):
@@ -252,14 +252,14 @@ class Cluster(Resource):
         return Observation("ready", "present: " + "; ".join(left or [f"vpcs: {', '.join(found['vpcs'])}"]),
                            {"found": found})
 
-    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state == "absent":
-            return Plan("none", obs.reason)
+            return StepPlan("none", obs.reason)
         found = obs.facts["found"]
         cmds = [str(commands.delete_cluster(ctx))] if found["cluster"] else []
         cmds.append("then, for whatever AWS still lists tagged " + f"{OWNER_TAG}={ctx.cfg.cluster.name}: "
                     "cloudformation:DeleteStack, ec2:TerminateInstances, ec2:DeleteNatGateway, ec2:ReleaseAddress")
-        return Plan("delete", obs.reason, tuple(cmds))
+        return StepPlan("delete", obs.reason, tuple(cmds))
 
     def remove(self, ctx: Context, obs: Observation) -> None:
         cfg = ctx.cfg

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
 from raydlc.lifecycle.releases import HelmRelease
 from raydlc.lifecycle.stuck import StuckWatch
-from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 from raydlc.render import helm as helm_render
 from raydlc.render.autoscaler import enabled as elastic
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
@@ -78,10 +78,10 @@ class DevicePlugins(HelmRelease):
             return Observation("creating", "; ".join(_node_devices_text(n, cfg.gpu_nodes.gpus_per_node) for n in short))
         return None
 
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         p = super().plan_up(ctx, obs)
         if p.action == "wait":
-            return Plan("wait", obs.reason, (f"nodes role={GPU_ROLE}: {GPU_RESOURCE} = {ctx.cfg.gpu_nodes.gpus_per_node} and "
+            return StepPlan("wait", obs.reason, (f"nodes role={GPU_ROLE}: {GPU_RESOURCE} = {ctx.cfg.gpu_nodes.gpus_per_node} and "
                                               f"{EFA_RESOURCE} >= 1 (EFA plugin: eksctl's {EFA_DAEMONSET})",))
         return p
 

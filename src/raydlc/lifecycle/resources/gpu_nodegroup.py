@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
+from raydlc.edges.tools import ToolFailed
 from raydlc.lifecycle import cloud, commands, nodegroups
 from raydlc.lifecycle.resource import Resource, cluster_active, gone, kube_if_cluster, no_cluster, no_kubeconfig, ready_nodes
-from raydlc.lifecycle.types import Observation, Plan, StepFailed
-from raydlc.render import FILES
+from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
+from raydlc.render import FILES, eksctl
 from raydlc.render.autoscaler import enabled as elastic
 from raydlc.render.nodes import GPU_ROLE, ROLE
-from raydlc.tools import ToolFailed
 
 if TYPE_CHECKING:
     from raydlc.capacity.choice import ZoneChoice
@@ -33,6 +33,18 @@ def wanted_nodes(cfg: Config, ng: dict[str, Any]) -> int:
     if not elastic(cfg):
         return cfg.gpu_nodes.count
     return min(int((ng.get("scalingConfig") or {}).get("desiredSize") or 0), cfg.gpu_nodes.count)
+
+
+def attempts(cfg: Config, choice: ZoneChoice, tried: list[str]) -> list[tuple[str, bool]]:
+    """(AZ, Spot?) in the order `up` tries them: each AZ raydlc may use (only the first unless raydlc chose it),
+    Spot or on-demand as GPU_CAPACITY_TYPE says; spot-then-on-demand tries Spot in each, then on-demand in each."""
+    zones = [z for z in (choice.candidates or (choice.zone,)) if z and z not in tried]
+    if not choice.chosen:
+        zones = zones[:1]
+    kind = cfg.gpu_nodes.capacity_type
+    if kind == "spot-then-on-demand":
+        return [(z, True) for z in zones] + [(z, False) for z in zones]
+    return [(z, kind == "spot") for z in zones]
 
 
 def _scaling(cfg: Config) -> str:
@@ -82,12 +94,12 @@ class GpuNodeGroup(Resource):
             return Observation("creating", f"{len(ready)}/{want} GPU nodes Ready")
         return Observation("ready", f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready{_scaling(cfg)}")
 
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
         if obs.state == "ready":
-            return Plan("none", obs.reason)
+            return StepPlan("none", obs.reason)
         if obs.state in ("creating", "unknown") and not obs.facts:
-            return Plan("wait", obs.reason, (f"eks:DescribeNodegroup {ngname} until ACTIVE; nodes role={GPU_ROLE} Ready",))
+            return StepPlan("wait", obs.reason, (f"eks:DescribeNodegroup {ngname} until ACTIVE; nodes role={GPU_ROLE} Ready",))
         cmds: list[str] = []
         if obs.facts.get("failed") or obs.state == "deleting":
             cmds.append(str(commands.delete_nodegroup(ctx, ngname)))
@@ -96,9 +108,11 @@ class GpuNodeGroup(Resource):
         choice = self.zones(ctx)
         where = f" in {choice.zone}" if choice.zone else ""
         cmds += [f"write {ctx.path_of(FILES['eksctl'])} (GPU node group{where})", str(commands.create_nodegroup(ctx, ngname))]
-        if choice.chosen and len(choice.candidates) > 1:
-            cmds.append(f"on a capacity failure: delete it and retry in {', '.join(choice.candidates[1:])}")
-        return Plan("replace" if obs.facts else "create", obs.reason, tuple(cmds))
+        plan = attempts(ctx.cfg, choice, [])
+        if len(plan) > 1:
+            nxt = ", ".join(f"{z}{' (Spot)' if spot else ' (On-Demand)' if eksctl.spot(ctx.cfg) else ''}" for z, spot in plan[1:])
+            cmds.append(f"on a capacity failure: delete it and retry in {nxt}")
+        return StepPlan("replace" if obs.facts else "create", obs.reason, tuple(cmds))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
@@ -121,14 +135,18 @@ class GpuNodeGroup(Resource):
         self._create(ctx, choice, tried)
 
     def _create(self, ctx: Context, choice: ZoneChoice, tried: list[str]) -> None:
-        """Create the group in the first candidate not yet tried; on a capacity failure in a zone raydlc chose, the next."""
+        """Create the group in the first attempt not yet tried; on a capacity failure, the next (another AZ raydlc
+        chose, or under spot-then-on-demand an on-demand group once Spot had no capacity in any of them)."""
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
-        candidates = [z for z in (choice.candidates or [choice.zone]) if z and z not in tried]
         errors: list[str] = [f"{z}: a failed node group found there" for z in tried]
-        for i, az in enumerate(candidates):
-            if i > 0 or tried:
+        plan = attempts(ctx.cfg, choice, tried)
+        for i, (az, spot) in enumerate(plan):
+            kind = "Spot" if spot else "On-Demand"
+            if i > 0 and not spot and plan[i - 1][1]:
+                ctx.reporter.line(self.name, f"no Spot capacity; falling back to On-Demand: trying {az}")
+            elif i > 0 or tried:
                 ctx.reporter.line(self.name, f"trying the next ranked AZ: {az}")
-            docs = ctx.documents("eksctl", choice.zones_for(az))
+            docs = ctx.documents("eksctl", choice.zones_for(az), cfg=None if spot == eksctl.spot(ctx.cfg) else eksctl.on_demand(ctx.cfg))
             ctx.write({FILES["eksctl"]: docs[FILES["eksctl"]]})
             tool_error = ""
             try:
@@ -138,15 +156,17 @@ class GpuNodeGroup(Resource):
             ng = nodegroups.wait_settled(ctx, self.name, ngname)
             if ng is not None and ng.get("status") == "ACTIVE":
                 if errors:
-                    ctx.note(self.name, f"came up in {az} after: {'; '.join(errors)}")
+                    ctx.note(self.name, f"came up {kind} in {az} after: {'; '.join(errors)}")
                 return
             err = self._failure(ctx, ng, tool_error)
-            errors.append(f"{az}: {err}")
+            errors.append(f"{az}{f' ({kind})' if eksctl.spot(ctx.cfg) else ''}: {err}")
             nodegroups.remove(ctx, self.name, ngname)
-            if not (choice.chosen and cloud.is_capacity_error(err)):
+            if not cloud.is_capacity_error(err):
                 break
         hint = ("run `raydlc capacity` and set GPU_AZ to a zone that has capacity, or retry later"
                 if any(cloud.is_capacity_error(e) for e in errors) else "see the error above; re-run `raydlc up` once fixed")
+        if ctx.cfg.gpu_nodes.capacity_type == "spot" and any(cloud.is_capacity_error(e) for e in errors):
+            hint += "; GPU_CAPACITY_TYPE=spot-then-on-demand falls back to On-Demand nodes"
         raise StepFailed(f"GPU node group {ngname} could not be created: {' | '.join(errors)}", hint=hint)
 
     def _failure(self, ctx: Context, ng: dict[str, Any] | None, tool_error: str) -> str:
@@ -167,7 +187,8 @@ class GpuNodeGroup(Resource):
         ready = ctx.wait(self.name, lambda: ready_nodes(kube, GPU_ROLE), lambda ns: len(ns) >= want,
                          timeout=ctx.timings.nodes_s, what=f"{want} GPU nodes Ready with {ROLE}={GPU_ROLE}",
                          explain=lambda ns: f"{len(ns)}/{want} Ready")
-        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}{_scaling(cfg)}"
+        spot = ", Spot capacity" if ng.get("capacityType") == "SPOT" else ""
+        return f"{len(ready)} × {cfg.gpu_nodes.instance_type} Ready in {nodegroups.zone_of(ctx, ng) or '?'}{_scaling(cfg)}{spot}"
 
     # ------------------------------------------------------------------ down
 
@@ -181,12 +202,12 @@ class GpuNodeGroup(Resource):
         what = f"node group {ngname} is {ng.get('status')}" if ng else f"stack {st['StackName']} is {st['StackStatus']}"  # type: ignore[index]
         return Observation("ready", what, facts)
 
-    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state == "absent":
-            return Plan("none", obs.reason)
+            return StepPlan("none", obs.reason)
         if obs.facts.get("nodegroup"):
-            return Plan("delete", obs.reason, (str(commands.delete_nodegroup(ctx, ctx.cfg.gpu_nodes.nodegroup_name)),))
-        return Plan("delete", obs.reason, (f"cloudformation:DeleteStack {obs.facts['stack']}",))
+            return StepPlan("delete", obs.reason, (str(commands.delete_nodegroup(ctx, ctx.cfg.gpu_nodes.nodegroup_name)),))
+        return StepPlan("delete", obs.reason, (f"cloudformation:DeleteStack {obs.facts['stack']}",))
 
     def remove(self, ctx: Context, obs: Observation) -> None:
         nodegroups.remove(ctx, self.name, ctx.cfg.gpu_nodes.nodegroup_name, stacks=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
 from raydlc.lifecycle.releases import HelmRelease
 from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, StepFailed

@@ -16,11 +16,11 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from raydlc import kube as k8s
-from raydlc.lifecycle.resource import Resource, gone, kube_if_cluster, look_inside
+from raydlc.edges import kube as k8s
+from raydlc.lifecycle.resource import Resource, api_unreachable, gone, gone_or_unseen, kube_if_cluster, look_inside
 from raydlc.lifecycle.resources import raytoken
 from raydlc.lifecycle.stuck import StuckWatch
-from raydlc.lifecycle.types import Observation, Plan, StepFailed
+from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 from raydlc.render import FILES, auth
 from raydlc.render.autoscaler import enabled as elastic
 from raydlc.render.eksctl import OWNER_TAG
@@ -256,23 +256,23 @@ class RayCluster(Resource):
         return Observation("ready", f"RayCluster {ctx.cfg.ray.cluster_name}: head Ready, {running} workers Running"
                            + (f" (0..{ctx.cfg.gpu_nodes.count} as jobs need them)" if elastic(ctx.cfg) else ""))
 
-    def plan_up(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state == "ready":
-            return Plan("none", obs.reason)
+            return StepPlan("none", obs.reason)
         what = ", ".join(_describe(d) for d in desired_objects(ctx))
         secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
         cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
         if obs.facts.get("token_lost"):
-            return Plan("replace", f"{obs.reason}; a new token reaches the head only through new pods: the Ray pods are "
+            return StepPlan("replace", f"{obs.reason}; a new token reaches the head only through new pods: the Ray pods are "
                                    "recreated and running jobs stop (asks first; --yes agrees)",
                         (f"kubernetes create: Secret {auth.secret_name(ctx.cfg)} (a new random token)", cmd,
                          "kubernetes delete: the Ray pods (KubeRay creates them again, reading the new token)"))
         if obs.facts.get("recreate"):
-            return Plan("replace", f"{obs.reason}; KubeRay recreates every Ray pod: running jobs will stop (asks first; --yes agrees)",
+            return StepPlan("replace", f"{obs.reason}; KubeRay recreates every Ray pod: running jobs will stop (asks first; --yes agrees)",
                         (cmd, "KubeRay deletes the Ray pods and creates them from the new templates"))
         if obs.facts.get("apply") or obs.state in ("absent", "unknown"):
-            return Plan("create" if obs.state in ("absent", "unknown") else "repair", obs.reason, (cmd,))
-        return Plan("wait", obs.reason, ("pods ray.io/cluster=" + ctx.cfg.ray.cluster_name + ": head Ready, workers Running",))
+            return StepPlan("create" if obs.state in ("absent", "unknown") else "repair", obs.reason, (cmd,))
+        return StepPlan("wait", obs.reason, ("pods ray.io/cluster=" + ctx.cfg.ray.cluster_name + ": head Ready, workers Running",))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
         kube = ctx.kube()
@@ -345,7 +345,8 @@ class RayCluster(Resource):
     def left(self, ctx: Context) -> Observation:
         kube = kube_if_cluster(ctx)
         if kube is None:
-            return gone("the cluster or its API is gone, and the Ray objects with it")
+            return gone_or_unseen(ctx, f"RayCluster {ctx.cfg.ray.cluster_name} and raydlc's objects in {ctx.cfg.cluster.namespace}",
+                                  "the cluster is gone, and the Ray objects with it")
         present = self._present(ctx, kube)
         if _namespace_ours(kube, ctx):
             present.append(f"Namespace {ctx.cfg.cluster.namespace}")
@@ -356,15 +357,20 @@ class RayCluster(Resource):
             return gone(f"no RayCluster {ctx.cfg.ray.cluster_name} or other raydlc object in {ctx.cfg.cluster.namespace}")
         return Observation("ready", "present: " + ", ".join(present), {"present": present})
 
-    def plan_down(self, ctx: Context, obs: Observation) -> Plan:
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state == "absent":
-            return Plan("none", obs.reason)
-        return Plan("delete", obs.reason, (f"kubernetes delete: {', '.join(obs.facts.get('present', []))}; "
+            return StepPlan("none", obs.reason)
+        if obs.state == "unknown":  # the API server does not answer: what would be deleted once it does
+            return StepPlan("delete", obs.reason, (f"kubernetes delete: RayCluster {ctx.cfg.ray.cluster_name}, its RayJobs, NetworkPolicies "
+                                                   f"and Secret in {ctx.cfg.cluster.namespace}; wait until the Ray pods are gone",))
+        return StepPlan("delete", obs.reason, (f"kubernetes delete: {', '.join(obs.facts.get('present', []))}; "
                                            "wait until the Ray pods are gone",))
 
     def remove(self, ctx: Context, obs: Observation) -> None:
         kube = kube_if_cluster(ctx)
         if kube is None:
+            if ctx.keeps_cluster and (why := api_unreachable(ctx)) is not None:
+                raise StepFailed(f"{why}: the Ray objects cannot be deleted", hint="check the kubeconfig and the network, then run down again")
             return
         cfg = ctx.cfg
         for av, kind, name, ns in _owned_objects(ctx):

@@ -13,7 +13,7 @@ import base64
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from raydlc import kube as k8s
+from raydlc.edges import kube as k8s
 from raydlc.render import auth
 from raydlc.render.eksctl import OWNER_TAG
 

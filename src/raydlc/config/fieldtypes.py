@@ -1,0 +1,229 @@
+"""The shapes a setting can have, as annotations on its field: `Annotated[int, AtLeast(1)]`.
+
+Nearly every rule of the Config tree is one of a few shapes (a count with a floor, a share
+between two bounds, a DNS-1123 name, a string with a pattern, an empty value meaning "not
+set"). Each shape is a small frozen value that a field carries in its annotation; the one
+generic validator of `config._Section` finds them and applies them in order, after the rules
+every field gets (no control characters, a ceiling on numbers). So a new field states its
+rule in its type, and every message of a shape is written once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+class Rule:
+    """A check a field's annotation carries: `before` sees the raw input, `check` the parsed value."""
+
+    def before(self, value: Any) -> Any:
+        return value
+
+    def check(self, value: Any) -> None:
+        """Raise ValueError with the message a person reads (after `NAME (source): `)."""
+
+
+@dataclass(frozen=True)
+class AtLeast(Rule):
+    """A number with a floor: `must be at least 20 GiB, got 5`; a floor of 0 reads `must be 0 or more`."""
+
+    floor: float
+    unit: str = ""
+    why: str = ""
+
+    def check(self, value: Any) -> None:
+        if value is None or value >= self.floor:
+            return
+        if self.floor == 0:
+            raise ValueError(f"must be 0 or more, got {value}")
+        unit = f" {self.unit}" if self.unit else ""
+        why = f" ({self.why})" if self.why else ""
+        raise ValueError(f"must be at least {self.floor:g}{unit}{why}, got {value}")
+
+
+@dataclass(frozen=True)
+class Above(Rule):
+    """A number strictly greater than a bound (a learning rate, a clipping norm)."""
+
+    bound: float
+
+    def check(self, value: Any) -> None:
+        if not value > self.bound:
+            raise ValueError(f"must be greater than {self.bound:g}, got {value}")
+
+
+@dataclass(frozen=True)
+class Between(Rule):
+    """A number strictly inside two bounds (a share of the data)."""
+
+    low: float
+    high: float
+
+    def check(self, value: Any) -> None:
+        if not self.low < value < self.high:
+            raise ValueError(f"must be between {self.low:g} and {self.high:g}, got {value}")
+
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Dns1123(Rule):
+    """A Kubernetes object name; `max_len` is shorter where KubeRay appends suffixes to it."""
+
+    max_len: int = 63
+
+    def check(self, value: Any) -> None:
+        if not _DNS1123.match(value) or len(value) > self.max_len:
+            raise ValueError(
+                f"must be a DNS-1123 name (lowercase letters, digits and '-', starting and ending "
+                f"with a letter or digit, at most {self.max_len} characters), got {shown(value)}"
+            )
+
+
+@dataclass(frozen=True)
+class Shaped(Rule):
+    """A string that must match `pattern`: `must be an EC2 instance type (…), got 'x'`; None passes."""
+
+    pattern: re.Pattern[str]
+    what: str
+    verb: str = "be"
+
+    def check(self, value: Any) -> None:
+        if value is not None and not self.pattern.match(value):
+            raise ValueError(f"must {self.verb} {self.what}, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Blank(Rule):
+    """An empty value (`RAYDLC_GPU_AZ=`, `bf16: ""`) means not set: None, decided later."""
+
+    def before(self, value: Any) -> Any:
+        return None if value in ("", None) else value
+
+
+_SQUASHED_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):/(?!/)")
+
+
+@dataclass(frozen=True)
+class StorageLocation(Rule):
+    """A local path or a URI (`s3://bucket/prefix`), kept as the text given: never parsed as a file system
+    path, which would squash `s3://b/x` to the local `s3:/b/x`. A scheme followed by one slash is that
+    squashed form (or a typo), refused rather than written to a local folder named `s3:`."""
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            return
+        m = _SQUASHED_URI.match(value)
+        if m and len(m.group(1)) > 1:  # `C:/data` on Windows is a drive, not a scheme
+            raise ValueError(f"must be a local path or a URI such as {m.group(1)}://bucket/prefix (two slashes after "
+                             f"'{m.group(1)}:'), got {shown(value)}")
+
+
+_FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class FolderName(Rule):
+    """One folder name, no path: it is joined under a storage root (and Ray Train names its run by it),
+    so short and of characters every file system and URI takes."""
+
+    max_len: int = 100
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            return
+        if value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"must be one folder name (no '/'), got {shown(value)}")
+        if len(value) > self.max_len:
+            raise ValueError(f"must be at most {self.max_len} characters, got {len(value):,}: {shown(value)}")
+        if not _FOLDER.match(value):
+            raise ValueError(f"must be letters, digits, '.', '_' and '-', starting with a letter or digit, got {shown(value)}")
+
+
+SHOWN_MAX = 60
+
+
+def shown(value: Any) -> str:
+    """A value as an error shows it: quoted, and cut when long (a 10 kB value is not echoed in full)."""
+    text = repr(value)
+    if len(text) <= SHOWN_MAX:
+        return text
+    return f"{text[:SHOWN_MAX]}… ({len(str(value)):,} characters)"
+
+
+@dataclass(frozen=True)
+class WholeOrAuto(Rule):
+    """A whole number of `what` (at least 1), or the word `auto`; one message for anything else.
+
+    Without it pydantic reports one error per member of `int | Literal["auto"]`.
+    """
+
+    what: str
+
+    def before(self, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value == "auto":
+                return value
+            if not value.lstrip("+-").isdigit():
+                raise ValueError(f"must be a whole number of {self.what} or auto, got {value!r}")
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be a whole number of {self.what} or auto, got {value!r}")
+        return value
+
+    def check(self, value: Any) -> None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1, or auto, got {value}")
+
+
+def rules(metadata: list[Any]) -> list[Rule]:
+    """The rules among a field's annotation metadata, in the order they were written."""
+    return [m for m in metadata if isinstance(m, Rule)]
+
+
+_BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+@dataclass(frozen=True)
+class S3BucketName(Rule):
+    """S3's rules for a general purpose bucket's name (the S3 user guide, "General purpose bucket naming rules"):
+    3-63 characters of a-z 0-9 . -, a letter or digit at each end, no '..', not an IP address, none of the
+    prefixes and suffixes S3 keeps for itself. None passes (the default name)."""
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            return
+        why = (
+            f"3 to 63 characters, got {len(value):,}" if not 3 <= len(value) <= 63
+            else "only lowercase letters, digits, '.' and '-', starting and ending with a letter or digit" if not _BUCKET_CHARS.match(value)
+            else "no two adjacent periods" if ".." in value
+            else "not formatted as an IP address" if _IPV4.match(value)
+            else f"not starting with {next(p for p in _BUCKET_PREFIXES if value.startswith(p))!r} (S3 reserves it)"
+            if value.startswith(_BUCKET_PREFIXES)
+            else f"not ending with {next(s for s in _BUCKET_SUFFIXES if value.endswith(s))!r} (S3 reserves it)"
+            if value.endswith(_BUCKET_SUFFIXES)
+            else ""
+        )
+        if why:
+            raise ValueError(f"must be an S3 bucket name: {why}, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class OffOrAtLeast(Rule):
+    """0 switches it off; anything else has a floor below which it cannot mean what it says."""
+
+    floor: float
+    unit: str
+    why: str
+
+    def check(self, value: Any) -> None:
+        if value is None or value == 0 or value >= self.floor:
+            return
+        raise ValueError(f"must be 0 (off) or at least {self.floor:g} {self.unit} ({self.why}), got {value:g}")

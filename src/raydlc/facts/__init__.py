@@ -1,0 +1,1 @@
+"""Offline knowledge: instance types and GPUs, images, one price table, model architectures."""

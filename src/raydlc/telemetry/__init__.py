@@ -1,1 +1,0 @@
-"""Network telemetry: what NCCL says about the transport that carried a job."""

@@ -1,0 +1,86 @@
+"""The loss plot, drawn where matplotlib is: by `raydlc train`'s driver and `raydlc submit`'s caller
+after the run, from the metrics the run wrote; never on the cluster.
+
+The Ray Train image has no matplotlib (tests/doubles/dlc_env.py), so the training job writes
+`metrics.jsonl` and the caller turns it into `loss.png` next to it. Without matplotlib, or without
+access to the run's storage, no plot is drawn and a one-line note says why; the run is not failed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from raydlc.storage import is_uri
+
+
+def plot(records: Sequence[dict[str, Any]], path: Path, *, title: str = "raydlc training loss") -> None:
+    """Train loss per step and eval loss where measured; Agg, so no display is needed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="train loss", linewidth=1)
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _have_matplotlib() -> bool:
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules: refused by an import guard
+        return False
+
+
+def title(summary: Mapping[str, Any]) -> str:
+    return f"{summary.get('model')}: {summary.get('workers')} worker(s), global batch {summary.get('global_batch')} x {summary.get('seq_len')}"
+
+
+def draw(summary: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """Draw `loss.png` into the run directory from its `metrics.jsonl`: (the plot's path, None), or
+    (None, why no plot was drawn)."""
+    metrics, run_dir = summary.get("metrics"), summary.get("run_dir")
+    if not metrics or not run_dir:
+        return None, "no loss plot: the run named no metrics file"
+    if not _have_matplotlib():
+        return None, f"no loss plot: matplotlib is not installed here (the metrics are in {metrics})"
+    from raydlc.edges.storage import publish, read_text
+
+    try:
+        records = [json.loads(line) for line in read_text(str(metrics)).splitlines() if line.strip()]
+    except OSError as e:
+        return None, f"no loss plot: {metrics} could not be read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+    dest = f"{str(run_dir).rstrip('/')}/loss.png"
+    try:
+        if is_uri(str(run_dir)):
+            with tempfile.TemporaryDirectory(prefix="raydlc-plot-") as tmp:
+                plot(records, Path(tmp) / "loss.png", title=title(summary))
+                publish(Path(tmp), str(run_dir))
+        else:
+            plot(records, Path(dest), title=title(summary))
+    except OSError as e:
+        return None, f"no loss plot: {dest} could not be written ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+    return dest, None
+
+
+def with_plot(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with `plot` (the PNG drawn, or None) and `plot_note` (why not, or None)."""
+    path, note = draw(summary)
+    return {**summary, "plot": path, "plot_note": note}
