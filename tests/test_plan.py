@@ -209,6 +209,14 @@ def test_human_output_names_the_recommendation(clean_env: object, capsys: pytest
     assert "per-GPU memory" in out and "recommended:" in out and "fsdp" in out
 
 
+def test_when_nothing_fits_nothing_is_recommended(clean_env: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 72B on one L4: the plan says why nothing fits, not "recommended: fsdp, micro-batch 0, ~0 tokens/s"."""
+    assert main(["plan", "--model", "qwen2.5-72b", "--nodes", "1", "--gpus-per-node", "1", "--instance-type", "g6.12xlarge"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing recommended: nothing fits (the smallest layout needs" in out and "not even one sequence fits" in out
+    assert "recommended: fsdp" not in out and "micro-batch 0" not in out and "~0 tokens/s" not in out
+
+
 def test_tcp_only_layout_uses_tcp_rate() -> None:
     lay = replace(G6, efa=False)
     st = planner.plan(W(get_spec("qwen2.5-1.5b")), lay).step_time_s

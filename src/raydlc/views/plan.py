@@ -24,7 +24,7 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
     )
     if p.lora.get("rank"):
         console.print(f"LoRA rank {p.lora['rank']} on {', '.join(p.lora['targets'])}: {p.lora['adapter_params']:,} adapter parameters "
-                      f"({p.lora['trained_fraction']:.2%}) trained, the base frozen in bf16 (planned only: training with LoRA lands with issue 36)")
+                      f"({p.lora['trained_fraction']:.2%}) trained, the base frozen in bf16")
     mem = Table(title="per-GPU memory")
     mem.add_column("component")
     for s in p.strategies.values():
@@ -49,15 +49,22 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
     for label, fn in rows:
         step.add_row(label, *(fn(s) for s in p.strategies.values()))
     console.print(step)
-    r = p.recommendation
+    print_recommendation(p.recommendation, console)
+    prices = getattr(p, "prices", None)
+    if prices:
+        from raydlc.capacity.prices import GpuPrices
+
+        console.print(GpuPrices.from_dict(prices).line(), highlight=False)
+
+
+def print_recommendation(r: dict[str, Any], console: Any) -> None:
+    """The chosen layout and why; when nothing fits only why: a "micro-batch 0, ~0 tokens/s" layout is no recommendation."""
+    if r["micro_batch"] == 0:
+        console.print(f"[bold red]nothing recommended:[/] {r['reason']}; {r['micro_batch_reason']}")
+        return
     accum = f" x {r['grad_accum']} accumulated (sync {r['sync']})" if r["grad_accum"] > 1 else ""
     console.print(
         f"[bold]recommended:[/] {r['strategy']}, micro-batch {r['micro_batch']}{accum}, "
         f"~{r['tokens_per_s']:,.0f} tokens/s (global batch at most {r['max_global_batch']:,} tokens)"
     )
     console.print(f"  why: {r['reason']}; micro-batch: {r['micro_batch_reason']}")
-    prices = getattr(p, "prices", None)
-    if prices:
-        from raydlc.capacity.prices import GpuPrices
-
-        console.print(GpuPrices.from_dict(prices).line(), highlight=False)
