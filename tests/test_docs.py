@@ -204,7 +204,22 @@ def test_lifecycle_status_sample_is_what_status_prints() -> None:
     assert "hourly cost: $9.55/h (estimate)" in r.stdout and "release cluster-autoscaler 9.59.0 deployed" in r.stdout
 
 
-@pytest.mark.parametrize("generator", ["config_table", "commands_doc", "api_doc"])
+def test_lora_tables_are_the_planners_now(clean_env: object) -> None:
+    """docs/lora.md's tables come from the planner: a change to its arithmetic or the registry is one run of
+    scripts/lora_tables.py. The acceptance figures of issue 36 are in them: Qwen2.5-32B LoRA on 2 x g6.12xlarge
+    (full fine-tuning needs 10), Qwen2.5-7B LoRA on one."""
+    import lora_tables
+
+    shown = docgen.block(DOCS / "lora.md", "lora-tables")
+    assert shown is not None, "docs/lora.md lost its lora-tables markers"
+    assert shown == lora_tables.tables(), "docs/lora.md's tables are stale: run `python scripts/lora_tables.py --write`"
+    assert "| qwen2.5-32b | 32.8 B | 134.2 M | 2 · 10 | 2 · 10 |" in shown
+    g6 = shown.split("#### g6.12xlarge", 1)[1].split("####", 1)[0]
+    assert re.search(r"^\| qwen2\.5-7b \| LoRA r16 \| 1 \|", g6, re.M) and re.search(r"^\| qwen2\.5-32b \| LoRA r16 \| 2 \|", g6, re.M)
+    assert all(f"| {m} |" in shown for m in lora_tables.MODELS) and "| tiny |" not in shown
+
+
+@pytest.mark.parametrize("generator", ["config_table", "commands_doc", "api_doc", "lora_tables"])
 def test_generators_run_as_scripts(generator: str) -> None:
     r = subprocess.run([sys.executable, str(REPO / "scripts" / f"{generator}.py")], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
