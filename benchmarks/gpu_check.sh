@@ -5,7 +5,7 @@
 #
 # Runs benchmarks/gpu_check_phases.py once per phase under torchrun on one GPU (the product's loop
 # code: TorchrunSession, build, train_step; no Ray), in order of value: nccl, throughput, memory,
-# l4, precision. Each phase has its own timeout (TIMEOUT_*_S below, together at most 480 s) and
+# l4, precision, lora. Each phase has its own timeout (TIMEOUT_*_S below, together at most 480 s) and
 # writes each row the moment it has it, so a phase cut short keeps the rows before it.
 # OUTDIR gets at most 4 files, no folders: summary.md (the table, measured beside the planner),
 # results.json (every row), log.txt (every phase's output), nvidia-smi.txt (not in a dry run).
@@ -18,12 +18,13 @@
 set -uo pipefail
 
 TIMEOUT_NVIDIA_SMI_S=10
-TIMEOUT_NCCL_S=40
+TIMEOUT_NCCL_S=30
 TIMEOUT_THROUGHPUT_S=200
 TIMEOUT_MEMORY_S=60
-TIMEOUT_L4_S=70
-TIMEOUT_PRECISION_S=90
-PHASES=(nccl:$TIMEOUT_NCCL_S throughput:$TIMEOUT_THROUGHPUT_S memory:$TIMEOUT_MEMORY_S l4:$TIMEOUT_L4_S precision:$TIMEOUT_PRECISION_S)
+TIMEOUT_L4_S=50
+TIMEOUT_PRECISION_S=80
+TIMEOUT_LORA_S=50
+PHASES=(nccl:$TIMEOUT_NCCL_S throughput:$TIMEOUT_THROUGHPUT_S memory:$TIMEOUT_MEMORY_S l4:$TIMEOUT_L4_S precision:$TIMEOUT_PRECISION_S lora:$TIMEOUT_LORA_S)
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 fail() { echo "error: $1" >&2; [ $# -gt 1 ] && echo "  hint: $2" >&2; exit "${3:-2}"; }

@@ -4,7 +4,7 @@
     python benchmarks/gpu_check_phases.py table --out OUTDIR
 
 Phases (the order gpu_check.sh runs them, by value): `nccl`, `throughput`, `memory`, `l4`,
-`precision`. Each runs the product's own code (`raydlc.train.loop`: `TorchrunSession` for the
+`precision`, `lora`. Each runs the product's own code (`raydlc.train.loop`: `TorchrunSession` for the
 process group and device, `build` + `train_step` for the model and its step, `loss_sum` and the
 chunked head for the loss) and puts the planner's prediction for the same shape beside each
 measured figure. Rows go to OUTDIR/results.json (rewritten whole after each row, so a phase
@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-PHASES = ("nccl", "throughput", "memory", "l4", "precision")
+PHASES = ("nccl", "throughput", "memory", "l4", "precision", "lora")
+LORA_RANK = 16  # the rank of docs/lora.md's tables
 GIB = 2**30
 L4_BYTES = 24 * 10**9  # the cap of the L4 rows: an L4's 24 GB
 
@@ -134,8 +135,9 @@ def layers_that_fit(model: str, gpu: str, *, seq: int, headroom: float = 0.8) ->
     return 1
 
 
-def planned(model: str, gpu: str, *, seq: int, micro_batch: int | None = None, fp32: bool = False) -> dict[str, Any]:
-    """The planner on one GPU: its micro-batch (unless given), step time, tokens/s, MFU and per-term bytes."""
+def planned(model: str, gpu: str, *, seq: int, micro_batch: int | None = None, fp32: bool = False, lora_rank: int = 0) -> dict[str, Any]:
+    """The planner on one GPU: its micro-batch (unless given), step time, tokens/s, MFU and per-term bytes
+    (LoRA on a frozen base when `lora_rank` > 0)."""
     from raydlc import planner
     from raydlc.facts.models import get_spec
 
@@ -143,14 +145,19 @@ def planned(model: str, gpu: str, *, seq: int, micro_batch: int | None = None, f
     layout = planner.layout_for(1, 1, gpu=gpu, network_gbps=100)
     policy = "fp32" if fp32 else "bf16-mixed"
     if micro_batch is None:
-        auto = planner.plan(planner.Workload(spec, seq_len=seq, grad_accum="auto", policy=policy), layout)
+        auto = planner.plan(planner.Workload(spec, seq_len=seq, grad_accum="auto", policy=policy, lora_rank=lora_rank), layout)
         micro_batch = auto.micro_batch
-    p = planner.plan(planner.Workload(spec, seq_len=seq, micro_batch=micro_batch, grad_accum=1, policy=policy), layout)
+    p = planner.plan(planner.Workload(spec, seq_len=seq, micro_batch=micro_batch, grad_accum=1, policy=policy, lora_rank=lora_rank), layout)
     return {
         "micro_batch": micro_batch, "fits": p.fits, "step_time_s": p.step_time_s["estimate"],
         "tokens_per_s": p.step_time_s["tokens_per_s"], "mfu": p.assumptions["mfu"], "bytes": dict(p.per_gpu_bytes),
         "capacity_bytes": p.gpu_memory_bytes, "params": spec.param_count(), "layers": spec.num_layers,
+        "adapter_params": spec.lora_params(lora_rank, None) if lora_rank else 0,
     }
+
+
+class Skip(Exception):
+    """A row this tree cannot measure, for the reason given: `skipped`, never a made-up number."""
 
 
 class Phase:
@@ -176,6 +183,8 @@ class Phase:
         """Run one row's work; an API this torch lacks is `skipped` with the reason, any other failure `error`."""
         try:
             fn()
+        except Skip as e:
+            self.row(name, "skipped", note=str(e))
         except (AttributeError, ImportError, NotImplementedError, TypeError) as e:
             self.row(name, "skipped", note=f"needs a newer torch than {self.torch}? {type(e).__name__}: {e}")
         except Exception as e:
@@ -211,13 +220,13 @@ def reset_peaks(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def trainer(ph: Phase, model: str, *, micro_batch: int, compile: bool, bf16: bool = True, lr: float = 2e-5) -> Any:
+def trainer(ph: Phase, model: str, *, micro_batch: int, compile: bool, bf16: bool = True, lr: float = 2e-5, lora_rank: int = 0) -> Any:
     from raydlc.config import TrainConfig
     from raydlc.train import loop as product
     from raydlc.train.layout import plan_mesh
 
     settings = TrainConfig(model_id=model, learning_rate=lr, batch_size=micro_batch, seq_len=ph.size.seq, num_workers=1,
-                           bf16=bf16, compile=compile, checkpoint_every=0)
+                           bf16=bf16, compile=compile, checkpoint_every=0, lora_rank=lora_rank)
     return product.build(settings, spec=model, mesh=plan_mesh("fsdp", [1]), device=ph.device, bf16=bf16)
 
 
@@ -333,11 +342,13 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def _measured(ph: Phase, model: str, mb: int, compile: bool) -> tuple[Any, list[float], list[float]]:
+def _measured(ph: Phase, model: str, mb: int, compile: bool, lora_rank: int = 0) -> tuple[Any, list[float], list[float]]:
     from raydlc.facts.models import get_spec
 
     reset_peaks(ph.cuda)
-    t = trainer(ph, model, micro_batch=mb, compile=compile)
+    t = trainer(ph, model, micro_batch=mb, compile=compile, lora_rank=lora_rank)
+    if lora_rank:
+        check_lora(t.model)
     ids = fixed_ids(get_spec(model).vocab_size, mb, ph.size.seq, ph.device)
     times, losses = timed_steps(ph, t, ids, warmup=ph.size.warmup, steps=ph.size.steps)
     return t, times, losses
@@ -473,7 +484,82 @@ def _chunked_vs_plain(ph: Phase) -> None:
            note=f"relative L2 difference of all gradients, chunk {max(grads)}; cosine {cos:.6f}")
 
 
-RUN = {"nccl": phase_nccl, "throughput": phase_throughput, "memory": phase_memory, "l4": phase_l4, "precision": phase_precision}
+def phase_lora(ph: Phase) -> None:
+    """LoRA rank 16 on the 7B-shaped model (eager): tokens/s and peak memory beside the planner's LoRA figures
+    and the throughput phase's full fine-tune of the same model. The product's build applies the adapters
+    (`raydlc.train.lora.apply_lora`, issue 36); a tree without it gets a skipped row saying so."""
+    model = ph.size.models[-1]
+    name = f"{model} LoRA r{LORA_RANK} eager"
+    try:
+        from raydlc.train.lora import apply_lora  # noqa: F401  (the contract's entry point: present or not)
+    except ImportError as e:
+        ph.row(name, "skipped", note=f"no LoRA in this tree (raydlc.train.lora.apply_lora: {e}); it lands with issue 36")
+        return
+    ph.guarded(name, lambda: _lora_row(ph, model, name))
+
+
+def check_lora(net: Any) -> None:
+    """The built model carries adapters and a frozen base, or the row would time a full fine-tune under LoRA's name."""
+    from raydlc.train.lora import is_adapter_key
+
+    trained = [n for n, p in net.named_parameters() if p.requires_grad]
+    if not trained or not all(is_adapter_key(n) for n in trained):
+        raise LoRANotApplied(f"the product's build trained {len(trained)} parameters, not adapters only "
+                             f"(first: {trained[:2]}): TrainConfig.lora_rank is not applied in this tree")
+
+
+class LoRANotApplied(Skip):
+    """A tree with raydlc.train.lora whose build does not apply it yet: a skipped row, not an error."""
+
+
+def _lora_row(ph: Phase, model: str, name: str) -> None:
+    from raydlc.facts.instances import GPUS
+
+    p = planned(model, ph.size.gpu, seq=ph.size.seq, lora_rank=LORA_RANK)
+    mb = p["micro_batch"] if not ph.size.toy else 2
+    if ph.size.toy:
+        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=LORA_RANK)
+    try:
+        t, times, losses = _measured(ph, model, mb, False, lora_rank=LORA_RANK)
+    except Exception as e:
+        if not is_oom(e) or mb == 1:
+            raise
+        ph.row(f"{name} at the planner's micro-batch {mb}", "oom", note=f"out of memory: {str(e).splitlines()[0][:150]}", micro_batch=mb)
+        release(ph.cuda)
+        mb //= 2
+        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=LORA_RANK)
+        t, times, losses = _measured(ph, model, mb, False, lora_rank=LORA_RANK)
+    del t
+    step = sorted(times)[len(times) // 2]
+    tps = mb * ph.size.seq / step
+    # The planner's LoRA FLOPs (assumptions.lora_flops): 4N for the frozen base, 6 per adapter parameter.
+    mfu = (4 * p["params"] + 6 * p["adapter_params"]) * tps / (GPUS[ph.size.gpu].bf16_tflops * 1e12)
+    mem = memory(ph.cuda)
+    b = p["bytes"]
+    planned_gib = (b["total"] - b["overhead"]) / GIB
+    full = full_row(ph.out, f"{model} eager")
+    beside = "no full fine-tune row (throughput phase) to compare"
+    if full and full.get("measured"):
+        beside = f"full fine-tune {full['measured']:,.0f} tok/s at mb {full.get('micro_batch')}: LoRA/full {tps / full['measured']:.2f}"
+    note = (f"{beside}; mb {mb} x seq {ph.size.seq}, {p['layers']} layers, {p['adapter_params']:,} adapter params, median of {len(times)} "
+            f"steps {step:.3f}s (planner {p['step_time_s']:.3f}s); MFU {mfu:.1%} at 4N+6A FLOPs/token; loss {losses[0]:.3f}->{losses[-1]:.3f}")
+    ph.row(name, "ok", measured=round(tps, 1), planned=p["tokens_per_s"], unit=" tok/s", mfu=mfu, micro_batch=mb, seq=ph.size.seq,
+           lora_rank=LORA_RANK, step_s=step, step_times_s=times, losses=losses, note=note, planned_bytes=b,
+           planned_without_overhead_gib=planned_gib, full_tokens_per_s=full.get("measured") if full else None, **mem)
+    if mem["peak_allocated_gib"] is not None:
+        full_peak = full.get("peak_allocated_gib") if full else None
+        ph.row(f"{name} peak allocated", "ok", measured=round(mem["peak_allocated_gib"], 2), planned=round(planned_gib, 2), unit=" GiB",
+               note=f"full fine-tune peak {_fmt(full_peak, ' GiB')} at mb {full.get('micro_batch') if full else '-'}; "
+               f"reserved {mem['peak_reserved_gib']:.2f} GiB; planner total with overhead {b['total'] / GIB:.2f} GiB")
+
+
+def full_row(out: Path, name: str) -> dict[str, Any] | None:
+    """The throughput phase's row of that name with status ok (the full fine-tune beside LoRA), if it ran."""
+    return next((r for r in _load(out)["rows"] if r.get("name") == name and r.get("status") == "ok"), None)
+
+
+RUN = {"nccl": phase_nccl, "throughput": phase_throughput, "memory": phase_memory, "l4": phase_l4, "precision": phase_precision,
+       "lora": phase_lora}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,16 +144,22 @@ def tables() -> str:
     return "\n".join(parts)
 
 
-def defaults_only() -> None:
-    """The tables are the defaults' plans: drop RAYDLC_* variables and leave any raydlc.yaml behind."""
+def defaults_only() -> str:
+    """The tables are the defaults' plans: drop RAYDLC_* variables and plan from an empty folder (no raydlc.yaml)."""
     for k in [k for k in os.environ if k.startswith("RAYDLC_")]:
         del os.environ[k]
-    os.chdir(tempfile.mkdtemp(prefix="lora-tables-"))
+    with tempfile.TemporaryDirectory(prefix="lora-tables-") as empty:
+        here = os.getcwd()
+        os.chdir(empty)
+        try:
+            return tables()
+        finally:
+            os.chdir(here)
 
 
 if __name__ == "__main__":
-    defaults_only()
+    text = defaults_only()
     if sys.argv[1:] == ["--write"]:
-        print(f"{PAGE}: {'updated' if write_block(PAGE, BLOCK, 'scripts/lora_tables.py', tables()) else 'unchanged'}")
+        print(f"{PAGE}: {'updated' if write_block(PAGE, BLOCK, 'scripts/lora_tables.py', text) else 'unchanged'}")
     else:
-        print(tables())
+        print(text)

@@ -14,13 +14,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 PHASES_PY = ROOT / "benchmarks" / "gpu_check_phases.py"
-PHASES = ("nccl", "throughput", "memory", "l4", "precision")
+PHASES = ("nccl", "throughput", "memory", "l4", "precision", "lora")
 # What the GPU image has that the loop needs (docs/gpu-benchmarks.md); no ray, no pydantic.
 IMAGE_LIKE = ("torch==2.13.0", "numpy>=2", "pyyaml>=6", "transformers>=5", "safetensors>=0.4")
 WITHOUT = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
@@ -75,6 +76,25 @@ def test_a_table_row_is_on_disk_the_moment_it_is_added(tmp_path: Path) -> None:
     assert "| throughput | m eager | ok | 900 tok/s | 1,000 tok/s | 0.9 |" in table
     assert "no / CUDA" in table  # a cell never breaks the table
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "summary.md"]
+
+
+def test_a_row_this_tree_cannot_measure_is_skipped_with_its_reason() -> None:
+    """The lora phase before LoRA lands (or with a build that ignores LORA_RANK): a skipped row naming why,
+    never a full fine-tune's figures under LoRA's name, and never an `error` that fails the check."""
+    sys.path.insert(0, str(PHASES_PY.parent))
+    try:
+        import gpu_check_phases as g
+    finally:
+        sys.path.remove(str(PHASES_PY.parent))
+    rows: list[tuple[str, str, str]] = []
+    phase = SimpleNamespace(row=lambda name, status, **f: rows.append((name, status, f.get("note", ""))), cuda=False)
+
+    def not_applied() -> None:
+        raise g.LoRANotApplied("the product's build trained 3 parameters, not adapters only")
+
+    g.Phase.guarded(phase, "m LoRA r16 eager", not_applied)  # type: ignore[arg-type]
+    assert rows == [("m LoRA r16 eager", "skipped", "the product's build trained 3 parameters, not adapters only")]
+    assert "lora" in g.PHASES and g.RUN["lora"] is g.phase_lora and g.LORA_RANK == 16
 
 
 # ---- the dry run in a Python like the GPU image's -----------------------------------------------------
