@@ -373,12 +373,12 @@ def phase_memory(ph: Phase) -> None:
             peaks: dict[str, dict[str, float | None]] = {}
             reset_peaks(ph.cuda)
             n = target_tokens(t, [(ids, ids)])
-            forward_backward(t, (ids, ids), n)
+            loss = forward_backward(t, (ids, ids), n)
             if ph.cuda:
                 torch.cuda.synchronize()
             peaks["backward"] = memory(ph.cuda)
             reset_peaks(ph.cuda)
-            optimizer_step(t, 1e-5)
+            optimizer_step(t, 1e-5, loss)
             if ph.cuda:
                 torch.cuda.synchronize()
             peaks["optimizer"] = memory(ph.cuda)
