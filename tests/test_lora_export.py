@@ -23,7 +23,6 @@ from raydlc.facts.models import ModelSpec
 from raydlc.train import lora_export as X
 from raydlc.train.model import build_model
 
-
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RANK, ALPHA = 4, 8.0
 SPECS = {
@@ -128,7 +127,7 @@ def test_peft_loads_the_adapter_and_the_merged_model_matches_it(arch: str, tmp_p
 
 
 def test_the_adapter_config_is_a_lora_config_peft_reads_as_written(tmp_path: Path) -> None:
-    model, state = trained_state("qwen2")
+    _, state = trained_state("qwen2")
     write(tmp_path / "e", state, merge=False, alpha=12, dropout=0.05, targets=("v_proj", "q_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
           base_model="/models/qwen")
     cfg = peft.PeftConfig.from_pretrained(str(tmp_path / "e" / "adapter"))
@@ -144,7 +143,7 @@ def test_the_adapter_config_is_a_lora_config_peft_reads_as_written(tmp_path: Pat
 def test_the_adapter_file_holds_peft_keys_contiguous_with_pts_metadata(tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    model, state = trained_state("llama")
+    _, state = trained_state("llama")
     state = {k: (v.T.contiguous().T if k.endswith(".lora_B.weight") else v) for k, v in state.items()}  # views, as a transpose leaves
     assert not next(v for k, v in state.items() if k.endswith(".lora_B.weight")).is_contiguous()
     write(tmp_path / "e", state, merge=False)
@@ -175,7 +174,7 @@ def test_split_and_peft_keys() -> None:
     basepart, adapters = X.split({"a.q_proj.weight": t, "a.q_proj.lora_A.weight": t, "a.q_proj.lora_B.weight": t, "lora_head.weight": t})
     assert set(basepart) == {"a.q_proj.weight", "lora_head.weight"} and set(adapters) == {"a.q_proj.lora_A.weight", "a.q_proj.lora_B.weight"}
     assert set(X.peft_adapter_state(adapters)) == {"base_model.model.a.q_proj.lora_A.weight", "base_model.model.a.q_proj.lora_B.weight"}
-    with pytest.raises(LoRAExportError, match="a.q_proj.weight is not an adapter"):
+    with pytest.raises(LoRAExportError, match=r"a\.q_proj\.weight is not an adapter"):
         X.peft_adapter_state({"a.q_proj.weight": t})
 
 
