@@ -9,6 +9,7 @@ scaling · B(A(x)) to each adapted Linear's output: neither peft nor the merge i
 from __future__ import annotations
 
 import json
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,8 @@ def test_a_folder_that_is_not_an_earlier_export_is_left_alone(tmp_path: Path) ->
     with pytest.raises(LoRAExportError, match=f"{out} exists and is not an earlier export") as e:
         write(out, _small_state())
     assert e.value.hint and "replaces only its own exports" in e.value.hint
+    again = pickle.loads(pickle.dumps(e.value))  # as a Ray worker's error reaches the driver
+    assert type(again) is LoRAExportError and (again.message, again.hint) == (e.value.message, e.value.hint)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"] and [p.name for p in out.iterdir()] == ["weights.bin"]
 
 
