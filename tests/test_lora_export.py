@@ -197,6 +197,8 @@ BAD = {
     "rank 0": (lambda s: None, {"rank": 0}, "rank 0 is not a LoRA rank"),
     "not the run's rank": (lambda s: None, {"rank": 8}, f"{Q}.lora_A.weight has rank 4, the run's rank is 8"),
     "not a target": (lambda s: None, {"targets": ("v_proj",)}, f"{Q}.lora_A.weight adapts q_proj, which is not among the targets"),
+    "a target without adapter": (lambda s: s.update({"model.layers.1.mlp.q_proj.weight": torch.zeros(2, 2)}), {},
+                                 "model.layers.1.mlp.q_proj.weight is a target's weight with no adapter beside it"),
     "no adapters": (lambda s: [s.pop(k) for k in list(s) if ".lora_" in k], {}, "holds no adapter weights"),
     "dropout 1": (lambda s: None, {"dropout": 1.0}, "dropout 1.0 must be in \\[0, 1\\)"),
 }

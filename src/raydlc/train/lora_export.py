@@ -144,7 +144,13 @@ def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequenc
     base, adapters = split(state)
     if not adapters:
         raise LoRAExportError("LoRA export: the state holds no adapter weights (no key ends in .lora_A.weight)", hint=_PAIR_HINT)
-    for module, (a, b) in pairs(adapters).items():
+    found = pairs(adapters)
+    bare = [k for k in base if k.endswith(".weight") and k.removesuffix(".weight").rpartition(".")[2] in targets
+            and k.removesuffix(".weight") not in found]
+    if bare:
+        raise LoRAExportError(f"LoRA export: {bare[0]} is a target's weight with no adapter beside it ({len(bare)} such)",
+                              hint="peft adapts every module named in target_modules; the run's adapters must cover them all")
+    for module, (a, b) in found.items():
         _check_shapes(module, a, b, base.get(module + ".weight"))
         if a.shape[0] != rank:
             raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} has rank {a.shape[0]}, the run's rank is {rank}")
