@@ -200,6 +200,7 @@ BAD = {
     "a target without adapter": (lambda s: s.update({"model.layers.1.mlp.q_proj.weight": torch.zeros(2, 2)}), {},
                                  "model.layers.1.mlp.q_proj.weight is a target's weight with no adapter beside it"),
     "no adapters": (lambda s: [s.pop(k) for k in list(s) if ".lora_" in k], {}, "holds no adapter weights"),
+    "targets as one string": (lambda s: None, {"targets": "q_proj,v_proj"}, "targets 'q_proj,v_proj' must be module names"),
     "dropout 1": (lambda s: None, {"dropout": 1.0}, "dropout 1.0 must be in \\[0, 1\\)"),
 }
 

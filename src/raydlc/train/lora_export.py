@@ -128,14 +128,15 @@ def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence
 
 
 def _check_hyper(*, rank: int, alpha: float, dropout: float, targets: Sequence[str]) -> None:
+    """The run's settings, again at the export: a bad one would write a config peft loads into a different model."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise LoRAExportError(f"LoRA export: rank {rank!r} is not a LoRA rank (1 or more)", hint="LORA_RANK=0 is full fine-tuning, which has no adapter")
     if not alpha > 0:
         raise LoRAExportError(f"LoRA export: alpha {alpha!r} must be positive")
     if not 0 <= dropout < 1:
         raise LoRAExportError(f"LoRA export: dropout {dropout!r} must be in [0, 1)")
-    if not targets or any(not t or "." in t for t in targets):
-        raise LoRAExportError(f"LoRA export: targets {list(targets)!r} must be module names such as q_proj")
+    if isinstance(targets, str) or not targets or any(not t or "." in t for t in targets):
+        raise LoRAExportError(f"LoRA export: targets {targets!r} must be module names such as q_proj")
 
 
 def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequence[str]) -> dict[str, Tensor]:
