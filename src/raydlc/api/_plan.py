@@ -28,7 +28,7 @@ OPTIONS = [
     flags.option("MAX_GLOBAL_BATCH"),
     flags.option("LOSS_CHUNK"),
     flags.option("REDUCE_DTYPE"),
-    flags.option("LORA_RANK", Flag("--lora-rank", "LoRA adapter rank on a frozen bf16 base; 0 = full fine-tuning (planned only: training with LoRA lands with issue 36)")),
+    flags.option("LORA_RANK", Flag("--lora-rank", "LoRA adapter rank on a frozen bf16 base; 0 = full fine-tuning")),
     flags.option("LORA_TARGETS", Flag("--lora-targets", "Projections LoRA adapts, comma-separated; default: the family's attention and MLP projections")),
     flags.option("GPU_NODE_TYPE", Flag("--instance-type", "GPU instance type whose catalogue facts to plan with")),
 ]

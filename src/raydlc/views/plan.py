@@ -24,7 +24,7 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
     )
     if p.lora.get("rank"):
         console.print(f"LoRA rank {p.lora['rank']} on {', '.join(p.lora['targets'])}: {p.lora['adapter_params']:,} adapter parameters "
-                      f"({p.lora['trained_fraction']:.2%}) trained, the base frozen in bf16 (planned only: training with LoRA lands with issue 36)")
+                      f"({p.lora['trained_fraction']:.2%}) trained, the base frozen in bf16")
     mem = Table(title="per-GPU memory")
     mem.add_column("component")
     for s in p.strategies.values():
