@@ -170,9 +170,9 @@ def test_resuming_with_other_lora_settings_is_refused_naming_the_field(world: No
     ckpt.save(d, t.model, t.optimizer, step=1, rank=0, world_size=1, extra={}, meta=settings().lora_meta())
     with pytest.raises(CheckpointError, match="lora_rank: checkpoint 8, now 4"):
         ckpt.load(d, t.model, t.optimizer, rank=0, lora=settings(lora_rank=4).lora_meta())
-    with pytest.raises(CheckpointError, match="lora_alpha: checkpoint 16.0, now 4.0"):
+    with pytest.raises(CheckpointError, match=r"lora_alpha: checkpoint 16\.0, now 4\.0"):
         ckpt.load(d, t.model, t.optimizer, rank=0, lora=settings(lora_alpha=4).lora_meta())
-    with pytest.raises(CheckpointError, match="lora_targets: checkpoint q_proj,.*, now q_proj"):
+    with pytest.raises(CheckpointError, match=r"lora_targets: checkpoint q_proj,.*, now q_proj"):
         ckpt.load(d, t.model, t.optimizer, rank=0, lora=settings(lora_targets="q_proj").lora_meta())
     assert ckpt.lora_differences({"model": "tiny"}, settings().lora_meta()) == ["lora_rank: checkpoint 0, now 8"]  # before LoRA: rank 0
     assert ckpt.lora_differences({"model": "tiny"}, settings(lora_rank=0).lora_meta()) == []
