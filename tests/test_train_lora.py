@@ -198,3 +198,25 @@ def test_the_export_writes_the_adapter_and_the_merged_model(world: None, tmp_pat
     ids = torch.as_tensor(data(2)[:, :16], dtype=torch.long)
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits, t.model(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_pretrained_weights_load_into_the_frozen_base_shard_by_shard(world: None, tmp_path: Path, bf16: bool) -> None:
+    """The pretrained path (`weights.build_sharded`): the adapters are not read from the files (they have none),
+    the base holds the saved weights (bf16 as saved, or fp32 without bf16 compute), B starts at zero."""
+    from tests.test_weights import TINY, export
+
+    directory = export(TINY["llama-tied"], tmp_path / "m", "60KB")
+    from safetensors.torch import load_file
+
+    saved: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        saved |= load_file(str(f))
+    t = L.build(settings(model_id=str(directory), seq_len=16), spec=None, mesh=plan_mesh("fsdp", [1]), device=torch.device("cpu"), bf16=bf16)
+    state = full(t.model)
+    assert {k: v.dtype for k, v in state.items() if not is_adapter_key(k)} == dict.fromkeys(saved, torch.bfloat16 if bf16 else torch.float32) | (
+        {"lm_head.weight": torch.bfloat16 if bf16 else torch.float32} if "lm_head.weight" in state else {})
+    assert all(torch.equal(state[k].to(torch.bfloat16), v) for k, v in saved.items())
+    assert all(bool((v == 0).all()) for k, v in state.items() if k.endswith(".lora_B.weight"))
+    assert any(k.endswith(".lora_A.weight") for k in state) and all(bool(v.abs().sum() > 0) for k, v in state.items() if k.endswith(".lora_A.weight"))
+    steps(t, np.random.default_rng(0).integers(0, 64, size=(16, 16), dtype=np.int32), 1)
