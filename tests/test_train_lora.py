@@ -220,3 +220,17 @@ def test_pretrained_weights_load_into_the_frozen_base_shard_by_shard(world: None
     assert all(bool((v == 0).all()) for k, v in state.items() if k.endswith(".lora_B.weight"))
     assert any(k.endswith(".lora_A.weight") for k in state) and all(bool(v.abs().sum() > 0) for k, v in state.items() if k.endswith(".lora_A.weight"))
     steps(t, np.random.default_rng(0).integers(0, 64, size=(16, 16), dtype=np.int32), 1)
+
+
+def test_targets_that_match_no_layer_stop_the_build() -> None:
+    from raydlc.errors import TrainError
+    from raydlc.train.lora import with_lora
+
+    with pytest.raises(TrainError, match="no linear layer of the model has one of these names"):
+        with_lora(build_model(get_spec("tiny"), device="meta"), rank=4, alpha=8, dropout=0.0, targets=("wq",), seed=0)
+
+
+def test_activation_checkpointing_builds_the_same_adapters(world: None) -> None:
+    """A is seeded by the module's state-dict name, which the checkpoint wrapper does not change."""
+    plain, wrapped = full(built().model), full(built(activation_checkpointing=True).model)
+    assert set(plain) == set(wrapped) and all(torch.equal(plain[k], wrapped[k]) for k in plain)

@@ -144,7 +144,11 @@ def with_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targ
     if base_dtype is not None:
         for p in model.parameters():
             p.data = p.data.to(base_dtype)
-    apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed)
+    if not apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed):
+        from raydlc.errors import TrainError
+
+        raise TrainError(f"LORA_TARGETS {','.join(targets)}: no linear layer of the model has one of these names, so nothing would train",
+                         hint="name projections the model has (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
     return model
 
 
