@@ -446,7 +446,8 @@ def raydlc_loop(
     """raydlc's own training step, `raydlc.train.loop.train_step`, on a model built by the
     product's `build`: FSDP2 per decoder block, bf16 compute with fp32 master weights and fp32
     gradient reduction, AdamW (fused on CUDA) with the product's clipping and warm-up. The
-    step keeps its loss on the device; only the loop around it (not timed here) reads it."""
+    step keeps its loss on the device; only the loop around it (not timed here) reads it. A step
+    the finite guard skipped counts as a NaN loss: its weights did not move, so its loss proves nothing."""
     import torch
 
     from raydlc.train import loop as product
@@ -466,7 +467,7 @@ def raydlc_loop(
             losses.clear()
             clock.mark()
         out = product.train_step(t, [(ids, ids)], product.lr_at(step + 1, settings.learning_rate, settings.warmup_steps))
-        losses.append(out.loss)
+        losses.append(torch.where(out.skipped, torch.full_like(out.loss, float("nan")), out.loss))
         if step >= warmup:
             clock.mark()
     times = clock.intervals_s()

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import setuptools  # noqa: F401  (before anything imports the stdlib distutils: inductor's C++ build asserts setuptools' copy)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from s3_iam import s3_front  # type: ignore[import-not-found]
-from servers import moto_server  # type: ignore[import-not-found]
+from servers import fresh_moto, moto_server  # type: ignore[import-not-found]
 
 from raydlc.checks import storage_access
 from raydlc.config import load_config
@@ -46,7 +46,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]
 
     policy, runs = _default_policy(tmp_path_factory.mktemp("cfg"))
     name = runs.split("/")[2]
-    with moto_server() as url, s3_front(url, policy) as front, pytest.MonkeyPatch.context() as mp:
+    with moto_server() as url, fresh_moto(url) as url, s3_front(url, policy) as front, pytest.MonkeyPatch.context() as mp:
         admin = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
         admin.create_bucket(Bucket=name)
         admin.put_object(Bucket=name, Key="code/raydlc-0.1.0-abc.zip", Body=b"zip")

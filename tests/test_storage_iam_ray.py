@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from s3_iam import s3_front  # type: ignore[import-not-found]
-from servers import moto_server  # type: ignore[import-not-found]
+from servers import fresh_moto, moto_server  # type: ignore[import-not-found]
 
 from raydlc.config import TrainConfig, load_config
 from raydlc.data.corpus import bundled_corpus
@@ -41,7 +41,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, 
     runs = cfg.train.storage_path
     corpus = tmp_path_factory.mktemp("data") / "docstrings.txt"
     corpus.write_text("\n\n".join(d.text for d in bundled_corpus(max_chars=150_000)))
-    with moto_server() as url, s3_front(url, identity["permissionPolicy"]) as front, pytest.MonkeyPatch.context() as mp:
+    with moto_server() as url, fresh_moto(url) as url, s3_front(url, identity["permissionPolicy"]) as front, pytest.MonkeyPatch.context() as mp:
         boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="k",
                      aws_secret_access_key="s").create_bucket(Bucket=runs.split("/")[2])
         for k, v in {"AWS_ENDPOINT_URL": front.url, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",

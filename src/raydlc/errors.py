@@ -79,6 +79,11 @@ class TrainError(RaydlcError):
     """A training run failed or cannot start."""
 
 
+class LoRAExportError(TrainError):
+    """A LoRA run's weights cannot be exported (an adapter without its pair or base weight, shapes that disagree,
+    a folder that is not an earlier export); the message names the key or path, and nothing was written."""
+
+
 class CheckpointError(RaydlcError):
     """A checkpoint is missing, partial or corrupt; never half-loaded."""
 

@@ -169,6 +169,14 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
+@contextlib.contextmanager
+def fresh_moto(url: str) -> Iterator[str]:
+    """`url` reset first: moto's backends are per-process state, so a second server in one pytest worker
+    still holds an earlier module's buckets (BucketAlreadyOwnedByYou on a fixture's create_bucket)."""
+    reset_moto(url)
+    yield url
+
+
 def reset_moto(url: str, warm_regions: tuple[str, ...] = ()) -> None:
     """A fresh moto; `warm_regions` get their EC2 backend built now, with a long timeout.
 

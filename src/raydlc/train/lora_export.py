@@ -1,7 +1,15 @@
-"""A LoRA run's products without peft: the adapter in peft's saved format and the merged weights.
+"""A LoRA run's products: the adapter in peft's saved format and the merged Hugging Face weights, written without peft.
 
-A minimal stand-in, per the LoRA contract (/work/wt/CONTRACT-lora.md), so that the training side's
-tests run; the i36-lora-export branch owns this module and replaces it whole at the merge.
+The Ray Train image has no peft (tests/doubles/dlc_packages.json), so the format is written here as peft 0.21.2
+writes it (tests/doubles/FIDELITY.md): `PeftModel.save_pretrained` puts `adapter_config.json` (the LoraConfig's
+fields as JSON, `config.py` `PeftConfigMixin.save_pretrained`) and `adapter_model.safetensors` (metadata
+`{"format": "pt"}`, contiguous tensors) in one folder; the tensors are keyed by the wrapped model's names,
+`base_model.model.` + the HF module path + `.lora_A.weight` (r x in) / `.lora_B.weight` (out x r), the adapter name
+("default") removed (`utils/save_and_load.py` `get_peft_model_state_dict`). Those are raydlc's own keys
+(raydlc.train.lora's LoRALinear) behind that prefix, so the export is a rename, not a conversion.
+
+Everything here is pure but `write`, which stages the export beside its folder and renames it into place, so a
+failure leaves nothing behind and a rewrite (a restart that finishes again) replaces the earlier export whole.
 """
 
 from __future__ import annotations
@@ -10,74 +18,226 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc.errors import CheckpointError
+from raydlc.errors import LoRAExportError
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-A_SUFFIX, B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
-PEFT_PREFIX = "base_model.model."
+A_SUFFIX = ".lora_A.weight"
+B_SUFFIX = ".lora_B.weight"
+ADAPTER_SUFFIXES = (A_SUFFIX, B_SUFFIX)  # as raydlc.train.lora's, repeated so this module stands alone
+PEFT_PREFIX = "base_model.model."  # peft's LoraModel (base_model) wrapping the HF model (model)
+ADAPTER_DIR = "adapter"
+CONFIG_NAME = "adapter_config.json"  # peft utils/constants.py CONFIG_NAME
+WEIGHTS_NAME = "adapter_model.safetensors"  # peft utils/constants.py SAFETENSORS_WEIGHTS_NAME
+
+_PAIR_HINT = "the state must be the model's full state dict with raydlc.train.lora's adapters (lora_A and lora_B beside each adapted weight)"
 
 
 def split(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """(base, adapters) by key."""
-    base: dict[str, Tensor] = {}
-    adapters: dict[str, Tensor] = {}
-    for k, v in state.items():
-        (adapters if k.endswith((A_SUFFIX, B_SUFFIX)) else base)[k] = v
+    """(base, adapters): the HF model's own keys, and the lora_A/lora_B weights, so each half is saved its own way."""
+    base, adapters = {}, {}
+    for key, value in state.items():
+        (adapters if key.endswith(ADAPTER_SUFFIXES) else base)[key] = value
     return base, adapters
 
 
+def pairs(adapters: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
+    """Module path -> (A, B); an A without its B (or the reverse) is an error naming the key, not a silent skip."""
+    modules = sorted({k.removesuffix(A_SUFFIX).removesuffix(B_SUFFIX) for k in adapters})
+    out = {}
+    for m in modules:
+        a, b = adapters.get(m + A_SUFFIX), adapters.get(m + B_SUFFIX)
+        if a is None or b is None:
+            have, lacks = (m + A_SUFFIX, m + B_SUFFIX) if b is None else (m + B_SUFFIX, m + A_SUFFIX)
+            raise LoRAExportError(f"LoRA export: {have} has no pair ({lacks} is missing)", hint=_PAIR_HINT)
+        out[m] = (a, b)
+    return out
+
+
+def _check_shapes(module: str, a: Tensor, b: Tensor, w: Tensor | None) -> None:
+    """A is r x in, B is out x r, W is out x in: anything else would merge (or load in peft) into the wrong weight."""
+    key = module + ".weight"
+    if w is None:
+        raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} adapts {key}, which is not in the state", hint=_PAIR_HINT)
+    if a.dim() != 2 or b.dim() != 2 or w.dim() != 2:
+        raise LoRAExportError(f"LoRA export: {module}: lora_A {tuple(a.shape)}, lora_B {tuple(b.shape)} and {key} {tuple(w.shape)} must be matrices")
+    if a.shape[0] != b.shape[1] or tuple(w.shape) != (b.shape[0], a.shape[1]):
+        raise LoRAExportError(
+            f"LoRA export: {module}: lora_A {tuple(a.shape)} x lora_B {tuple(b.shape)} does not fit {key} {tuple(w.shape)}",
+            hint="lora_A is rank x in_features, lora_B is out_features x rank, the base weight out_features x in_features")
+
+
 def merged(state: Mapping[str, Tensor], *, scaling: float) -> dict[str, Tensor]:
-    """Base keys only, each adapted weight W + scaling * (B @ A) in fp32, cast back to W's dtype."""
+    """The base keys only, each adapted weight W + scaling · (B @ A): a plain HF state dict with the adapters folded in.
+
+    Computed in fp32 and cast back to W's dtype (a bf16 W gets one rounding, not one per term); unadapted tensors are
+    passed through as they are (a tied embedding stays one tensor).
+    """
     import torch
 
     base, adapters = split(state)
     out = dict(base)
-    for key in (k for k in adapters if k.endswith(A_SUFFIX)):
-        module = key.removesuffix(A_SUFFIX)
-        a, b, w = adapters[key], adapters.get(module + B_SUFFIX), base.get(module + ".weight")
-        if b is None or w is None or tuple(w.shape) != (b.shape[0], a.shape[1]) or a.shape[0] != b.shape[1]:
-            raise CheckpointError(f"LoRA export: {key} lacks its lora_B or base weight, or their shapes disagree")
+    for module, (a, b) in pairs(adapters).items():
+        w = base.get(module + ".weight")
+        _check_shapes(module, a, b, w)
+        assert w is not None
         out[module + ".weight"] = torch.addmm(w.float(), b.float(), a.float(), alpha=scaling).to(w.dtype)
     return out
 
 
 def peft_adapter_state(adapters: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """peft's saved keys: `base_model.model.` + ours, contiguous CPU tensors."""
+    """peft's saved keys (`base_model.model.` + ours), on the CPU and contiguous (safetensors writes no views)."""
+    stray = [k for k in adapters if not k.endswith(ADAPTER_SUFFIXES)]
+    if stray:
+        raise LoRAExportError(f"LoRA export: {stray[0]} is not an adapter weight", hint="pass split(state)[1]")
     return {PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in adapters.items()}
 
 
 def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], base_model: str | None) -> dict[str, Any]:
-    """peft's LoraConfig as saved."""
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
-            "target_modules": sorted(set(targets)), "bias": "none", "fan_in_fan_out": False,
-            "base_model_name_or_path": base_model, "inference_mode": True}
+    """peft's LoraConfig as saved (`PeftConfigMixin.save_pretrained`): plain LoRA on a causal LM, the fields peft
+    0.17+ reads; those left out take LoraConfig's defaults, which are what raydlc trains (no DoRA, no rsLoRA, no bias)."""
+    _check_hyper(rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "revision": None,
+        "inference_mode": True,
+        "r": rank,
+        "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
+        "lora_dropout": dropout,
+        "target_modules": sorted(set(targets)),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "lora_bias": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+
+
+def _check_hyper(*, rank: int, alpha: float, dropout: float, targets: Sequence[str]) -> None:
+    """The run's settings, again at the export: a bad one would write a config peft loads into a different model."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise LoRAExportError(f"LoRA export: rank {rank!r} is not a LoRA rank (1 or more)", hint="LORA_RANK=0 is full fine-tuning, which has no adapter")
+    if not alpha > 0:
+        raise LoRAExportError(f"LoRA export: alpha {alpha!r} must be positive")
+    if not 0 <= dropout < 1:
+        raise LoRAExportError(f"LoRA export: dropout {dropout!r} must be in [0, 1)")
+    if isinstance(targets, str) or not targets or any(not t or "." in t for t in targets):
+        raise LoRAExportError(f"LoRA export: targets {targets!r} must be module names such as q_proj")
+
+
+def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequence[str]) -> dict[str, Tensor]:
+    """The adapters, once every one has its pair, its base weight, the run's rank and a target's name: what peft
+    needs to load the file with no missing or unexpected key (it adapts every Linear named in target_modules)."""
+    base, adapters = split(state)
+    if not adapters:
+        raise LoRAExportError("LoRA export: the state holds no adapter weights (no key ends in .lora_A.weight)", hint=_PAIR_HINT)
+    found = pairs(adapters)
+    bare = [k for k in base if k.endswith(".weight") and k.removesuffix(".weight").rpartition(".")[2] in targets
+            and k.removesuffix(".weight") not in found]
+    if bare:
+        raise LoRAExportError(f"LoRA export: {bare[0]} is a target's weight with no adapter beside it ({len(bare)} such)",
+                              hint="peft adapts every module named in target_modules; the run's adapters must cover them all")
+    for module, (a, b) in found.items():
+        _check_shapes(module, a, b, base.get(module + ".weight"))
+        if a.shape[0] != rank:
+            raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} has rank {a.shape[0]}, the run's rank is {rank}")
+        if module.rpartition(".")[2] not in targets:
+            raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} adapts {module.rpartition('.')[2]}, which is not among the targets {sorted(targets)}",
+                                  hint="peft adapts only the modules named in target_modules; the run's LORA_TARGETS must name it")
+    return adapters
 
 
 def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float, dropout: float, targets: Sequence[str],
           base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None]) -> None:
-    """`out_dir/adapter/` and, with `merge`, the merged model through `save_merged`; staged beside `out_dir`, then renamed."""
-    from safetensors.torch import save_file
+    """`out_dir/adapter/` (peft's two files) and, if `merge`, the merged weights handed to `save_merged(weights, folder)`,
+    which writes the HF model and tokenizer into that folder (it is `out_dir` once renamed).
 
-    _, adapters = split(state)
+    Everything is checked and merged before the disk is touched; the files go into a folder beside `out_dir` that
+    is renamed into place at the end, so on any error (here or in `save_merged`) nothing is left.
+    """
+    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_model)
+    tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets))
     weights = merged(state, scaling=alpha / rank) if merge else None
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
-    try:
-        (folder / "adapter").mkdir()
-        (folder / "adapter" / "adapter_config.json").write_text(
-            json.dumps(adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_model), indent=2))
-        save_file(peft_adapter_state(adapters), str(folder / "adapter" / "adapter_model.safetensors"), metadata={"format": "pt"})
+    _refuse_foreign(out_dir)
+    with _staged(out_dir) as folder:
+        _write_adapter(folder / ADAPTER_DIR, tensors, config)
         if weights is not None:
             save_merged(weights, folder)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(folder, out_dir)
+
+
+def _write_adapter(folder: Path, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def _refuse_foreign(out_dir: Path) -> None:
+    """An existing `out_dir` is replaced only if it is empty or an earlier export (it has adapter/adapter_config.json):
+    a folder of someone else's files is never deleted."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if out_dir.is_dir() and not out_dir.is_symlink() and (not any(out_dir.iterdir()) or (out_dir / ADAPTER_DIR / CONFIG_NAME).is_file()):
+        return
+    raise LoRAExportError(f"LoRA export: {out_dir} exists and is not an earlier export (no {ADAPTER_DIR}/{CONFIG_NAME} in it)",
+                          hint="choose an empty or new folder; raydlc replaces only its own exports")
+
+
+@contextmanager
+def _staged(out_dir: Path) -> Iterator[Path]:
+    """A fresh folder beside `out_dir`, renamed to it on success (an earlier export moved aside, then removed);
+    removed on failure, with any parent folders this call created."""
+    created = _make_parents(out_dir.parent)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove(created)
         raise
+    try:
+        yield folder
+        _swap(folder, out_dir)
+    except BaseException:
+        _remove(folder)
+        _remove(created)
+        raise
+
+
+def _swap(folder: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        os.replace(folder, out_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    os.replace(out_dir, old / "x")
+    os.replace(folder, out_dir)
+    shutil.rmtree(old)
+
+
+def _make_parents(path: Path) -> Path | None:
+    """Create `path` and its missing ancestors; the topmost one created (None if it existed), so a failure can undo it."""
+    top = None
+    for p in reversed([path, *path.parents]):
+        if not p.exists():
+            top = p
+            break
+    path.mkdir(parents=True, exist_ok=True)
+    return top
+
+
+def _remove(path: Path | None) -> None:
+    if path is not None and path.exists():
+        shutil.rmtree(path, ignore_errors=True)
