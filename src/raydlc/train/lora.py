@@ -7,7 +7,8 @@ Hugging Face keys, shard-by-shard pretrained loading and the seeded init read th
 before; the adapters are two submodules, `lora_A` (r x in) and `lora_B` (out x r), whose
 state-dict keys end in `ADAPTER_SUFFIXES`. B starts at zero, so a fresh adapter changes nothing;
 A is drawn from a generator seeded by (seed, the module's state-dict name), so the values depend
-on neither the number of ranks nor the units (the contract, /work/wt/CONTRACT-lora.md).
+on neither the number of ranks nor the units. The names and shapes are those peft saves behind its
+`base_model.model.` prefix, so the export (train.lora_export) is a rename, not a conversion.
 """
 
 from __future__ import annotations
