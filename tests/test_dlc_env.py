@@ -26,7 +26,8 @@ import dlc_packages
 
 # What a job's processes import on the cluster: the training entrypoint, its loop and data, the probes.
 CLUSTER_MODULES = (
-    "raydlc.train.__main__", "raydlc.train.loop", "raydlc.train.launch", "raydlc.train.checkpoint", "raydlc.data.dataset",
+    "raydlc.train.__main__", "raydlc.train.loop", "raydlc.train.launch", "raydlc.train.checkpoint", "raydlc.train.lora",
+    "raydlc.train.lora_export", "raydlc.data.dataset",
     "raydlc.data.pipeline", "raydlc.edges.storage", "raydlc.edges.ray_runtime", "raydlc.checks.node_probe",
     "raydlc.checks.storage_access", "raydlc.checks.head_isolation", "raydlc.checks.collectives_job", "raydlc.checks.preflight",
 )

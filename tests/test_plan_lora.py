@@ -115,23 +115,18 @@ def test_bad_lora_settings_are_refused() -> None:
     assert load(None, {"LORA_TARGETS": "q_proj,v_proj,q_proj"}).train.lora_targets_list == ("q_proj", "v_proj")
 
 
-def test_train_refuses_lora_before_anything_runs(tmp_path) -> None:
-    with pytest.raises(InputError, match=r"LORA_RANK=8: LoRA is planned only; training with LoRA lands with issue 36"):
-        api.train(settings={"LORA_RANK": 8}, out=str(tmp_path / "out"))
-    assert not (tmp_path / "out").exists()
+def test_lora_settings_reach_training_and_a_cluster_run_learns_at_2e_4() -> None:
+    """LoRA trains now (issue 36): its settings load and validate, and on a cluster an untouched LEARNING_RATE
+    becomes LoRA's usual 2e-4; one the user set stays, and full fine-tuning keeps 2e-5."""
+    from raydlc.config import with_cluster_defaults
 
-
-def test_submit_builtin_refuses_lora(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raydlc.jobs import submit
-
-    reached: list[str] = []
-    monkeypatch.setattr(submit, "_run", lambda *a, **k: reached.append("run"))
-    cfg = load(None, {"LORA_RANK": 16})
-    with pytest.raises(InputError, match=r"LORA_RANK=16.*issue 36.*submit --builtin"):
-        submit.submit_builtin(cfg, None, write=print, notice=print)  # type: ignore[arg-type]
-    with pytest.raises(InputError, match=r"LORA_RANK=16.*submit --rayjob"):
-        submit.submit_rayjob(cfg, yes=False, no_wait=True, gpus=None, write=print, notice=print)
-    assert reached == []
+    cfg = load(None, {"LORA_RANK": 8, "LORA_DROPOUT": 0.05})
+    assert cfg.train.lora_alpha is None and cfg.train.lora_merge is True and cfg.train.lora_dropout == 0.05
+    assert cfg.train.lora_meta() == {"lora_rank": 8, "lora_alpha": 16.0, "lora_targets": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
+    lr = with_cluster_defaults(cfg)
+    assert lr.train.learning_rate == 2e-4 and lr.origin("LEARNING_RATE") == "cluster default"
+    assert with_cluster_defaults(load(None, {"LORA_RANK": 8, "LEARNING_RATE": 1e-3})).train.learning_rate == 1e-3
+    assert with_cluster_defaults(load(None, {})).train.learning_rate == 2e-5
 
 
 def test_cli_plans_32b_lora_on_two_g6_nodes(clean_env: object, capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,19 +136,3 @@ def test_cli_plans_32b_lora_on_two_g6_nodes(clean_env: object, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "2 x 4 L4" in out and "LoRA rank 16" in out and "134,217,728 adapter parameters" in out
     assert "recommended: fsdp" in out and "tokens/s" in out and "nothing fits" not in out
-
-
-def test_cli_train_refuses_lora_with_exit_2(clean_env: object, capsys: pytest.CaptureFixture[str]) -> None:
-    from raydlc.cli import main
-
-    assert main(["--set", "LORA_RANK=4", "train", "--steps", "1"]) == 2
-    assert "LORA_RANK=4: LoRA is planned only" in capsys.readouterr().err
-
-
-def test_the_training_program_refuses_lora_whatever_started_it() -> None:
-    """A RayJob or `python -m raydlc.train` reaches launch.run without the CLI's check: it refuses there, before Ray."""
-    from raydlc.config import TrainConfig
-    from raydlc.train import launch
-
-    with pytest.raises(InputError, match=r"LORA_RANK=4: LoRA is planned only.*the training program"):
-        launch.run(TrainConfig(model_id="tiny", lora_rank=4, num_workers=1))

@@ -192,7 +192,8 @@ def test_resume_refuses_a_corrupt_checkpoint_and_other_data_before_workers_start
 
 
 def test_bf16_with_activation_checkpointing_trains_tears_down_and_exports(base: TrainConfig, local_ray: None, tmp_path: Path) -> None:
-    s = run(base.updated(steps=3, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)), QUIET)
+    # No warm-up: 3 steps inside the default 20 of it move the weights too little for the loss to fall reliably.
+    s = run(base.updated(steps=3, warmup_steps=0, bf16=True, activation_checkpointing=True, checkpoint_every=0, storage_path=str(tmp_path)), QUIET)
     assert s["steps"] == 3 and 7.0 < s["first_loss"] < 9.5 and s["final_loss"] < s["first_loss"]
     import torch
     from transformers import AutoModelForCausalLM

@@ -115,3 +115,15 @@ def test_two_ranks_each_hold_about_their_half_and_draw_the_one_rank_values(tmp_p
         assert meta["local_bytes"] == pytest.approx(full_fp32 / 2, rel=0.02), msg
         assert meta["grew"] < 0.7 * full_fp32, msg  # about its half (and one 64 MB block), never the whole
     assert results[1][0][1]["grew"] > 0.9 * full_fp32  # the measure sees a whole model when a rank holds one
+
+
+def test_activation_checkpointing_does_not_change_the_init() -> None:
+    """The init seeds each parameter by its state-dict name: the checkpoint wrapper's `_checkpoint_wrapped_module.`
+    in the parameter names must not draw another model for the same seed (it did before the names were stripped)."""
+    with world_of_one():
+        plain = full(build_random_sharded(SMALL, device=torch.device("cpu"), shard=apply_fsdp, seed=3))
+        wrapped = build_random_sharded(SMALL, device=torch.device("cpu"), shard=lambda m: apply_fsdp(m, activation_checkpointing=True), seed=3)
+        assert any("_checkpoint_wrapped_module" in n for n, _ in wrapped.named_parameters())  # the names do change
+        values = full(wrapped)
+    assert set(values) == set(plain)
+    assert all(torch.equal(values[k], plain[k]) for k in plain)

@@ -111,7 +111,6 @@ def train(
     from raydlc.train.prepare import DEFAULT_OUT, new_run_name
 
     cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="train"))
-    cfg.train.refuse_lora("raydlc train")
     request = launch.settings(cfg, local=True)
     where = replace(launch.target(cfg, local=True, address=address), log_to_driver=log_to_driver)
     if address:  # Ray reads the token from the same places: a token no header can carry fails here, unshown

@@ -50,8 +50,20 @@ class Above(Rule):
     bound: float
 
     def check(self, value: Any) -> None:
-        if not value > self.bound:
+        if value is not None and not value > self.bound:
             raise ValueError(f"must be greater than {self.bound:g}, got {value}")
+
+
+@dataclass(frozen=True)
+class Below(Rule):
+    """A number strictly less than a bound (a dropout probability): `must be less than 1 (why), got 1.0`."""
+
+    bound: float
+    why: str = ""
+
+    def check(self, value: Any) -> None:
+        if value is not None and not value < self.bound:
+            raise ValueError(f"must be less than {self.bound:g}" + (f" ({self.why})" if self.why else "") + f", got {value}")
 
 
 @dataclass(frozen=True)

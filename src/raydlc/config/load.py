@@ -229,6 +229,8 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 # `with_cluster_defaults` only where a value's source is `default`.
 CLUSTER_SEQ_LEN = 2048
 CLUSTER_DEFAULTS: dict[str, Any] = {"GRAD_ACCUM": "auto", "SEQ_LEN": CLUSTER_SEQ_LEN}
+# LoRA trains a few adapter weights from zero: the usual rate is ten times full fine-tuning's (2e-5).
+CLUSTER_LORA_LEARNING_RATE = 2e-4
 
 
 def with_cluster_defaults(cfg: Config) -> Config:
@@ -236,7 +238,7 @@ def with_cluster_defaults(cfg: Config) -> Config:
 
     SEQ_LEN becomes 2048 only for the built-in corpus (DATA unset) and a model of the registry
     whose positions reach it; GRAD_ACCUM auto only where BATCH_SIZE is untouched too (auto
-    would replace it); anything else keeps its default.
+    would replace it); LEARNING_RATE 2e-4 under LoRA (LORA_RANK > 0); anything else keeps its default.
     """
     from raydlc.facts.models import resolve_spec
 
@@ -246,6 +248,8 @@ def with_cluster_defaults(cfg: Config) -> Config:
     batch_set = cfg.source("BATCH_SIZE") != "default"
     cluster = {name: v for name, v in CLUSTER_DEFAULTS.items()
                if cfg.source(name) == "default" and (name != "SEQ_LEN" or long_ok) and (name != "GRAD_ACCUM" or not batch_set)}
+    if cfg.train.lora_rank > 0 and cfg.source("LEARNING_RATE") == "default":
+        cluster["LEARNING_RATE"] = CLUSTER_LORA_LEARNING_RATE
     return _with_training_values(cfg, cluster, "cluster default") if cluster else cfg
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from raydlc.config.fieldtypes import (
     Above,
     AtLeast,
+    Below,
     Between,
     Blank,
     Dns1123,
@@ -31,7 +32,6 @@ from raydlc.config.fieldtypes import (
     rules,
     shown,
 )
-from raydlc.errors import InputError
 from raydlc.facts import images, instances
 
 ENV_PREFIX = "RAYDLC_"
@@ -364,14 +364,28 @@ class TrainConfig(_Section):
         flag=Flag("--reduce-dtype", "Gradient reduction dtype: auto, fp32 or bf16"),
     )
     lora_rank: NonNegative = _env(
-        "LORA_RANK", "LoRA adapter rank; 0 = full fine-tuning. Planned only (raydlc plan): training with LoRA is not yet implemented "
-        "and lands with issue 36, so train and submit --builtin refuse LORA_RANK > 0", default=0,
+        "LORA_RANK", "LoRA adapter rank; 0 = full fine-tuning. The base is frozen (bf16 with bf16 compute), the adapters "
+        "(fp32) alone are trained, checkpointed and exported; an untouched LEARNING_RATE on a cluster becomes 2e-4", default=0,
         le=1024, why="adapters beyond rank 1024 are no longer low-rank",
+        flag=Flag("--lora-rank", "LoRA adapter rank on a frozen base; 0 = full fine-tuning"),
+    )
+    lora_alpha: Annotated[float | None, Blank(), Above(0)] = _env(
+        "LORA_ALPHA", "LoRA scaling numerator: the update is (alpha / rank) x B A; empty = 2 x LORA_RANK", default=None,
+        le=1e6, why="a scaling beyond a million swamps the base",
+        flag=Flag("--lora-alpha", "LoRA alpha (update scaled by alpha / rank)", default="2 x rank"),
+    )
+    lora_dropout: Annotated[float, AtLeast(0), Below(1, "a dropout of 1 drops every input")] = _env(
+        "LORA_DROPOUT", "dropout on the adapters' input (0 <= p < 1)", default=0.0,
+        flag=Flag("--lora-dropout", "Dropout on the LoRA adapters' input"),
     )
     lora_targets: Annotated[str | None, Blank(), Shaped(_LORA_TARGETS, "comma-separated projections of q_proj, k_proj, v_proj, o_proj, "
                                                        "gate_proj, up_proj, down_proj")] = _env(
         "LORA_TARGETS", "projections LoRA adapts, comma-separated (q_proj,v_proj); empty = the family's attention and MLP projections "
-        "(all seven). Planned only, as LORA_RANK", default=None,
+        "(all seven)", default=None,
+    )
+    lora_merge: bool = _env(
+        "LORA_MERGE", "with LORA_RANK > 0, export a merged Hugging Face model (W + scaling x B A) beside the adapter", default=True,
+        flag=Flag("--merge/--no-merge", "Export the LoRA-merged model beside the adapter"),
     )
     compile: MaybeBool = _env("COMPILE", "torch.compile each decoder block (fullgraph) and the chunked loss; empty = on GPUs only", default=None)
     use_gpu: MaybeBool = _env("USE_GPU", "one GPU per worker; empty = when the Ray cluster has GPUs", default=None)
@@ -413,11 +427,16 @@ class TrainConfig(_Section):
         """LORA_TARGETS as names, in order, once each; () = the family's default."""
         return tuple(dict.fromkeys(self.lora_targets.split(","))) if self.lora_targets else ()
 
-    def refuse_lora(self, command: str) -> None:
-        """Training with LoRA is planned only: a run asked for it stops here rather than train every parameter."""
-        if self.lora_rank > 0:
-            raise InputError(f"LORA_RANK={self.lora_rank}: LoRA is planned only; training with LoRA lands with issue 36 ({command} "
-                             "would fine-tune every parameter)", hint="set LORA_RANK=0 to train, or see the LoRA plan with raydlc plan --lora-rank")
+    def lora_meta(self) -> dict[str, Any]:
+        """What a checkpoint of this run must match to be continued under LoRA: the rank (0 = full
+        fine-tuning, also what a checkpoint from before LoRA counts as), alpha and targets as resolved."""
+        if self.lora_rank == 0:
+            return {"lora_rank": 0}
+        from raydlc.facts.models import LORA_DEFAULT_TARGETS
+
+        targets = self.lora_targets_list or next(iter(LORA_DEFAULT_TARGETS.values()))  # every family's default is the same seven
+        alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+        return {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
 
     def updated(self, **changes: Any) -> TrainConfig:
         """A copy with `changes` applied and everything validated again (model_copy checks nothing)."""

@@ -69,7 +69,6 @@ def submit_script(cfg: Config, script: Path, request: JobRequest, *, write: Writ
 
 def submit_builtin(cfg: Config, request: JobRequest, *, write: Write, notice: Write) -> Submitted:
     """Run raydlc's training program with the config's settings; the budget and, locally, the model and data are checked first."""
-    cfg.train.refuse_lora("raydlc submit --builtin")
     if cfg.train.max_cost_usd is not None:
         _check_budget(cfg, request.target)
     if request.target.kind == targets.LOCAL:
@@ -86,7 +85,6 @@ def submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, wr
     """
     from raydlc.jobs import rayjob
 
-    cfg.train.refuse_lora("raydlc submit --rayjob")
     cfg, bucket, doc = _rendered_rayjob(cfg)
     target = targets.JobTarget(targets.CLUSTER)
     with targets.reach(target, cfg) as reached:

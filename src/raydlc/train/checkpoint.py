@@ -7,7 +7,9 @@ and `verify` checks all of it before a single tensor is read. A directory withou
 manifest, or with a file missing, short or altered, is refused with `CheckpointError`.
 
 A checkpoint holds model + optimizer (DCP shards), and per rank the step (the data
-position: the order is a pure function of it) plus RNG states and the metrics so far.
+position: the order is a pure function of it) plus RNG states and the metrics so far. Under
+LoRA the model part is the adapters only (`model_state`): the frozen base is rebuilt from its
+seeded init or the pretrained weights on resume, so a checkpoint is a few percent of a full one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,13 +177,32 @@ def save(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
     of what all ranks wrote, gathered over the process group. The blocking form of `start` + `seal`.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory.mkdir(parents=True, exist_ok=True)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = model_state(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, storage_writer=dcp.FileSystemWriter(str(directory), single_file_per_rank=True))
     _save_extra(directory, step=step, rank=rank, extra=extra)
     seal(directory, file_digests(directory), step=step, rank=rank, world_size=world_size, meta=meta)
+
+
+def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model and optimizer state a checkpoint holds; under LoRA the model's is the adapters
+    only (by key: torch's `ignore_frozen_params` alone would still save a tied head)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from raydlc.train.lora import adapter_state, is_adapter_key
+
+    msd, osd = get_state_dict(model, optimizer)
+    return (adapter_state(msd) if any(is_adapter_key(k) for k in msd) else msd), osd
+
+
+def lora_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """How a checkpoint's LoRA settings (its manifest's meta) differ from this run's (`TrainConfig.lora_meta`),
+    as `lora_rank: checkpoint 8, now 4`; a checkpoint from before LoRA counts as rank 0."""
+    rank_then, rank_now = int(saved.get("lora_rank", 0)), int(now.get("lora_rank", 0))
+    if rank_then != rank_now:
+        return [f"lora_rank: checkpoint {rank_then}, now {rank_now}"]
+    return [f"{k}: checkpoint {saved.get(k)}, now {now[k]}" for k in ("lora_alpha", "lora_targets") if k in now and saved.get(k) != now[k]]
 
 
 def _save_extra(directory: Path, *, step: int, rank: int, extra: dict[str, Any]) -> None:
@@ -199,11 +221,10 @@ def start(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *
     Training may change the weights as soon as this returns. `seal` finishes the checkpoint.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory.mkdir(parents=True, exist_ok=True)
     _save_extra(directory, step=step, rank=rank, extra=extra)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = model_state(model, optimizer)
     written = dcp.async_save({"model": msd, "optim": osd}, storage_writer=dcp.FileSystemWriter(str(directory), single_file_per_rank=True), process_group=group)
     return _HASHER.submit(lambda: (written.result(), file_digests(directory))[1])
 
@@ -241,10 +262,12 @@ def prune(root: Path, keep: int) -> list[Path]:
     return old
 
 
-def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> dict[str, Any]:
+def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, lora: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Verify, then load model + optimizer shards (resharding if the world size changed) and this rank's extras.
 
-    A URI (s3://…) is downloaded to a local folder first, then verified like any other.
+    A URI (s3://…) is downloaded to a local folder first, then verified like any other. `lora`:
+    this run's LoRA settings (`TrainConfig.lora_meta`); a checkpoint written with others is refused
+    naming the field, before any tensor is read.
     """
     import tempfile
 
@@ -253,20 +276,26 @@ def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimiz
 
     if storage.is_uri(str(directory)):
         with tempfile.TemporaryDirectory(prefix="raydlc-resume-") as tmp:
-            return _load_local(download(str(directory), Path(tmp)), model, optimizer, rank=rank)
-    return _load_local(Path(directory), model, optimizer, rank=rank)
+            return _load_local(download(str(directory), Path(tmp)), model, optimizer, rank=rank, lora=lora)
+    return _load_local(Path(directory), model, optimizer, rank=rank, lora=lora)
 
 
-def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> dict[str, Any]:
+def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, lora: Mapping[str, Any] | None = None) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     m = verify(d)
-    msd, osd = get_state_dict(model, optimizer)
+    diff = lora_differences(m.meta, lora) if lora is not None else []
+    if diff:
+        raise CheckpointError(f"checkpoint {d} was written with other LoRA settings ({'; '.join(diff)})",
+                              hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS, or start without --resume")
+    msd, osd = model_state(model, optimizer)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(d))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    partial = any(p.requires_grad is False for p in model.parameters())  # LoRA: the adapters only; the base stays as built
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(strict=not partial))
     extra_path = d / f"extra_rank{rank}.pt"
     if not extra_path.exists():  # a different world size: RNG of rank 0 is as good as any
         extra_path = d / "extra_rank0.pt"
@@ -276,16 +305,39 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
     return extra
 
 
-def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
-    """Collective: gather the full weights to rank 0 and write safetensors + config + tokenizer."""
-    import torch
+def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dtype: torch.dtype | None = None,
+              lora: Mapping[str, Any] | None = None) -> None:
+    """Collective: gather the full weights to rank 0 and write safetensors + config + tokenizer.
+
+    `lora` (rank, alpha, dropout, targets, base_model, merge): the gathered state holds the
+    adapters too; `lora_export.write` puts them in peft's format under `out_dir/adapter/` and,
+    with merge, has `save_hf` write the merged model into `out_dir`.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import AutoModelForCausalLM
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank != 0:
         return
     config = model.config  # type: ignore[attr-defined]
+
+    def save_merged(state: dict[str, Any], where: Path) -> None:
+        save_hf(config, state, where, tokenizer=tokenizer, dtype=dtype)
+
+    if lora is None:
+        save_merged(sd, out_dir)
+        return
+    from raydlc.train import lora_export
+
+    lora_export.write(out_dir, sd, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"],
+                      base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged)
+
+
+def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
+    """A Hugging Face model directory (safetensors, config, generation config, tokenizer) from a full
+    state dict of base keys: the export of a full fine-tune, and of LoRA's merged model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     config = config.__class__.from_dict(config.to_dict())
     config.use_cache = True
     if tokenizer is not None and tokenizer.eos_token_id is not None:

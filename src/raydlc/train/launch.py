@@ -86,7 +86,6 @@ def run(
     per GPU) they wait for the cluster's resources. The dataset is prepared (Ray Data) or found
     before any worker starts.
     """
-    train.refuse_lora("the training program")  # whatever started it (a RayJob, python -m raydlc.train): before Ray
     where = where or RunTarget()
     started = time.time()  # a budget's clock: the run occupies its nodes from here
     if prepared is None and checked is None and train.num_workers > 0:

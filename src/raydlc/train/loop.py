@@ -214,11 +214,12 @@ def reduce_dtype(name: str, bf16: bool) -> torch.dtype | None:
 
 def make_optimizer(model: nn.Module, settings: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (β2 0.95), fused on every device: the fused kernel takes `found_inf`, which skips a
-    non-finite step on the device (`optimizer_step`); the learning rate is set by `train_step` each step."""
+    non-finite step on the device (`optimizer_step`); the learning rate is set by `train_step` each step.
+    Only trainable parameters: under LoRA the frozen base carries no moments."""
     import torch
 
     return torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # under LoRA the adapters only: the frozen base has no state
         lr=settings.learning_rate,
         betas=(0.9, 0.95),
         weight_decay=settings.weight_decay,
@@ -247,6 +248,8 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
     device_mesh = init_device_mesh(device.type, mesh.shape, mesh_dim_names=mesh.dim_names)
 
     def shard(model: nn.Module) -> nn.Module:
+        if settings.lora_rank > 0:  # on the meta device, before fully_shard: each block's adapters in its unit
+            model = add_lora(model, settings, bf16=bf16)
         return apply_fsdp(
             use_chunked_loss(model, settings.loss_chunk, compile=bool(settings.compile)) if settings.loss_chunk > 0 else model,
             mesh=device_mesh,
@@ -260,9 +263,27 @@ def build(settings: TrainConfig, *, spec: str | None, mesh: Mesh, device: torch.
         model = build_random_sharded(get_spec(spec), device=device, shard=shard, seed=settings.seed)
     else:
         model = build_sharded(settings.model_id, device=device, shard=shard, log=dist.get_rank() == 0)
+    if settings.lora_rank > 0:
+        from raydlc.train.lora import init_adapters
+
+        with torch.no_grad():
+            init_adapters(model, seed=settings.seed)  # after the base (seeded or pretrained): A seeded by name, B zeros
     accum = settings.grad_accum if isinstance(settings.grad_accum, int) else 1
     sync = default_sync(mesh.sharding, accum) if settings.grad_sync == "auto" else settings.grad_sync
     return Trainer(model, make_optimizer(model, settings, device), device, mesh.world_size, device_mesh, settings, sync)
+
+
+def add_lora(model: nn.Module, settings: TrainConfig, *, bf16: bool) -> nn.Module:
+    """LORA_RANK > 0: adapters on LORA_TARGETS (or the family's), the base frozen and, with bf16
+    compute, stored in bf16 (the adapters stay fp32: the only weights AdamW updates)."""
+    import torch
+
+    from raydlc.train.lora import default_alpha, targets_of, with_lora
+
+    return with_lora(
+        model, rank=settings.lora_rank, alpha=default_alpha(settings.lora_rank, settings.lora_alpha), dropout=settings.lora_dropout,
+        targets=targets_of(model.config, settings.lora_targets_list), seed=settings.seed, base_dtype=torch.bfloat16 if bf16 else None,
+    )
 
 
 # ---- step --------------------------------------------------------------------------------------
@@ -474,10 +495,10 @@ def restore(t: Trainer, run: RunSpec, session: Any, rank: int) -> tuple[int, lis
     extra: dict[str, Any] = {}
     with session.restored() as d:
         if d is not None:
-            extra = ckpt.load(d, t.model, t.optimizer, rank=rank)
+            extra = ckpt.load(d, t.model, t.optimizer, rank=rank, lora=run.train.lora_meta())
             source = str(d)
     if source is None and run.resume_from:
-        extra = ckpt.load(run.resume_from, t.model, t.optimizer, rank=rank)
+        extra = ckpt.load(run.resume_from, t.model, t.optimizer, rank=rank, lora=run.train.lora_meta())
         source = run.resume_from
     if source is None:
         return 0, []
@@ -571,7 +592,8 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
     tok = to_hf(run.tokenizer) if rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="raydlc-export-") as tmp:
         out = Path(tmp)
-        ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32)
+        ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32,
+                       lora=lora_export_settings(t.model, run))
         if rank == 0:
             mx.write_jsonl(history, out / "metrics.jsonl")
             (out / "summary.json").write_text(json.dumps({**mx.summarize(history), **(stopped or {})}, indent=1))
@@ -581,6 +603,17 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
     t.model = t.optimizer = None  # type: ignore[assignment]
     gc.collect()
     dist.barrier()
+
+
+def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | None:
+    """What the export needs to write a LoRA run's adapter (and merged model); None for full fine-tuning."""
+    from raydlc.train.lora import adapted_targets, default_alpha
+
+    s = run.train
+    if s.lora_rank == 0:
+        return None
+    return {"rank": s.lora_rank, "alpha": default_alpha(s.lora_rank, s.lora_alpha), "dropout": s.lora_dropout,
+            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge}
 
 
 # ---- stopping: the budget ------------------------------------------------------------------------

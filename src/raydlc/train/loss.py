@@ -71,12 +71,13 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         chunk = ctx.chunk
         grad_fn = compiled()[1] if ctx.compile else chunk_logit_grad
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight)
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None  # a frozen head (LoRA): no V x h matmul
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             g = grad_fn(h, weight, labels[s : s + chunk], grad)
             grad_hidden[s : s + chunk] = g @ weight
-            grad_weight.addmm_(g.t(), h)
+            if grad_weight is not None:
+                grad_weight.addmm_(g.t(), h)
             del g
         return grad_hidden, grad_weight, None, None, None
 

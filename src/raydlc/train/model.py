@@ -76,9 +76,11 @@ def apply_fsdp(
     The root holds nothing else (rotary buffers). A 2-D mesh (replicate, shard) is HSDP.
     `compile` compiles each block's forward on its own (static shapes, `fullgraph=True`: a graph
     break is an error, not a silent fallback; torchtitan's per-block compile), so FSDP's hooks and
-    the checkpoint wrapper stay outside the compiled graphs. Parameter names do not change
-    (`fully_shard` wraps no module), so state dicts, DCP checkpoints and the HF export read the
-    same keys whatever the units.
+    the checkpoint wrapper stay outside the compiled graphs. `fully_shard` wraps no module, but
+    activation checkpointing does: parameter names gain `_checkpoint_wrapped_module.` while the
+    state-dict keys do not (the wrapper's hooks strip it), so state dicts, DCP checkpoints and the
+    HF export read the same keys whatever the units, and anything keyed by name (the seeded init,
+    LoRA's adapters) must use the state-dict name (`lora.state_name`).
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -140,11 +142,16 @@ def init_weights(model: nn.Module, *, seed: int) -> None:
     Each parameter's values come from its own generator, seeded by `seed` and the parameter's
     name, on the parameter's device, drawn row block by row block (INIT_CHUNK values) over the
     whole tensor: a rank keeps the rows of its shard and discards the rest. So the values depend
-    on the seed and the shapes only, never on the number of ranks or the mesh, and a rank holds
-    its shard plus one block. They are not the values `from_config` draws for the same seed (one
-    stream over the whole model, in module order).
+    on the seed and the shapes only, never on the number of ranks, the mesh or activation
+    checkpointing (the name is the state-dict key, without the checkpoint wrapper's prefix), and a
+    rank holds its shard plus one block. They are not the values `from_config` draws for the same
+    seed (one stream over the whole model, in module order). Values are drawn in fp32 and rounded
+    to the parameter's dtype, so a bf16 base (LoRA) holds the fp32 init rounded. LoRA adapters are
+    left to `lora.init_adapters` (A seeded by name, B zeros).
     """
     import zlib
+
+    from raydlc.train.lora import is_adapter_key, state_name
 
     std = float(getattr(model.config, "initializer_range", 0.02) or 0.02)  # type: ignore[union-attr]
     kinds: dict[int, str] = {}
@@ -156,7 +163,10 @@ def init_weights(model: nn.Module, *, seed: int) -> None:
                 kinds.setdefault(id(p), "zeros")
             else:
                 kinds.setdefault(id(p), "normal")
-    for name, p in model.named_parameters():  # a tied weight once, under its first name
+    for raw, p in model.named_parameters():  # a tied weight once, under its first name
+        name = state_name(raw)
+        if is_adapter_key(name):
+            continue
         local = p.to_local() if hasattr(p, "to_local") else p
         kind = kinds[id(p)]
         if kind == "ones":
@@ -173,7 +183,9 @@ def _fill_normal(local: torch.Tensor, p: Any, *, std: float, seed: int) -> None:
 
     import torch
 
-    first = _row_offset(p)
+    from raydlc.train.lora import row_offset
+
+    first = row_offset(p)
     rows = p.shape[0]
     per_row = math.prod(p.shape[1:])
     block = max(1, INIT_CHUNK // max(per_row, 1))
@@ -182,17 +194,7 @@ def _fill_normal(local: torch.Tensor, p: Any, *, std: float, seed: int) -> None:
     for r0 in range(0, rows, block):
         if r0 >= end:
             break
-        drawn = torch.empty((min(block, rows - r0), *p.shape[1:]), device=local.device, dtype=local.dtype).normal_(0.0, std, generator=gen)
+        drawn = torch.empty((min(block, rows - r0), *p.shape[1:]), device=local.device, dtype=torch.float32).normal_(0.0, std, generator=gen)
         lo, hi = max(r0, first), min(r0 + len(drawn), end)
         if lo < hi:
-            local[lo - first : hi - first] = drawn[lo - r0 : hi - r0]
-
-
-def _row_offset(p: Any) -> int:
-    """The first row of this rank's shard of a DTensor (FSDP2 shards dim 0); 0 for a plain tensor."""
-    if not hasattr(p, "device_mesh"):
-        return 0
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    return int(offset[0]) if len(offset) else 0
+            local[lo - first : hi - first] = drawn[lo - r0 : hi - r0].to(local.dtype)

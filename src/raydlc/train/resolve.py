@@ -116,9 +116,12 @@ def check_data(train: TrainConfig, p: Prepared) -> None:
     # The data order is a function of (data, seq_len, global batch, seed): all must match to continue it.
     want = {"model": train.model_id, "seq_len": train.seq_len, "global_batch": global_size, "seed": train.seed, "data": p.data_digest}
     diff = [f"{k}: checkpoint {p.resume_meta.get(k)!r}, now {v!r}" for k, v in want.items() if k in p.resume_meta and p.resume_meta[k] != v]
+    from raydlc.train.checkpoint import lora_differences
+
+    diff += lora_differences(p.resume_meta, train.lora_meta())
     if diff:
         raise CheckpointError(f"checkpoint {p.resume_from} was written by a different run ({'; '.join(diff)})",
-                              hint="resume with the same model, data, seq len, batch x workers and seed")
+                              hint="resume with the same model, data, seq len, batch x workers, seed and LoRA settings")
 
 
 def resolve_resources(train: TrainConfig, cluster_resources: Mapping[str, float]) -> Workers:

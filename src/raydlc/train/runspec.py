@@ -116,4 +116,5 @@ class RunSpec(BaseModel):
             "global_batch": self.global_batch,
             "seed": self.train.seed,
             "data": self.data_digest,
+            **self.train.lora_meta(),
         }

@@ -182,7 +182,9 @@ def load_shards(model: nn.Module, directory: Path) -> dict[str, Any]:
 
     files = safetensors_files(directory)
     t0 = time.perf_counter()
-    sd = get_model_state_dict(model)
+    from raydlc.train.lora import is_adapter_key
+
+    sd = {k: v for k, v in get_model_state_dict(model).items() if not is_adapter_key(k)}  # LoRA's adapters: initialised, not read
     in_files = checkpoint_keys(files)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     if tied:

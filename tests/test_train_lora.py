@@ -1,0 +1,236 @@
+"""LoRA on FSDP2 (issue 36), the training side, in a one-rank gloo group: the layer and its keys, the
+product's `build` with adapters added before `fully_shard`, a frozen base that does not move, the
+loss falling, accumulation, the bf16 collectives (base gathered bf16, adapters alone reduced),
+adapters-only checkpoints and the refusal to resume with other LoRA settings, and the export."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.test_train_step import world_of_one
+
+from raydlc.config import TrainConfig
+from raydlc.errors import CheckpointError
+from raydlc.facts.models import LORA_DEFAULT_TARGETS, get_spec
+from raydlc.train import checkpoint as ckpt
+from raydlc.train import loop as L
+from raydlc.train.layout import plan_mesh
+from raydlc.train.lora import ADAPTER_SUFFIXES, LoRALinear, adapter_state, apply_lora, is_adapter_key
+from raydlc.train.model import build_model
+
+SEQ, MB = 32, 4
+SEVEN = LORA_DEFAULT_TARGETS["qwen2"]
+
+
+@pytest.fixture
+def world() -> Iterator[None]:
+    with world_of_one():
+        yield
+
+
+def settings(**kw: Any) -> TrainConfig:
+    base = dict(model_id="tiny", seq_len=SEQ, batch_size=MB, num_workers=1, learning_rate=2e-3, warmup_steps=0, lora_rank=8)
+    return TrainConfig(**{**base, **kw})
+
+
+def built(bf16: bool = False, **kw: Any) -> L.Trainer:
+    return L.build(settings(**kw), spec="tiny", mesh=plan_mesh("fsdp", [1]), device=torch.device("cpu"), bf16=bf16)
+
+
+def data(rows: int = 32) -> np.ndarray:
+    """Tokens from 64 of the 4096 ids: something a few steps can learn."""
+    return np.random.default_rng(0).integers(0, 64, size=(rows, SEQ), dtype=np.int32)
+
+
+def full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def steps(t: L.Trainer, ids: np.ndarray, n: int, micro: int = MB) -> list[float]:
+    out = []
+    for step in range(n):
+        rows = np.arange(8) + 8 * (step % (len(ids) // 8))
+        out.append(float(L.train_step(t, L.micro_batches(ids, ids, rows, micro, t.device), 2e-3).loss))
+    return out
+
+
+def test_the_layer_keeps_the_base_keys_adds_adapters_and_starts_as_the_base() -> None:
+    spec = get_spec("tiny")
+    model, plain = build_model(spec, seed=1), build_model(spec, seed=1)
+    keys = set(model.state_dict())
+    replaced = apply_lora(model, rank=4, alpha=8, dropout=0.0, targets=SEVEN, seed=3)
+    assert len(replaced) == spec.num_layers * 7 and replaced[0] == "model.layers.0.self_attn.q_proj"
+    sd = model.state_dict()
+    assert {k for k in sd if not is_adapter_key(k)} == keys  # the HF keys are unchanged
+    q = "model.layers.0.self_attn.q_proj"
+    assert sd[q + ".lora_A.weight"].shape == (4, spec.hidden_size) and sd[q + ".lora_B.weight"].shape == (spec.num_heads * spec.head_dim, 4)
+    assert set(adapter_state(sd)) == {f"{m}{s}" for m in replaced for s in ADAPTER_SUFFIXES}
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [n for n in dict(model.named_parameters()) if is_adapter_key(n)]
+    assert all(bool((v == 0).all()) for k, v in sd.items() if k.endswith(".lora_B.weight"))
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)  # B = 0: the base's outputs
+        again = build_model(spec, seed=1)
+        apply_lora(again, rank=4, alpha=8, dropout=0.0, targets=SEVEN, seed=3)
+        assert torch.equal(again.state_dict()[q + ".lora_A.weight"], sd[q + ".lora_A.weight"])  # A seeded by (seed, name)
+        assert not torch.equal(sd[q + ".lora_A.weight"], sd["model.layers.1.self_attn.q_proj.lora_A.weight"])
+        layer: LoRALinear = model.model.layers[0].self_attn.q_proj
+        layer.lora_B.weight.normal_()
+        x = torch.randn(3, spec.hidden_size)
+        want = x @ layer.weight.T + layer.bias + 2.0 * (x @ layer.lora_A.weight.T @ layer.lora_B.weight.T)
+        torch.testing.assert_close(layer(x), want)
+
+
+def test_targets_choose_the_projections() -> None:
+    model = build_model(get_spec("tiny"))
+    replaced = apply_lora(model, rank=2, alpha=4, dropout=0.1, targets=("q_proj", "v_proj"), seed=0)
+    assert {r.rsplit(".", 1)[1] for r in replaced} == {"q_proj", "v_proj"}
+    assert isinstance(model.model.layers[0].self_attn.v_proj, LoRALinear)
+    assert not isinstance(model.model.layers[0].mlp.up_proj, LoRALinear)
+    assert not isinstance(model.lm_head, LoRALinear)
+
+
+def test_the_frozen_base_does_not_move_and_the_loss_falls(world: None) -> None:
+    t = built()
+    before = full(t.model)
+    base = {k for k in before if not is_adapter_key(k)}
+    assert {id(p) for g in t.optimizer.param_groups for p in g["params"]} == {id(p) for n, p in t.model.named_parameters() if is_adapter_key(n)}
+    losses = steps(t, data(), 12)
+    after = full(t.model)
+    assert all(torch.equal(before[k], after[k]) for k in base)  # bit-identical
+    assert any(not torch.equal(before[k], after[k]) for k in after if k.endswith(".lora_B.weight"))
+    assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("sync", ["once", "every"])
+def test_accumulation_takes_the_steps_of_one_micro_batch(world: None, sync: str) -> None:
+    ids = data()
+    one = steps(built(batch_size=8), ids, 3, micro=8)
+    four = steps(built(batch_size=2, grad_accum=4, grad_sync=sync), ids, 3, micro=2)
+    assert np.allclose(one, four, rtol=0, atol=1e-5), (one, four)
+
+
+def test_bf16_stores_the_base_in_bf16_gathers_it_bf16_and_reduces_adapters_only(world: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    gathered: list[torch.dtype] = []
+    reduced: list[tuple[int, Any]] = []
+    real_gather, real_reduce = FSDPParam.init_unsharded_param, pg.foreach_reduce
+
+    def gather(self: FSDPParam) -> None:  # each parameter as gathered for compute (one rank: copied, not all-gathered)
+        real_gather(self)
+        gathered.append(self._unsharded_param.dtype)
+
+    def reduce(fsdp_params: Any, grads: list[torch.Tensor], *args: Any, **kw: Any) -> Any:
+        reduced.append((sum(g.numel() for g in grads), {g.dtype for g in grads}))
+        return real_reduce(fsdp_params, grads, *args, **kw)
+
+    monkeypatch.setattr(FSDPParam, "init_unsharded_param", gather)
+    monkeypatch.setattr(pg, "foreach_reduce", reduce)
+    t = built(bf16=True)
+    params = dict(t.model.named_parameters())
+    assert {p.dtype for n, p in params.items() if not is_adapter_key(n)} == {torch.bfloat16}  # never upcast
+    assert {p.dtype for n, p in params.items() if is_adapter_key(n)} == {torch.float32}
+    steps(t, data(), 1, micro=8)  # one micro-batch: one reduction per unit
+    adapters = sum(p.numel() for n, p in params.items() if is_adapter_key(n))
+    assert gathered and set(gathered) == {torch.bfloat16}
+    assert sum(n for n, _ in reduced) == adapters  # the reduce-scatters carry the adapters' gradients, nothing else
+    assert all(dtypes == {torch.bfloat16} for _, dtypes in reduced)  # computed in bf16; reduced in REDUCE_DTYPE (fp32)
+
+
+def test_checkpoints_hold_adapters_only_and_resume_exactly(world: None, tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    ids = data()
+    t = built()
+    steps(t, ids, 3)
+    meta = settings().lora_meta()
+    d = tmp_path / ckpt.dir_name(3)
+    ckpt.save(d, t.model, t.optimizer, step=3, rank=0, world_size=1, extra={}, meta=meta)
+    saved = dcp.FileSystemReader(str(d)).read_metadata().state_dict_metadata
+    models = [k.removeprefix("model.") for k in saved if k.startswith("model.")]
+    assert models and all(is_adapter_key(k) for k in models), models
+    assert ckpt.verify(d).meta["lora_rank"] == 8 and ckpt.verify(d).meta["lora_targets"] == ",".join(SEVEN)
+    cont = steps(t, ids, 2)
+    fresh = built()
+    ckpt.load(d, fresh.model, fresh.optimizer, rank=0, lora=meta)
+    assert steps(fresh, ids, 2) == cont  # the rebuilt base plus the saved adapters and moments
+
+
+def test_resuming_with_other_lora_settings_is_refused_naming_the_field(world: None, tmp_path: Path) -> None:
+    t = built()
+    d = tmp_path / ckpt.dir_name(1)
+    ckpt.save(d, t.model, t.optimizer, step=1, rank=0, world_size=1, extra={}, meta=settings().lora_meta())
+    with pytest.raises(CheckpointError, match="lora_rank: checkpoint 8, now 4"):
+        ckpt.load(d, t.model, t.optimizer, rank=0, lora=settings(lora_rank=4).lora_meta())
+    with pytest.raises(CheckpointError, match=r"lora_alpha: checkpoint 16\.0, now 4\.0"):
+        ckpt.load(d, t.model, t.optimizer, rank=0, lora=settings(lora_alpha=4).lora_meta())
+    with pytest.raises(CheckpointError, match=r"lora_targets: checkpoint q_proj,.*, now q_proj"):
+        ckpt.load(d, t.model, t.optimizer, rank=0, lora=settings(lora_targets="q_proj").lora_meta())
+    assert ckpt.lora_differences({"model": "tiny"}, settings().lora_meta()) == ["lora_rank: checkpoint 0, now 8"]  # before LoRA: rank 0
+    assert ckpt.lora_differences({"model": "tiny"}, settings(lora_rank=0).lora_meta()) == []
+
+
+def test_the_export_writes_the_adapter_and_the_merged_model(world: None, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    t = built()
+    steps(t, data(), 3)
+    state = full(t.model)
+    lora = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": list(SEVEN), "base_model": "tiny", "merge": True}
+    ckpt.export_hf(t.model, tmp_path / "export", rank=0, tokenizer=None, dtype=torch.float32, lora=lora)
+    config = json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["peft_type"] == "LORA"
+    adapter = load_file(str(tmp_path / "export" / "adapter" / "adapter_model.safetensors"))
+    assert set(adapter) == {"base_model.model." + k for k in state if is_adapter_key(k)}
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"))
+    q = "model.layers.1.mlp.down_proj"
+    want = state[q + ".weight"] + 2.0 * state[q + ".lora_B.weight"] @ state[q + ".lora_A.weight"]
+    torch.testing.assert_close(merged.state_dict()[q + ".weight"], want)
+    ids = torch.as_tensor(data(2)[:, :16], dtype=torch.long)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, t.model(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_pretrained_weights_load_into_the_frozen_base_shard_by_shard(world: None, tmp_path: Path, bf16: bool) -> None:
+    """The pretrained path (`weights.build_sharded`): the adapters are not read from the files (they have none),
+    the base holds the saved weights (bf16 as saved, or fp32 without bf16 compute), B starts at zero."""
+    from tests.test_weights import TINY, export
+
+    directory = export(TINY["llama-tied"], tmp_path / "m", "60KB")
+    from safetensors.torch import load_file
+
+    saved: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        saved |= load_file(str(f))
+    t = L.build(settings(model_id=str(directory), seq_len=16), spec=None, mesh=plan_mesh("fsdp", [1]), device=torch.device("cpu"), bf16=bf16)
+    state = full(t.model)
+    assert {k: v.dtype for k, v in state.items() if not is_adapter_key(k)} == dict.fromkeys(saved, torch.bfloat16 if bf16 else torch.float32) | (
+        {"lm_head.weight": torch.bfloat16 if bf16 else torch.float32} if "lm_head.weight" in state else {})
+    assert all(torch.equal(state[k].to(torch.bfloat16), v) for k, v in saved.items())
+    assert all(bool((v == 0).all()) for k, v in state.items() if k.endswith(".lora_B.weight"))
+    assert any(k.endswith(".lora_A.weight") for k in state) and all(bool(v.abs().sum() > 0) for k, v in state.items() if k.endswith(".lora_A.weight"))
+    steps(t, np.random.default_rng(0).integers(0, 64, size=(16, 16), dtype=np.int32), 1)
+
+
+def test_targets_that_match_no_layer_stop_the_build() -> None:
+    from raydlc.errors import TrainError
+    from raydlc.train.lora import with_lora
+
+    with pytest.raises(TrainError, match="no linear layer of the model has one of these names"):
+        with_lora(build_model(get_spec("tiny"), device="meta"), rank=4, alpha=8, dropout=0.0, targets=("wq",), seed=0)
+
+
+def test_activation_checkpointing_builds_the_same_adapters(world: None) -> None:
+    """A is seeded by the module's state-dict name, which the checkpoint wrapper does not change."""
+    plain, wrapped = full(built().model), full(built(activation_checkpointing=True).model)
+    assert set(plain) == set(wrapped) and all(torch.equal(plain[k], wrapped[k]) for k in plain)
