@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from raydlc import interrupts
@@ -59,6 +59,7 @@ class TrainResult:
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:

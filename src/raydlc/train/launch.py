@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from raydlc import storage
 from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.edges import poll, ray_runtime
 from raydlc.errors import TrainError
+from raydlc.jobs.restarts import Fold, fold
 from raydlc.train.prepare import Checked, check, prepare
 from raydlc.train.resolve import Granted, resolve, resolve_resources
 from raydlc.train.runspec import Prepared, RunSpec, RunTarget
@@ -178,7 +179,7 @@ def _fit(spec: RunSpec, p: Prepared, where: RunTarget, on_progress: ProgressFn |
         watcher.join(timeout=5)
     if follower.stalled is not None:
         raise follower.stalled
-    return _summary(spec, p, result, time.perf_counter() - t0)
+    return {**_summary(spec, p, result, time.perf_counter() - t0), "restarts": list(follower.restarts.restarts)}
 
 
 class DeadlinePassed(TrainError):
@@ -220,6 +221,7 @@ class _Follower:
     trainer: Any
     stalled: Exception | None = None  # why the run was aborted: a stall, or its deadline
     deadline_at: float | None = None  # RunTarget.deadline_at
+    restarts: Fold = field(default_factory=Fold)  # rank 0's records folded (jobs.restarts): the summary's `restarts`
 
     def run(self) -> None:
         while True:
@@ -256,6 +258,7 @@ class _Follower:
 
     def take(self, records: list[dict[str, Any]]) -> None:
         shown = [self.costed(r) for r in records if "beat" not in r and "stacks" not in r]
+        self.restarts = fold(shown, self.restarts)
         if self.path is not None and shown:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,14 @@ def print_cost(cost: dict[str, Any], console: Any) -> None:
     console.print(f"  spend at step {cost['step']}: ${cost['spent_usd']:.2f} of ${cost['budget_usd']:.2f}{forecast} (list prices)", highlight=False)
 
 
+def print_restarts(restarts: list[dict[str, Any]], console: Any) -> None:
+    """The restarts row of `job status`: each preemption or failure and where the run resumed (jobs.restarts)."""
+    from raydlc.jobs.restarts import describe
+
+    for r in restarts:
+        console.print(f"  restart: {describe(r)}", highlight=False)
+
+
 def print_verdict(v: GateVerdict, console: Any) -> None:
     from rich.table import Table
 
