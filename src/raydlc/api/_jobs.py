@@ -273,9 +273,14 @@ def job_status(job_id: str, *, local: bool = False, address: str | None = None, 
 
     with _reached(local, address, config, settings) as (reached, _):
         job = control.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
-        budgeted = "RAYDLC_JOB_MAX_COST_USD" in ((job.runtime_env or {}).get("env_vars") or {})
+        env = (job.runtime_env or {}).get("env_vars") or {}
         log = reached.dashboard.logs(job.submission_id)
-        return JobStatusResult(job, reached.target, control.latest_cost(log) if budgeted else None, control.restarts_of(log))
+        cost = control.latest_cost(log) if "RAYDLC_JOB_MAX_COST_USD" in env else None
+        if cost is not None and "RAYDLC_GPU_USD_PER_HOUR" in env:  # submit set the Spot price the job keeps its budget at
+            from raydlc.planner.budget import SPOT_LABEL
+
+            cost = {**cost, "price": f"{SPOT_LABEL}, ${float(env['RAYDLC_GPU_USD_PER_HOUR']):.2f}/h a node"}
+        return JobStatusResult(job, reached.target, cost, control.restarts_of(log))
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ def target(cfg: Config, *, local: bool, address: str | None = None) -> RunTarget
     """Where the run goes; a run that joins a cluster (not local, or given an address) plans with
     the config's GPU node type, which a local Ray does not have."""
     where = RunTarget(address=address)
-    return where if local and where.local else replace(where, instance_type=cfg.gpu_nodes.instance_type)
+    g = cfg.gpu_nodes
+    return where if local and where.local else replace(where, instance_type=g.instance_type, gpu_usd_per_node_hour=g.usd_per_node_hour)
 
 
 # ---- the edge: Ray ------------------------------------------------------------------------
@@ -329,7 +330,8 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         from raydlc.planner import budget
 
         spent = budget.spend(spec.budget, time.time(), step=int(s.get("steps") or 0), steps=spec.train.steps, step_s=s.get("step_time_s"))
-        cost = {**spent.to_dict(), "price": budget.price_note() if spec.budget.instance_type else "given by the caller"}
+        label = spec.budget.price_label or (budget.price_note() if spec.budget.instance_type else "given by the caller")
+        cost = {**spent.to_dict(), "price": label}
     return {
         **{k: s.get(k) for k in ("steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "step_time_s", "peak_mem_mb", "peak_reserved_mb", "overfitting")},
         "loss_drop": (1 - s["final_loss"] / s["first_loss"]) if s.get("first_loss") and s.get("final_loss") is not None else None,
