@@ -84,7 +84,9 @@ def replace_node(cluster: Any) -> Any:
 
 
 def same_losses_as_an_unfaulted_run(faulted: dict[str, Any], base: TrainConfig, tmp_path: Path) -> None:
+    t0 = time.monotonic()
     plain = run(base.updated(storage_path=str(tmp_path / "plain")), RunTarget(log_to_driver=False))
+    print(f"faulted run {faulted['wall_s']:.0f} s, unfaulted run {time.monotonic() - t0:.0f} s", flush=True)
     a, b = losses(faulted), losses(plain)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
