@@ -58,8 +58,8 @@ class TrainResult:
     overfitting: str | None = None  # said when eval loss rose over the last evaluations
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
-    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
+    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
