@@ -96,7 +96,7 @@ def train(
     receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
     `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`, and `{"stage": "stalled",
     "reason", "evidence"}` when the stall guard ends the run) and rank 0's records (`{"step", "loss", "tokens_per_s", …}` (with
-    `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
+    `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True, "node"}`, a drain notice `{"step", "preempted": True, "saved", …}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
 
     Example:
