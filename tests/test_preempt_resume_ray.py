@@ -36,10 +36,10 @@ def losses(summary: dict[str, Any]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in M.read_jsonl(Path(summary["metrics"])) if "loss" in r}
 
 
-def drain(address: str, node_id: str) -> None:
+def drain(address: str, node_id: str, deadline_s: int = DEADLINE_S) -> None:
     ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     r = subprocess.run([ray_cli, "drain-node", "--address", address, "--node-id", node_id, f"--reason={DRAIN_REASON}",
-                        "--reason-message=test: Spot reclaim", f"--deadline-remaining-seconds={DEADLINE_S}"],
+                        "--reason-message=test: Spot reclaim", f"--deadline-remaining-seconds={deadline_s}"],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "RAY_ADDRESS": address})
     assert r.returncode == 0, r.stderr
 
@@ -83,7 +83,7 @@ def test_a_drained_worker_node_is_checkpointed_at_the_notice_and_the_run_resumes
             drain(cluster.address, spot.node_id)
             notice = until(lambda r: r.get("preempted"), 120)  # the checkpoint of the notice's step is uploaded by now
             time.sleep(max(0.0, notice["deadline"] - time.time()) + 3.0)  # Ray Train tears the workers down at the deadline
-            cluster.add_node(num_cpus=2)  # the replacement joins, and the drained node goes
+            replacement = cluster.add_node(num_cpus=2)  # the replacement joins, and the drained node goes
             try:
                 cluster.remove_node(spot)
             except Exception as e:  # a leftover process of the old node (its raylet may have gone by itself, drained and idle)
@@ -98,6 +98,10 @@ def test_a_drained_worker_node_is_checkpointed_at_the_notice_and_the_run_resumes
         assert max(first_attempt) == k  # the first attempt ran no step after the notice's
         assert C.verify(Path(drained_run["run_dir"]) / C.dir_name(k)).step == k
         assert drained_run["steps"] == STEPS
+        # the recorded fact: "preempted at step k, resumed from k on <the replacement>"
+        [restart] = drained_run["restarts"]
+        assert {k: restart[k] for k in ("cause", "at_step", "resumed_from")} == {"cause": "preemption", "at_step": k, "resumed_from": k}
+        assert replacement.node_id[:12] in restart["node"] and spot.node_id[:12] not in restart["node"]
 
         plain = run(base.updated(storage_path=str(tmp_path / "plain")), RunTarget(log_to_driver=False))
         a, b = losses(drained_run), losses(plain)

@@ -29,7 +29,10 @@ def test_ray_drain_node_with_reason_preemption_reaches_get_preemption_info(tmp_p
         import ray
         import ray.train
 
-        Path(config["started"]).write_text(ray.get_runtime_context().get_node_id())
+        # written beside, then renamed: the test polls exists() and must never read a half-written (empty) file
+        part = Path(config["started"] + ".part")
+        part.write_text(ray.get_runtime_context().get_node_id())
+        part.rename(config["started"])
         t0 = time.monotonic()
         while time.monotonic() - t0 < config["wait_s"]:
             info = ray.train.get_preemption_info()

@@ -78,3 +78,37 @@ def test_plan_shows_the_on_demand_price_and_says_the_spot_price_is_read_elsewher
     assert (prices["on_demand_usd_per_hour"], prices["spot_usd_per_hour"], prices["capacity_type"]) == (9.2032, None, "spot")
     assert "raydlc capacity" in prices["spot_unknown"]
     assert "GPU nodes 2 × g6.12xlarge: on-demand $9.20/h, spot unknown" in " ".join(str(p).split())
+
+
+def test_a_spot_runs_budget_inside_the_program_is_kept_at_the_spot_price_read_at_submit(tmp_path: Path) -> None:
+    """GPU_USD_PER_HOUR (set by submit for Spot) into RunTarget, then the budget: 2 × $1.25 = $2.50/h, not the list's."""
+    from raydlc.config import TrainConfig
+    from raydlc.render.raycluster import price_env
+    from raydlc.train.launch import target
+    from raydlc.train.resolve import run_budget
+    from raydlc.train.runspec import RunTarget
+
+    train = TrainConfig(model_id="tiny", max_cost_usd=10.0)
+    spot = run_budget(train, RunTarget(instance_type="g6.12xlarge", gpu_usd_per_node_hour=1.25), 2, started_at=0.0, now=0.0)
+    listed = run_budget(train, RunTarget(instance_type="g6.12xlarge"), 2, started_at=0.0, now=0.0)
+    assert spot is not None and listed is not None
+    assert (spot.usd_per_hour, spot.price_label) == (2.5, "Spot price read at submit")
+    assert (listed.usd_per_hour, listed.price_label) == (9.2032, None)
+    assert spot.seconds == pytest.approx(4 * 3600) and listed.seconds == pytest.approx(10 / 9.2032 * 3600)
+    # the job's env says it; the program reads it into its RunTarget; On-Demand (the list price) sets nothing
+    cfg = _cfg(tmp_path, GPU_CAPACITY_TYPE="spot", JOB_MAX_COST_USD=10.0)
+    assert price_env(cfg, budget.prices_at("g6.12xlarge", 1.25)) == {"RAYDLC_GPU_USD_PER_HOUR": "1.25"}
+    assert price_env(cfg, None) == {} == price_env(cfg, budget.prices_at("g6.12xlarge", None))
+    env = render_rayjob(cfg, prices=budget.prices_at("g6.12xlarge", 1.25))["spec"]["runtimeEnvYAML"]
+    assert '"RAYDLC_GPU_USD_PER_HOUR": "1.25"' in env and "RAYDLC_GPU_USD_PER_HOUR" not in render_rayjob(cfg)["spec"]["runtimeEnvYAML"]
+    in_job = load_config(env={"RAYDLC_GPU_USD_PER_HOUR": "1.25", "RAYDLC_MODEL_ID": "tiny"}, cwd=tmp_path)
+    assert target(in_job, local=False, address="auto").gpu_usd_per_node_hour == 1.25
+    assert target(_cfg(tmp_path), local=False, address="auto").gpu_usd_per_node_hour is None
+
+
+def test_job_status_names_the_spot_price_its_spend_line_is_at() -> None:
+    from raydlc.views.jobs import print_cost
+    from raydlc.views.text import rendered
+
+    cost = {"step": 12, "spent_usd": 1.2, "budget_usd": 5.0, "forecast_usd": None, "price": "Spot price read at submit, $1.25/h a node"}
+    assert "spend at step 12: $1.20 of $5.00 (Spot price read at submit, $1.25/h a node)" in rendered(lambda c: print_cost(cost, c), width=200)

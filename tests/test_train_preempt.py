@@ -51,10 +51,12 @@ class StepHooks(Hooks):
 
 
 def test_a_notice_at_step_k_saves_step_k_complete_runs_no_step_after_it_and_holds_until_the_attempt_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(P, "HOLD_GRACE_S", 0.0)  # Ray Train would end the attempt at the deadline; here nothing does, so the hold gives up at once
+    # Ray Train would end the attempt at the deadline; here nothing does, so the hold gives up at once (a minute of
+    # window leaves time to save: train.preempt.decide)
+    monkeypatch.setattr(P, "HOLD_GRACE_S", -60.0)
     store = tmp_path / "run"
     store.mkdir()
-    session = Noticing(store, at=3, deadline_ms=int(time.time() * 1000))
+    session = Noticing(store, at=3, deadline_ms=int(time.time() * 1000) + 60_000)
     hooks = StepHooks(session)
     run = one_worker(steps=6, report_every=2, checkpoint_every=4, learning_rate=2e-3)
     with world_of_one(), pytest.raises(TrainError, match="preempted at step 3: the checkpoint of step 3 is saved"):
@@ -64,7 +66,7 @@ def test_a_notice_at_step_k_saves_step_k_complete_runs_no_step_after_it_and_hold
     assert session.reports == [(2, None, False), (3, C.dir_name(3), True)]  # step 3's checkpoint, whole, reported at once (no eval first)
     assert session.waited == [(3, True)]  # uploaded before the report returned (Ray's SYNC mode), not in the background
     assert C.verify(store / C.dir_name(3)).step == 3
-    assert {"step": 3, "preempted": True, "deadline": session.deadline_ms / 1000, "preempted_ranks": [0]} in session.posted
+    assert {"step": 3, "preempted": True, "deadline": session.deadline_ms / 1000, "preempted_ranks": [0], "saved": True} in session.posted
     assert not any("eval_loss" in r for r in session.posted)
 
     # The restart (Ray Train's, from the checkpoint it registered) takes steps 4-6 as the run that was never drained does.
@@ -134,7 +136,7 @@ def test_the_hold_waits_to_the_deadline_plus_the_grace_then_says_the_checkpoint_
         w.hold(beat, rank=0, now=lambda: clock[0], sleep=sleep)
     assert clock[0] == pytest.approx(1030.0 + P.HOLD_GRACE_S) and max(slept) <= 1.0
     assert beat.phase.startswith("preempted at step 7")
-    assert posted == [([{"step": 7, "preempted": True, "deadline": 1030.0, "preempted_ranks": [1]}], True)]
+    assert posted == [([{"step": 7, "preempted": True, "deadline": 1030.0, "preempted_ranks": [1], "saved": True}], True)]
     P.PreemptionWatch(session, steps=10).hold(beat, rank=0, now=lambda: pytest.fail("held without a notice"))
 
 
@@ -167,8 +169,67 @@ def test_the_driver_log_says_preempted_at_step_n_then_resumed_from_n(capsys: pyt
     from raydlc.train.__main__ import _print_progress
 
     _print_progress(P.Notice(step=7, deadline_s=1.0, ranks=(1,)).record())
-    _print_progress({"step": 7, "resumed": True})
+    _print_progress({"step": 7, "resumed": True, "node": "10.0.1.5 (ab12cd34ef56)"})
+    _print_progress(P.Notice(step=9, deadline_s=1.0, ranks=(0,), saved=False, resume_from=6).record())
+    _print_progress({"step": 6, "resumed": True})
     assert capsys.readouterr().out.splitlines() == [
         "step 7: preempted (a drain notice for ranks [1]): the checkpoint of step 7 is saved; Ray Train restarts from it when the nodes are back",
-        "step 7: resumed from its checkpoint",
+        "step 7: resumed from its checkpoint on 10.0.1.5 (ab12cd34ef56)",
+        "step 9: preempted: deadline too short to save at step 9; resuming from step 6",
+        "step 6: resumed from its checkpoint",
     ]
+
+
+@pytest.mark.parametrize(("deadline", "now", "slowest", "save", "needs"), [
+    (None, 100.0, 50.0, True, 0.0),      # no deadline: Ray Train waits its own 120 s; save
+    (100.0, 100.0, 0.0, False, 0.0),     # the deadline is now: passed, whatever was measured
+    (90.0, 100.0, 0.0, False, 0.0),      # passed
+    (104.0, 100.0, 0.0, True, 0.0),      # no save measured yet in this attempt: save (the only way to keep the steps)
+    (104.0, 100.0, 0.5, False, 11.0),    # 4 s left, a save needs 2 x 0.5 + 10 s
+    (111.0, 100.0, 0.5, True, 11.0),     # exactly enough
+    (110.9, 100.0, 0.5, False, 11.0),    # just short
+    (220.0, 100.0, 30.0, True, 70.0),    # a slow save (30 s) in a two-minute notice
+    (150.0, 100.0, 30.0, False, 70.0),
+])
+def test_decide_saves_unless_the_deadline_passed_or_leaves_under_twice_the_slowest_save_plus_ten_seconds(
+    deadline: float | None, now: float, slowest: float, save: bool, needs: float
+) -> None:
+    d = P.decide(deadline, now, slowest)
+    assert (d.save, d.needs_s) == (save, needs)
+    assert d.left_s == (None if deadline is None else deadline - now)
+    with pytest.raises(AttributeError):
+        d.save = not save  # type: ignore[misc]  # frozen: every rank holds the decision it agreed on
+
+
+def test_a_notice_too_short_to_save_starts_no_save_and_names_the_checkpoint_the_restart_resumes_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(P, "HOLD_GRACE_S", 0.0)
+    store = tmp_path / "run"
+    store.mkdir()
+    session = Noticing(store, at=5, deadline_ms=int(time.time() * 1000) + 4_000)  # 4 s: under 2 x any save + 10 s
+    hooks = StepHooks(session)
+    run = one_worker(steps=8, report_every=2, checkpoint_every=2, learning_rate=2e-3)
+    with world_of_one(), pytest.raises(TrainError, match="preempted at step 5: no checkpoint of step 5"):
+        loop(run, hooks, monkeypatch)
+    assert [s for s, *_ in hooks.calls] == [1, 2, 3, 4, 5]  # no step after the notice
+    saved = [r[0] for r in session.reports if r[1] is not None]
+    assert saved in ([2], [2, 4])  # step 4's save goes to Ray only if its write was done at the notice; none of step 5
+    assert not (store / C.dir_name(5)).exists()
+    rec = next(r for r in session.posted if r.get("preempted"))
+    assert rec["saved"] is False and rec["resume_from"] == saved[-1] and rec["step"] == 5
+    assert f"deadline too short to save at step 5; resuming from step {saved[-1]}" in capsys.readouterr().out
+
+
+def test_every_rank_takes_the_decision_of_the_most_hurried_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One all-reduce on the notice step: a rank whose clock says too short makes every rank skip the save."""
+    from raydlc.train import loop as L
+
+    said: list[bool] = []
+    monkeypatch.setattr(L, "agreed", lambda flag, device: said.append(flag) or True)  # another rank said too short
+    w = P.PreemptionWatch(SimpleNamespace(preemption=lambda: SimpleNamespace(deadline_ms=10**15, preempted_ranks=[0])), steps=10)
+    assert w.noticed(3)
+    saver = SimpleNamespace(slowest_s=0.0, last_step=None, abandon=lambda: said.append(True), poll=lambda t, beat: None)
+    L.settle(w, saver, SimpleNamespace(device=None), None, 2)  # type: ignore[arg-type]
+    assert said == [False, True]  # this rank would save; the agreement said no, and the pending save was dropped
+    assert not w.saves and w.notice == P.Notice(3, 10**12, (0,), saved=False, resume_from=2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -247,11 +247,12 @@ class JobStatusResult:
     job: Job
     target: JobTarget
     cost: dict[str, Any] | None = None  # under a budget: the last step's spend so far and forecast to the last step, from the job's log
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause, at_step, resumed_from, node}, from the job's log (jobs.restarts)
 
     def to_dict(self) -> dict[str, Any]:
         j = self.job
         return _job_doc(j, self.target, start_time=j.start_time, end_time=j.end_time, metadata=j.metadata, runtime_env=j.runtime_env,
-                        driver_exit_code=j.driver_exit_code, cost=self.cost)
+                        driver_exit_code=j.driver_exit_code, cost=self.cost, restarts=self.restarts)
 
 
 def job_status(job_id: str, *, local: bool = False, address: str | None = None, config: PathLike | None = None,
@@ -272,9 +273,14 @@ def job_status(job_id: str, *, local: bool = False, address: str | None = None, 
 
     with _reached(local, address, config, settings) as (reached, _):
         job = control.require(reached.dashboard, job_id, reached.target.where, reached.target.flag)
-        budgeted = "RAYDLC_JOB_MAX_COST_USD" in ((job.runtime_env or {}).get("env_vars") or {})
-        cost = control.latest_cost(reached.dashboard.logs(job.submission_id)) if budgeted else None
-        return JobStatusResult(job, reached.target, cost)
+        env = (job.runtime_env or {}).get("env_vars") or {}
+        log = reached.dashboard.logs(job.submission_id)
+        cost = control.latest_cost(log) if "RAYDLC_JOB_MAX_COST_USD" in env else None
+        if cost is not None and "RAYDLC_GPU_USD_PER_HOUR" in env:  # submit set the Spot price the job keeps its budget at
+            from raydlc.planner.budget import SPOT_LABEL
+
+            cost = {**cost, "price": f"{SPOT_LABEL}, ${float(env['RAYDLC_GPU_USD_PER_HOUR']):.2f}/h a node"}
+        return JobStatusResult(job, reached.target, cost, control.restarts_of(log))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from raydlc import interrupts
@@ -58,6 +58,7 @@ class TrainResult:
     overfitting: str | None = None  # said when eval loss rose over the last evaluations
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
 
     @classmethod
@@ -95,7 +96,7 @@ def train(
     receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
     `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`, and `{"stage": "stalled",
     "reason", "evidence"}` when the stall guard ends the run) and rank 0's records (`{"step", "loss", "tokens_per_s", …}` (with
-    `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True}`); `log_to_driver=False` keeps the workers' own
+    `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True, "node"}`, a drain notice `{"step", "preempted": True, "saved", …}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
 
     Example:

@@ -239,11 +239,12 @@ def job_status(
 
 
 def _print_job(result: Any) -> None:
-    from raydlc.views.jobs import print_cost, print_job
+    from raydlc.views.jobs import print_cost, print_job, print_restarts
 
     print_job(result.job, console)
     if result.cost:
         print_cost(result.cost, console)
+    print_restarts(result.restarts, console)
 
 
 @job_app.command("stop")

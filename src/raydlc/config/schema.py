@@ -196,6 +196,11 @@ class GpuNodesConfig(_Section):
         "on its reclaim notice), or spot-then-on-demand (an on-demand group when Spot has no capacity); head and system "
         "node stay on-demand", default="on-demand",
     )
+    usd_per_node_hour: Annotated[float | None, Blank(), AtLeast(0, "dollars an hour")] = _env(
+        "GPU_USD_PER_HOUR", "what one GPU node costs an hour as bought (JOB_MAX_COST_USD is kept at it): `submit` sets it "
+        "in the job when the nodes are Spot (the Spot price read at submit); empty = the On-Demand list price",
+        default=None, le=10_000, why="ten thousand dollars a node-hour",
+    )
     az: Annotated[str | None, Blank(), Shaped(_AZ, "an Availability Zone name such as 'us-east-2a'")] = _env(
         "GPU_AZ", "the one Availability Zone of the GPU nodes (EFA cannot cross AZs); empty = discover", default=None,
     )

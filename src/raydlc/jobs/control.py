@@ -149,6 +149,16 @@ def latest_cost(text: str) -> dict[str, Any] | None:
     return None
 
 
+def restarts_of(text: str) -> list[dict[str, Any]]:
+    """The built-in program's restarts (jobs.restarts): its printed summary's when it printed one, else folded from its driver's lines."""
+    from raydlc.jobs import restarts
+
+    summary = training_summary(text)
+    if summary is not None and isinstance(summary.get("restarts"), list):
+        return list(summary["restarts"])
+    return restarts.restarts(restarts.records_of_log(text))
+
+
 def latest_job(dash: Dashboard) -> Job | None:
     """The job `verify` reads when none is named: the newest that is not one of raydlc's probes."""
     jobs = [j for j in list_jobs(dash) if j.metadata.get("program") != "probe"]

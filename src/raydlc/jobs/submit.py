@@ -69,12 +69,13 @@ def submit_script(cfg: Config, script: Path, request: JobRequest, *, write: Writ
 
 def submit_builtin(cfg: Config, request: JobRequest, *, write: Write, notice: Write) -> Submitted:
     """Run raydlc's training program with the config's settings; the budget and, locally, the model and data are checked first."""
-    if cfg.train.max_cost_usd is not None:
-        _check_budget(cfg, request.target)
+    from raydlc.render.raycluster import price_env
+
+    prices = _check_budget(cfg, request.target) if cfg.train.max_cost_usd is not None else None
     if request.target.kind == targets.LOCAL:
         _check_local_inputs(cfg)
     _check_local_gpus(request)
-    spec = _spec(cfg, request, None, notice)
+    spec = _spec(cfg, request, None, notice, price_env(cfg, prices))
     return _run(cfg, request, spec, gpus_needed(cfg, request.gpus, builtin=True), write=write, notice=notice)
 
 
@@ -112,15 +113,15 @@ def gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:
     return cfg.num_workers if builtin and cfg.train.use_gpu is not False else 0
 
 
-def _spec(cfg: Config, request: JobRequest, script: Path | None, notice: Write) -> JobSpec:
-    """What travels with the job (the built-in program when `script` is None), checked, and said."""
+def _spec(cfg: Config, request: JobRequest, script: Path | None, notice: Write, extra_env: Mapping[str, str] | None = None) -> JobSpec:
+    """What travels with the job (the built-in program when `script` is None, with `extra_env` beside its settings), checked, and said."""
     from raydlc.jobs import runtime_env
 
     kind = request.target.kind
     env = runtime_env.parse_env(request.env)
     spec = runtime_env.build(
         script=script, args=list(request.args), working_dir=request.working_dir, pip=list(request.pip), env=env,
-        settings_env=runtime_env.builtin_env(cfg, kind) if script is None else {}, image=runtime_env.image_versions(cfg, kind),
+        settings_env={**runtime_env.builtin_env(cfg, kind), **(extra_env or {})} if script is None else {}, image=runtime_env.image_versions(cfg, kind),
         name=request.name, target=kind,
     )
     for w in spec.warnings:
@@ -218,15 +219,18 @@ def _check_local_gpus(request: JobRequest) -> None:
                              hint="drop --gpus here, or submit to the cluster (no --local)")
 
 
-def _check_budget(cfg: Config, target: JobTarget) -> None:
-    """JOB_MAX_COST_USD before submission: the cluster's GPU nodes have a list price and the budget
-    must buy start-up and a step at it; a local head or a dashboard of unknown nodes has no price."""
+def _check_budget(cfg: Config, target: JobTarget) -> Mapping[str, float] | None:
+    """JOB_MAX_COST_USD before submission: the cluster's GPU nodes have a price (the list price, or Spot's read
+    now) and the budget must buy start-up and a step at it; a local head or a dashboard of unknown nodes has no
+    price. Returns the prices it was checked at (run_prices)."""
     from raydlc.planner.budget import check_budget
     from raydlc.render.raycluster import job_deadline
 
     if target.kind != targets.CLUSTER:
         check_budget(cfg.train.max_cost_usd or 0.0, None, step_s=None, where=target.where)
-    job_deadline(cfg, run_prices(cfg))
+    prices = run_prices(cfg)
+    job_deadline(cfg, prices)
+    return prices
 
 
 def run_prices(cfg: Config) -> Mapping[str, float] | None:

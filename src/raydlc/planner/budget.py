@@ -28,6 +28,7 @@ STARTUP_ESTIMATE_S = 180.0
 # also keeps twice the slowest checkpoint it has measured (a checkpoint, then the export).
 FINISH_SHARE = 0.05
 PRICE_LABEL = "On-Demand list price"
+SPOT_LABEL = "Spot price read at submit"  # GPU_USD_PER_HOUR, set by `submit` for Spot nodes
 
 
 class Budget(BaseModel):
@@ -40,6 +41,7 @@ class Budget(BaseModel):
     started_at: float  # epoch seconds: when the driver began the run
     nodes: int
     instance_type: str | None = None  # None: a price given by the caller (tests, a negotiated rate)
+    price_label: str | None = None  # where the price came from when not the list (SPOT_LABEL); None: the list price's note
 
     @property
     def seconds(self) -> float:

@@ -323,6 +323,19 @@ def job_deadline(cfg: Config, prices: Mapping[str, float] | None = None) -> int:
     return budget.job_deadline_s(usd, price, cfg.ray.job_deadline_s)
 
 
+def price_env(cfg: Config, prices: Mapping[str, float] | None) -> dict[str, str]:
+    """RAYDLC_GPU_USD_PER_HOUR (one node's price an hour) when the job's GPU nodes are bought at other than the list
+    price (`prices`: raydlc.jobs.submit.run_prices, the Spot price read at submit), so that the training program keeps
+    JOB_MAX_COST_USD at that price; nothing at the list price (On-Demand). A price, not a secret."""
+    from raydlc.planner import budget
+
+    t = cfg.gpu_nodes.instance_type
+    price = None if prices is None else prices.get(t)
+    if price is None or price == budget.list_prices().get(t):
+        return {}
+    return {FIELDS["GPU_USD_PER_HOUR"].env_var: f"{price:g}"}
+
+
 def render_rayjob(cfg: Config, code_uri: str | None = None, prices: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The RayJob on the RayCluster `up` made (`clusterSelector`): no second head, and KubeRay never deletes that
     cluster when the job ends (rayjob_controller.go skips deletion for a clusterSelector job, so neither
@@ -335,6 +348,7 @@ def render_rayjob(cfg: Config, code_uri: str | None = None, prices: Mapping[str,
     env = runtime_env(cfg, code_uri)
     # The job's own driver stops at the deadline too: KubeRay v1.7.0 only marks a clusterSelector RayJob Failed there.
     env["env_vars"][FIELDS["JOB_DEADLINE_S"].env_var] = str(deadline)
+    env["env_vars"].update(price_env(cfg, prices))  # a Spot run's budget at the Spot price
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
         "runtimeEnvYAML": json.dumps(env, indent=2, sort_keys=True),

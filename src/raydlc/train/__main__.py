@@ -72,11 +72,14 @@ def _print_progress(rec: dict[str, Any]) -> None:
     elif rec.get("preempted"):
         print(f"step {rec['step']}: {preempted_line(rec)}", flush=True)
     elif rec.get("resumed"):
-        print(f"step {rec['step']}: resumed from its checkpoint", flush=True)
+        on = f" on {rec['node']}" if rec.get("node") else ""
+        print(f"step {rec['step']}: resumed from its checkpoint{on}", flush=True)  # read back by raydlc.jobs.restarts
 
 
 def preempted_line(rec: dict[str, Any]) -> str:
     """What a drain notice's progress record (train.preempt.Notice.record) says to the user."""
+    if rec.get("saved") is False:
+        return f"preempted: deadline too short to save at step {rec['step']}; resuming from step {rec.get('resume_from', 0)}"
     return (f"preempted (a drain notice for ranks {rec.get('preempted_ranks')}): the checkpoint of step {rec['step']} is saved; "
             "Ray Train restarts from it when the nodes are back")
 

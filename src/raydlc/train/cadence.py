@@ -61,11 +61,12 @@ class Cadence:
         """The budget is asked where the loop reads anyway (its agreement across ranks is a host sync), never on the last step."""
         return step < self.steps and self.should_read(step)
 
-    def due(self, step: int, *, stopping: bool = False, preempted: bool = False) -> Due:
+    def due(self, step: int, *, stopping: bool = False, preempted: bool = False, save_on_notice: bool = True) -> Due:
         """`preempted`: a drain notice arrived (train.preempt): the attempt ends here with this step's
-        checkpoint, taken at once and without an eval (the reclaim window is short)."""
+        checkpoint, taken at once and without an eval (the reclaim window is short); without one when
+        the window is too short to save (`save_on_notice` False: train.preempt.decide)."""
         if preempted:
-            return Due(last=True, save=True, validate=False, report=True, read=True)
+            return Due(last=True, save=save_on_notice, validate=False, report=save_on_notice, read=True)
         last = self.is_last(step, stopping=stopping)
         save, validate = self.should_save(step, last=last), self.should_validate(step, last=last)
         report = self.should_report(step, last=last)

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from raydlc import storage
 from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.edges import poll, ray_runtime
 from raydlc.errors import TrainError
+from raydlc.jobs.restarts import Fold, fold
 from raydlc.train.prepare import Checked, check, prepare
 from raydlc.train.resolve import Granted, resolve, resolve_resources
 from raydlc.train.runspec import Prepared, RunSpec, RunTarget
@@ -67,7 +68,8 @@ def target(cfg: Config, *, local: bool, address: str | None = None) -> RunTarget
     """Where the run goes; a run that joins a cluster (not local, or given an address) plans with
     the config's GPU node type, which a local Ray does not have."""
     where = RunTarget(address=address)
-    return where if local and where.local else replace(where, instance_type=cfg.gpu_nodes.instance_type)
+    g = cfg.gpu_nodes
+    return where if local and where.local else replace(where, instance_type=g.instance_type, gpu_usd_per_node_hour=g.usd_per_node_hour)
 
 
 # ---- the edge: Ray ------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def _fit(spec: RunSpec, p: Prepared, where: RunTarget, on_progress: ProgressFn |
         watcher.join(timeout=5)
     if follower.stalled is not None:
         raise follower.stalled
-    return _summary(spec, p, result, time.perf_counter() - t0)
+    return {**_summary(spec, p, result, time.perf_counter() - t0), "restarts": list(follower.restarts.restarts)}
 
 
 class DeadlinePassed(TrainError):
@@ -219,6 +221,7 @@ class _Follower:
     trainer: Any
     stalled: Exception | None = None  # why the run was aborted: a stall, or its deadline
     deadline_at: float | None = None  # RunTarget.deadline_at
+    restarts: Fold = field(default_factory=Fold)  # rank 0's records folded (jobs.restarts): the summary's `restarts`
 
     def run(self) -> None:
         while True:
@@ -255,6 +258,7 @@ class _Follower:
 
     def take(self, records: list[dict[str, Any]]) -> None:
         shown = [self.costed(r) for r in records if "beat" not in r and "stacks" not in r]
+        self.restarts = fold(shown, self.restarts)
         if self.path is not None and shown:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +329,8 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         from raydlc.planner import budget
 
         spent = budget.spend(spec.budget, time.time(), step=int(s.get("steps") or 0), steps=spec.train.steps, step_s=s.get("step_time_s"))
-        cost = {**spent.to_dict(), "price": budget.price_note() if spec.budget.instance_type else "given by the caller"}
+        label = spec.budget.price_label or (budget.price_note() if spec.budget.instance_type else "given by the caller")
+        cost = {**spent.to_dict(), "price": label}
     return {
         **{k: s.get(k) for k in ("steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "step_time_s", "peak_mem_mb", "peak_reserved_mb", "overfitting")},
         "loss_drop": (1 - s["final_loss"] / s["first_loss"]) if s.get("first_loss") and s.get("final_loss") is not None else None,

@@ -536,6 +536,7 @@ class Saver:
         self.group = dist.new_group(backend="gloo")  # DCP's own: its writer thread's collectives
         self.pending: Pending | None = None
         self.slowest_s = 0.0
+        self.last_step: int | None = None  # the step of the last checkpoint this attempt handed to Ray
         self._waited = 0.0
 
     def save(self, t: Trainer, *, step: int, history: list[dict[str, Any]], metrics: dict[str, Any], beat: Any) -> None:
@@ -569,6 +570,29 @@ class Saver:
         ckpt.seal(p.directory, p.digests.result(), step=p.step, rank=self.rank, world_size=t.world, meta=self.meta)
         self.session.report(p.metrics, str(p.directory), ckpt.dir_name(p.step), wait=wait)  # the session owns the directory from here
         self.slowest_s = max(self.slowest_s, self._waited + time.perf_counter() - began)
+        self.last_step = p.step
+
+    def abandon(self) -> None:
+        """Drop the pending save unreported (a reclaim deadline too short to finish it): its writer thread runs
+        on into a staging directory nothing reads; the restart resumes from the last checkpoint reported."""
+        self.pending = None
+
+def settle(watch: Any, saver: Saver, t: Trainer, beat: Any, start_step: int) -> None:
+    """Collective, on the notice's step only: whether the checkpoint of this step fits in the reclaim window
+    (train.preempt.decide, on each rank's clock and slowest save), one all-reduce so that every rank takes the
+    same decision. Too short: no save starts; a save in flight goes to Ray if its write is done, else it is
+    dropped; the restart resumes from the last checkpoint handed to Ray (or the one this attempt started from)."""
+    from dataclasses import replace
+
+    from raydlc.train.preempt import decide
+
+    assert watch.notice is not None
+    d = decide(watch.notice.deadline_s, time.time(), saver.slowest_s)
+    too_short = agreed(not d.save, t.device)
+    if too_short:
+        saver.poll(t, beat)
+        saver.abandon()
+    watch.settle(replace(d, save=not too_short), resume_from=saver.last_step if saver.last_step is not None else start_step)
 
 
 # ---- finalize ----------------------------------------------------------------------------------
@@ -707,7 +731,8 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
 
     rank = session.rank
     check_placement(run.mesh, world_size=session.world, local_world_size=session.local_world)
-    check_nodes(run.mesh, reported_nodes(session))
+    nodes = reported_nodes(session)
+    check_nodes(run.mesh, nodes)
     use_gpu = torch.cuda.is_available() and run.use_gpu
     if use_gpu:
         device = session.device()
@@ -721,7 +746,7 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
     eval_ids, eval_labels = rows.take(held)
 
     with heartbeat(run, session, rank, device) as beat:
-        _train(run, session, RankData(view, rows, held, eval_ids, eval_labels), device, beat, hooks or NoHooks())
+        _train(run, session, RankData(view, rows, held, eval_ids, eval_labels), device, beat, hooks or NoHooks(), nodes=nodes)
 
 
 def reported_nodes(session: Any) -> list[str]:
@@ -744,8 +769,15 @@ def run_step(t: Trainer, run: RunSpec, data: RankData, step: int, *, rank: int, 
     return lr, batch_fingerprint(gidx), train_step(t, micro_batches(ids, labels, np.arange(len(ids)), s.batch_size, t.device), lr)
 
 
-def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, beat: Any, hooks: StepHooks) -> None:
-    """Build, restore, then step until STEPS or the budget; what follows a step is the cadence's (train.cadence)."""
+def on_nodes(nodes: list[str] | tuple[str, ...]) -> str | None:
+    """The attempt's nodes (every rank's, train.loop.reported_nodes) as one name for the resume record: distinct, in rank order."""
+    return ", ".join(dict.fromkeys(nodes)) or None
+
+
+def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, beat: Any, hooks: StepHooks,
+           nodes: list[str] | tuple[str, ...] = ()) -> None:
+    """Build, restore, then step until STEPS or the budget; what follows a step is the cadence's (train.cadence).
+    `nodes`: where this attempt's ranks run, named in the resume record (jobs.restarts: "resumed from N on <node>")."""
     from raydlc.planner.budget import BudgetClock
     from raydlc.train import metrics as mx
     from raydlc.train.cadence import Cadence
@@ -756,7 +788,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
     start_step, history = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
-        session.progress([{"step": start_step, "resumed": True}])  # a restart after a failure, or --resume: the driver says so
+        session.progress([{"step": start_step, "resumed": True, "node": on_nodes(nodes)}])  # a restart, or --resume: the driver says so
     cadence = Cadence.of(s, gpu=device.type == "cuda")
     watch = PreemptionWatch(session, steps=s.steps)  # drain notices (a Spot reclaim): asked at the same steps on every rank
     progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta())
@@ -773,7 +805,10 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         beat.step, beat.completed = step, beat.completed + 1
         if clock is not None and cadence.asks_budget(step):
             stopped = budget_stop(clock, step, history, checkpoint_s=saver.slowest_s, device=device, rank=rank)
-        due = cadence.due(step, stopping=stopped is not None, preempted=watch.noticed(step, stopping=stopped is not None))
+        noticed = watch.noticed(step, stopping=stopped is not None)
+        if noticed and watch.decision is None:
+            settle(watch, saver, t, beat, start_step)
+        due = cadence.due(step, stopping=stopped is not None, preempted=noticed, save_on_notice=watch.saves)
         if not due.read:
             continue
         first_new = len(history)

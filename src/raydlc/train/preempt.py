@@ -16,6 +16,11 @@ MAX_FAILURES. An exception raised by the worker would be charged to MAX_FAILURES
 returned would end the run as finished, so the worker does neither before the deadline. If Ray Train
 has not ended the attempt `HOLD_GRACE_S` after the deadline, the hold raises TrainError.
 
+A notice whose deadline leaves too little time to save (`decide`: passed, or under twice the slowest
+save of this attempt plus SAVE_MARGIN_S) starts no save: the loop logs "deadline too short to save at
+step N; resuming from step M" and holds the same way; the restart resumes from the last checkpoint
+this attempt handed to Ray, and it still counts as a preemption.
+
 Without Ray (torchrun) the session has no notices and this is a no-op.
 """
 
@@ -23,11 +28,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HOLD_GRACE_S = 60.0  # how long after the reclaim deadline the worker still waits for Ray Train to end the attempt
 NO_DEADLINE_S = 120.0  # Ray Train's own wait when the drain has no deadline (DEFAULT_PREEMPTION_DEADLINE_S in 2.58)
+SAVE_MARGIN_S = 10.0  # beside twice the slowest save: the upload's tail and Ray Train's teardown at the deadline
+
+
+@dataclass(frozen=True)
+class SaveDecision:
+    """Whether the notice's step is saved: `left_s` to the deadline (None: none given), `needs_s` what a save needs."""
+
+    save: bool
+    left_s: float | None
+    needs_s: float
+
+    def why(self) -> str:
+        if self.left_s is None:
+            return "no deadline given"
+        need = f"a save needs {self.needs_s:.0f} s" if self.needs_s else "no save measured yet"
+        return f"{max(0.0, self.left_s):.0f} s to the deadline, {need}"
+
+
+def decide(deadline: float | None, now: float, slowest_save_s: float) -> SaveDecision:
+    """Pure: save at the notice unless the deadline has passed or leaves less than 2 x the slowest save of this
+    attempt + SAVE_MARGIN_S; with no deadline, or no save measured yet, save (the only way not to lose the steps)."""
+    if deadline is None:
+        return SaveDecision(True, None, 0.0)
+    left = deadline - now
+    needs = 2 * slowest_save_s + SAVE_MARGIN_S if slowest_save_s > 0 else 0.0
+    return SaveDecision(left > 0 and left >= needs, left, needs)
 
 
 @dataclass(frozen=True)
@@ -37,10 +68,19 @@ class Notice:
     step: int
     deadline_s: float | None
     ranks: tuple[int, ...]
+    saved: bool = True  # False: the deadline was too short to save this step (decide)
+    resume_from: int | None = None  # then: the step of the checkpoint the restart resumes from (0: none)
 
     def record(self) -> dict[str, Any]:
-        """The progress record the driver shows ("preempted at step N")."""
-        return {"step": self.step, "preempted": True, "deadline": self.deadline_s, "preempted_ranks": list(self.ranks)}
+        """The progress record the driver shows ("preempted at step N"); jobs.restarts folds it."""
+        rec = {"step": self.step, "preempted": True, "deadline": self.deadline_s, "preempted_ranks": list(self.ranks), "saved": self.saved}
+        return rec if self.saved else {**rec, "resume_from": self.resume_from}
+
+    def said(self) -> str:
+        """What happened at the notice, for the log."""
+        if self.saved:
+            return f"checkpoint of step {self.step} saved"
+        return f"deadline too short to save at step {self.step}; resuming from step {self.resume_from}"
 
 
 def notice_of(info: Any, step: int) -> Notice | None:
@@ -57,6 +97,19 @@ class PreemptionWatch:
     def __init__(self, session: Any, *, steps: int, every: int = 1) -> None:
         self.session, self.steps, self.every = session, steps, max(1, every)
         self.notice: Notice | None = None
+        self.decision: SaveDecision | None = None  # taken on the notice's step (train.loop.settle)
+
+    @property
+    def saves(self) -> bool:
+        """Whether the notice's step is checkpointed (true until a decision says otherwise)."""
+        return self.decision is None or self.decision.save
+
+    def settle(self, decision: SaveDecision, *, resume_from: int) -> None:
+        """Keep the decision every rank agreed on; a notice not saved names the step the restart resumes from."""
+        assert self.notice is not None
+        self.decision = decision
+        if not decision.save:
+            self.notice = replace(self.notice, saved=False, resume_from=resume_from)
 
     def noticed(self, step: int, *, stopping: bool = False) -> bool:
         """Collective under Ray (a barrier): whether a notice arrived at `step`. Not asked on the last step
@@ -76,15 +129,16 @@ class PreemptionWatch:
             return
         began = now()
         until = (n.deadline_s if n.deadline_s is not None else began + NO_DEADLINE_S) + HOLD_GRACE_S
-        beat.phase = f"preempted at step {n.step}: checkpoint saved, waiting for Ray Train to restart the workers"
+        beat.phase = f"preempted at step {n.step}: {n.said()}, waiting for Ray Train to restart the workers"
         if rank == 0:
             self.session.progress([n.record()], wait=True)
             left = "no deadline" if n.deadline_s is None else f"deadline in {max(0.0, n.deadline_s - began):.0f} s"
-            print(f"[raydlc] drain notice at step {n.step} (ranks {list(n.ranks)} going, {left}): checkpoint of step {n.step} saved; waiting for the restart", flush=True)
+            print(f"[raydlc] drain notice at step {n.step} (ranks {list(n.ranks)} going, {left}): {n.said()}; waiting for the restart", flush=True)
         while now() < until:
             sleep(min(1.0, max(0.0, until - now())))
+        saved = f"the checkpoint of step {n.step} is saved" if n.saved else f"no checkpoint of step {n.step} (the deadline was too short)"
         raise TrainError(
-            f"preempted at step {n.step}: the checkpoint of step {n.step} is saved, but Ray Train did not end the attempt "
+            f"preempted at step {n.step}: {saved}, but Ray Train did not end the attempt "
             f"within {HOLD_GRACE_S:.0f} s of the reclaim deadline",
             hint="the next restart resumes from that checkpoint; check the Ray Train controller's log for its preempting state",
         )

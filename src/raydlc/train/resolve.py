@@ -193,15 +193,19 @@ def run_budget(train: TrainConfig, cluster: RunTarget, nodes: int, *, started_at
     """JOB_MAX_COST_USD priced at the nodes the run occupies (the given price, else the GPU type's
     list price); a budget without a price, or below what the run has spent since `started_at`
     plus one step, is refused."""
-    from raydlc.planner.budget import Budget, check_budget, hourly_price, list_prices
+    from raydlc.planner.budget import SPOT_LABEL, Budget, check_budget, hourly_price, list_prices, prices_at
 
     if train.max_cost_usd is None:
         return None
-    price = cluster.usd_per_hour if cluster.usd_per_hour is not None else hourly_price(cluster.instance_type, nodes, list_prices())
+    node_price = cluster.gpu_usd_per_node_hour if cluster.instance_type else None  # GPU_USD_PER_HOUR: Spot, read at submit
+    prices = prices_at(cluster.instance_type, node_price) if cluster.instance_type else list_prices()
+    price = cluster.usd_per_hour if cluster.usd_per_hour is not None else hourly_price(cluster.instance_type, nodes, prices)
     where = f"{nodes} x {cluster.instance_type}" if cluster.instance_type else "a local run"
     spent_s = max(0.0, now - started_at)
     check_budget(train.max_cost_usd, price, step_s=step_s, where=where if cluster.usd_per_hour is None else "the given price", startup_s=spent_s)
     assert price is not None
+    given = cluster.usd_per_hour is not None
     return Budget(usd=train.max_cost_usd, usd_per_hour=price, started_at=started_at, nodes=nodes,
-                  instance_type=cluster.instance_type if cluster.usd_per_hour is None else None)
+                  instance_type=None if given else cluster.instance_type,
+                  price_label=SPOT_LABEL if node_price is not None and not given else None)
 

@@ -38,6 +38,7 @@ class RunTarget:
     env: dict[str, str] = field(default_factory=dict)  # extra worker environment
     faults: Fault | None = None  # fault injection for tests and drills (train.faults): a crash or a hang
     usd_per_hour: float | None = None  # the run's GPU nodes' price, given (tests, a negotiated rate); None: the list price of instance_type
+    gpu_usd_per_node_hour: float | None = None  # GPU_USD_PER_HOUR: one node's price as bought (Spot, read at submit); None: list price
     deadline_at: float | None = None  # wall-clock time (time.time()) past which the driver aborts the run: a RayJob's deadline
 
     @property

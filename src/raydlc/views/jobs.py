@@ -42,7 +42,16 @@ def print_job(j: Job, console: Any) -> None:
 def print_cost(cost: dict[str, Any], console: Any) -> None:
     """The budget line of `job status`: spend at the last step the job printed, and the forecast to its last step."""
     forecast = f", forecast to the last step ${cost['forecast_usd']:.2f}" if cost.get("forecast_usd") is not None else ""
-    console.print(f"  spend at step {cost['step']}: ${cost['spent_usd']:.2f} of ${cost['budget_usd']:.2f}{forecast} (list prices)", highlight=False)
+    price = cost.get("price", "list prices")  # a Spot job: the Spot price read at submit (api.job_status)
+    console.print(f"  spend at step {cost['step']}: ${cost['spent_usd']:.2f} of ${cost['budget_usd']:.2f}{forecast} ({price})", highlight=False)
+
+
+def print_restarts(restarts: list[dict[str, Any]], console: Any) -> None:
+    """The restarts row of `job status`: each preemption or failure and where the run resumed (jobs.restarts)."""
+    from raydlc.jobs.restarts import describe
+
+    for r in restarts:
+        console.print(f"  restart: {describe(r)}", highlight=False)
 
 
 def print_verdict(v: GateVerdict, console: Any) -> None:

@@ -69,11 +69,13 @@ class TrainView:
             bar.update(task, eval=f"{rec['eval_loss']:.3f}")
         elif "loss" in rec:
             bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.3f}", tps=f"{rec['tokens_per_s']:,.0f}")
+        elif rec.get("preempted") and rec.get("saved") is False:
+            bar.console.print(f"preempted: deadline too short to save at step {rec['step']}; resuming from step {rec.get('resume_from', 0)}")
         elif rec.get("preempted"):
             bar.console.print(f"preempted at step {rec['step']}: its checkpoint is saved; Ray Train restarts from it when the nodes are back")
         elif rec.get("resumed"):
             bar.update(task, completed=rec["step"])
-            bar.console.print(f"resumed from the checkpoint of step {rec['step']}")
+            bar.console.print(f"resumed from the checkpoint of step {rec['step']}" + (f" on {rec['node']}" if rec.get("node") else ""))
 
 
 def preparing_line(rec: dict[str, Any]) -> str:
@@ -120,6 +122,15 @@ def print_summary(s: dict[str, Any], out: Any = console) -> None:
         c = s["cost"]
         forecast = f", forecast to the last step ${c['forecast_usd']:.2f}" if c.get("forecast_usd") is not None else ""
         rows.append(("cost", f"${c['spent_usd']:.2f} of ${c['budget_usd']:.2f} at ${c['usd_per_hour']:.2f}/h{forecast} ({c['price']})"))
+    if s.get("restarts"):
+        rows.append(("restarts", restarts_text(s["restarts"])))
     for k, v in rows:
         table.add_row(k, fmt(v))
     out.print(table)
+
+
+def restarts_text(restarts: list[dict[str, Any]]) -> str:
+    """`preempted at step 12, resumed from 12 on 10.0.1.5 (ab12…)`, one restart a line (jobs.restarts)."""
+    from raydlc.jobs.restarts import describe
+
+    return "\n".join(describe(r) for r in restarts)
