@@ -81,7 +81,8 @@ def test_runspec_round_trips_through_json_and_is_validated_again_on_the_worker_s
     back = RunSpec.from_wire(s.to_wire())
     assert back == s and isinstance(back.mesh, Mesh) and back.mesh.shape == (2, 1)
     assert (back.train.weight_decay, back.train.warmup_steps, back.faults) == (0.1, 3, Crash(rank=1, step=5))
-    assert back.checkpoint_meta() == {"model": "tiny", "spec": "tiny", "seq_len": 128, "global_batch": 2, "seed": 0, "data": "abc"}
+    assert back.checkpoint_meta() == {"model": "tiny", "spec": "tiny", "seq_len": 128, "global_batch": 2, "seed": 0, "data": "abc",
+                                   "lora_rank": 0}
     # Accumulation is part of the global batch (the data order), and arrives decided.
     assert spec(train=TrainConfig(model_id="tiny", num_workers=2, batch_size=3, grad_accum=4)).global_batch == 3 * 4 * 2
     with pytest.raises(ValidationError, match="decided accumulation"):
