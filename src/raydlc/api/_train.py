@@ -10,7 +10,7 @@ from typing import Any
 
 from raydlc import interrupts
 from raydlc.api._config import load
-from raydlc.config import flags
+from raydlc.config import TrainConfig, flags
 from raydlc.errors import RaydlcError, Stopped
 
 # The settings `train` takes as keyword arguments: every training setting with a flag, named like it.
@@ -124,6 +124,8 @@ def train(
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
+    if (note := _lora_base_note(request)) is not None:
+        emit({"stage": "notice", "text": note})
     request = request.model_copy(update={"run_name": request.run_name or new_run_name()})  # named now: Ctrl-C can say what it kept
     checked = None
     with interrupts.watch() as sigint:
@@ -162,3 +164,14 @@ train.__signature__ = inspect.signature(train).replace(  # type: ignore[attr-def
     parameters=[p for p in inspect.signature(train).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     + flags.signature(OPTIONS)
 )
+
+
+def _lora_base_note(request: TrainConfig) -> str | None:
+    """LoRA freezes the base: on a built-in spec at random init its embedding, head and norms stay
+    random, so the adapters can lower the loss only a little. Said before the run, not after it."""
+    from raydlc.facts.models import SPECS
+
+    if request.lora_rank <= 0 or request.model_id.lower() not in SPECS:
+        return None
+    return (f"LoRA on {request.model_id} at random init: the frozen random base limits what the adapters can learn "
+            "(expect a fall of a few percent); train a base first (raydlc train) and pass its export with --model DIR")

@@ -35,7 +35,9 @@ class TrainView:
 
     def __call__(self, rec: dict[str, Any]) -> None:
         stage = rec.get("stage")
-        if stage == "preparing" and self._status is not None and "records" in rec:
+        if stage == "notice":
+            err_console.print(f"note: {rec['text']}")
+        elif stage == "preparing" and self._status is not None and "records" in rec:
             self._status.update(preparing_line(rec))
         elif stage == "preparing" and self._status is None:
             self._status = err_console.status("preparing data and tokenizer", spinner="dots")
