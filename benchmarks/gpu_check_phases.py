@@ -301,21 +301,7 @@ def phase_throughput(ph: Phase) -> None:
 def _throughput_row(ph: Phase, model: str, compile: bool, name: str) -> None:
     from raydlc.facts.instances import GPUS
 
-    p = planned(model, ph.size.gpu, seq=ph.size.seq)
-    mb = p["micro_batch"] if not ph.size.toy else 2
-    if ph.size.toy:
-        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb)
-    try:
-        t, times, losses = _measured(ph, model, mb, compile)
-    except Exception as e:
-        if not is_oom(e) or mb == 1:
-            raise
-        # The planner's micro-batch did not fit: that is a finding (its row), then half of it is measured.
-        ph.row(f"{name} at the planner's micro-batch {mb}", "oom", note=f"out of memory: {str(e).splitlines()[0][:150]}", micro_batch=mb)
-        release(ph.cuda)
-        mb //= 2
-        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb)
-        t, times, losses = _measured(ph, model, mb, compile)
+    p, mb, t, times, losses = _at_planned_micro_batch(ph, model, name, compile=compile)
     step = sorted(times)[len(times) // 2]
     tps = mb * ph.size.seq / step
     peak = GPUS[ph.size.gpu].bf16_tflops * 1e12
@@ -340,6 +326,28 @@ def is_oom(e: BaseException) -> bool:
     import torch
 
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _at_planned_micro_batch(
+    ph: Phase, model: str, name: str, *, compile: bool, lora_rank: int = 0
+) -> tuple[dict[str, Any], int, Any, list[float], list[float]]:
+    """(plan, micro-batch, trainer, step times, losses) at the planner's micro-batch (2 on a toy).
+
+    A micro-batch that does not fit is a finding (its `oom` row); then half of it is measured."""
+    p = planned(model, ph.size.gpu, seq=ph.size.seq, lora_rank=lora_rank)
+    mb = p["micro_batch"] if not ph.size.toy else 2
+    if ph.size.toy:
+        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=lora_rank)
+    try:
+        return (p, mb, *_measured(ph, model, mb, compile, lora_rank=lora_rank))
+    except Exception as e:
+        if not is_oom(e) or mb == 1:
+            raise
+        ph.row(f"{name} at the planner's micro-batch {mb}", "oom", note=f"out of memory: {str(e).splitlines()[0][:150]}", micro_batch=mb)
+    release(ph.cuda)
+    mb //= 2
+    p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=lora_rank)
+    return (p, mb, *_measured(ph, model, mb, compile, lora_rank=lora_rank))
 
 
 def _measured(ph: Phase, model: str, mb: int, compile: bool, lora_rank: int = 0) -> tuple[Any, list[float], list[float]]:
@@ -515,20 +523,7 @@ class LoRANotApplied(Skip):
 def _lora_row(ph: Phase, model: str, name: str) -> None:
     from raydlc.facts.instances import GPUS
 
-    p = planned(model, ph.size.gpu, seq=ph.size.seq, lora_rank=LORA_RANK)
-    mb = p["micro_batch"] if not ph.size.toy else 2
-    if ph.size.toy:
-        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=LORA_RANK)
-    try:
-        t, times, losses = _measured(ph, model, mb, False, lora_rank=LORA_RANK)
-    except Exception as e:
-        if not is_oom(e) or mb == 1:
-            raise
-        ph.row(f"{name} at the planner's micro-batch {mb}", "oom", note=f"out of memory: {str(e).splitlines()[0][:150]}", micro_batch=mb)
-        release(ph.cuda)
-        mb //= 2
-        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=LORA_RANK)
-        t, times, losses = _measured(ph, model, mb, False, lora_rank=LORA_RANK)
+    p, mb, t, times, losses = _at_planned_micro_batch(ph, model, name, compile=False, lora_rank=LORA_RANK)
     del t
     step = sorted(times)[len(times) // 2]
     tps = mb * ph.size.seq / step

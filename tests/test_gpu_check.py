@@ -97,6 +97,34 @@ def test_a_row_this_tree_cannot_measure_is_skipped_with_its_reason() -> None:
     assert "lora" in g.PHASES and g.RUN["lora"] is g.phase_lora and g.LORA_RANK == 16
 
 
+@pytest.mark.parametrize("lora_rank", [0, 16])
+def test_a_planned_micro_batch_that_does_not_fit_is_a_row_and_half_of_it_is_measured(
+    lora_rank: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The throughput and lora phases share one fallback: the OOM is a finding, the half is the figure."""
+    sys.path.insert(0, str(PHASES_PY.parent))
+    try:
+        import gpu_check_phases as g
+    finally:
+        sys.path.remove(str(PHASES_PY.parent))
+    tried: list[tuple[int, int]] = []
+
+    def measured(ph: object, model: str, mb: int, compile: bool, lora_rank: int = 0) -> tuple[str, list[float], list[float]]:
+        tried.append((mb, lora_rank))
+        if len(tried) == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return "trainer", [0.1], [2.0]
+
+    monkeypatch.setattr(g, "_measured", measured)
+    monkeypatch.setattr(g, "planned", lambda model, gpu, *, seq, micro_batch=None, lora_rank=0: {"micro_batch": micro_batch or 8, "lora": lora_rank})
+    rows: list[tuple[str, str, dict[str, object]]] = []
+    phase = SimpleNamespace(row=lambda name, status, **f: rows.append((name, status, f)), cuda=False,
+                            size=SimpleNamespace(gpu="L4", seq=128, toy=False))
+    p, mb, t, times, losses = g._at_planned_micro_batch(phase, "m", "m eager", compile=False, lora_rank=lora_rank)  # type: ignore[arg-type]
+    assert tried == [(8, lora_rank), (4, lora_rank)] and (mb, p, t, times, losses) == (4, {"micro_batch": 4, "lora": lora_rank}, "trainer", [0.1], [2.0])
+    assert [(n, s, f["micro_batch"]) for n, s, f in rows] == [("m eager at the planner's micro-batch 8", "oom", 8)]
+
+
 # ---- the dry run in a Python like the GPU image's -----------------------------------------------------
 
 
