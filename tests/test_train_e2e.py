@@ -130,7 +130,9 @@ def test_a_killed_worker_is_restarted_from_the_checkpoint_and_ends_the_same(two_
     # step after it ran again.
     (resumed,) = [r["step"] for r in progress if r.get("resumed")]
     assert resumed in (2, 4)
-    after = [r["step"] for r in progress[progress.index({"step": resumed, "resumed": True}):] if "loss" in r]
+    at = next(i for i, r in enumerate(progress) if r.get("resumed"))
+    assert progress[at]["node"]  # the record names where the run came back
+    after = [r["step"] for r in progress[at:] if "loss" in r]
     assert after == list(range(resumed + 1, STEPS + 1))
     assert crashed["final_loss"] == pytest.approx(two_workers["final_loss"], abs=1e-5)
     assert_close(losses(crashed), losses(two_workers))
@@ -155,7 +157,7 @@ def test_resume_continues_from_the_last_checkpoint_with_the_same_data_order(
     assert_close(losses(resumed), losses(two_workers))  # steps 1-4 came along in the checkpoint
     assert fingerprints(resumed) == fingerprints(two_workers)
     progress = M.read_jsonl(Path(resumed["run_dir"]) / "progress.jsonl")
-    assert [r for r in progress if r.get("resumed")] == [{"step": 4, "resumed": True}]
+    assert [(r["step"], bool(r["node"])) for r in progress if r.get("resumed")] == [(4, True)]
     assert [r["step"] for r in progress if "loss" in r] == [5, 6]  # only the remaining steps ran
 
 
