@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 RESOURCES = [
@@ -167,6 +170,28 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def moto_process() -> Iterator[str]:
+    """`moto_server()` in a process of its own. ThreadedMotoServers in one process share moto's backends, its
+    auth switch (`/moto-api/reset-auth`) and its request count, so a test that turns IAM enforcement on sees
+    whatever other modules of the same pytest worker left there; this one sees only what its test made."""
+    code = "import sys\nsys.path.insert(0, sys.argv[1])\nimport servers\nwith servers.moto_server() as url:\n    print(url, flush=True)\n    sys.stdin.read()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip() if proc.stdout else ""
+        if not url.startswith("http://"):
+            raise RuntimeError(f"moto did not start in its own process (exit {proc.poll()})")
+        yield url
+    finally:
+        if proc.stdin:
+            proc.stdin.close()  # the server stops when its stdin ends
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ def _rows(v: gate.GateVerdict) -> dict[str, gate.Row]:
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[str]:
-    with servers.moto_server() as url:
+    with servers.moto_process() as url:  # IAM enforcement is switched on and off: no other module's moto shares it
         yield url
 
 
