@@ -69,6 +69,17 @@ def test_load_restores_model_optimizer_step_and_rng(saved: tuple[Path, dict]) ->
     C.set_rng_state(extra["rng"])  # the saved state, not the 1234 one
 
 
+def test_every_rank_restores_the_history_rank_0_stored_once(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    d = Path(shutil.copytree(saved[0], tmp_path / saved[0].name))
+    torch.save({"step": 7, "rank": 1, "rng": C.rng_state()}, d / "extra_rank1.pt")  # a rank > 0 writes no history
+    model, opt = trained(seed=2)
+    extra = C.load(d, model, opt, rank=1)
+    assert extra["rank"] == 1 and extra["history"] == [{"step": 7, "loss": 1.5}]
+    torch.save({"step": 6, "rank": 1, "rng": C.rng_state()}, d / "extra_rank1.pt")
+    with pytest.raises(CheckpointError, match=r"extra_rank1\.pt is for step 6"):
+        C.load(d, model, opt, rank=1)
+
+
 def corrupt_copies(src: Path, root: Path) -> dict[str, Path]:
     cases: dict[str, Path] = {}
 

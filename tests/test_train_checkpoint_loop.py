@@ -56,3 +56,17 @@ def test_async_checkpoints_are_complete_pruned_to_keep_and_resume_the_same_steps
     a, b = losses(whole["history"]), losses(resumed["history"])
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)
+
+
+def test_a_resume_at_the_last_step_still_reports_the_runs_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = one_worker(steps=4, report_every=2, checkpoint_every=4, learning_rate=2e-3)
+    store = tmp_path / "run"
+    store.mkdir()
+    whole = run_to_end(run, Storing(store, keep=1), monkeypatch)
+    session = Session()
+    run_to_end(run.model_copy(update={"resume_from": str(store / C.dir_name(4))}), session, monkeypatch)
+    assert not [r for r in session.posted if "loss" in r]  # no step ran
+    assert session.reports == [(4, C.dir_name(4), True)]  # this run's own checkpoint of the step, whole, with the summary
+    assert session.last["summary_steps"] == 4
+    assert session.last["summary_first_loss"] == losses(whole["history"])[1]  # from the restored records
+    assert session.last["summary_final_loss"] == losses(whole["history"])[4]

@@ -281,7 +281,6 @@ def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimiz
 
 
 def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, lora: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -299,9 +298,20 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
     extra_path = d / f"extra_rank{rank}.pt"
     if not extra_path.exists():  # a different world size: RNG of rank 0 is as good as any
         extra_path = d / "extra_rank0.pt"
-    extra = torch.load(extra_path, weights_only=False)
-    if int(extra["step"]) != m.step:
-        raise CheckpointError(f"checkpoint {d}: {extra_path.name} is for step {extra['step']}, the manifest for {m.step}")
+    extra = _read_extra(d, extra_path, m.step)
+    if "history" not in extra and extra_path.name != "extra_rank0.pt":  # stored once, by rank 0 (older checkpoints: by every rank)
+        extra["history"] = _read_extra(d, d / "extra_rank0.pt", m.step).get("history", [])
+    return extra
+
+
+def _read_extra(d: Path, path: Path, step: int) -> dict[str, Any]:
+    import torch
+
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {d} has no {path.name}", hint="the checkpoint is incomplete: resume from an earlier one")
+    extra = torch.load(path, weights_only=False)
+    if int(extra["step"]) != step:
+        raise CheckpointError(f"checkpoint {d}: {path.name} is for step {extra['step']}, the manifest for {step}")
     return extra
 
 

@@ -487,8 +487,8 @@ def evaluate(t: Trainer, ids: np.ndarray, labels: np.ndarray, *, rank: int, batc
 # ---- checkpoint --------------------------------------------------------------------------------
 
 
-def restore(t: Trainer, run: RunSpec, session: Any, rank: int) -> tuple[int, list[dict[str, Any]]]:
-    """(step to continue after, metrics so far): Ray's restart checkpoint first, else RESUME_FROM."""
+def restore(t: Trainer, run: RunSpec, session: Any, rank: int) -> tuple[int, list[dict[str, Any]], bool]:
+    """(step to continue after, metrics so far, whether from Ray's own checkpoint): Ray's restart checkpoint first, else RESUME_FROM."""
     from raydlc.train import checkpoint as ckpt
 
     source: str | None = None
@@ -497,15 +497,16 @@ def restore(t: Trainer, run: RunSpec, session: Any, rank: int) -> tuple[int, lis
         if d is not None:
             extra = ckpt.load(d, t.model, t.optimizer, rank=rank, lora=run.train.lora_meta())
             source = str(d)
+    from_ray = source is not None
     if source is None and run.resume_from:
         extra = ckpt.load(run.resume_from, t.model, t.optimizer, rank=rank, lora=run.train.lora_meta())
         source = run.resume_from
     if source is None:
-        return 0, []
+        return 0, [], False
     ckpt.set_rng_state(extra["rng"])
     if rank == 0:
         print(f"[raydlc] resumed at step {int(extra['step'])} from {source}", flush=True)
-    return int(extra["step"]), list(extra.get("history", []))
+    return int(extra["step"]), list(extra.get("history", [])), from_ray
 
 
 @dataclass
@@ -547,7 +548,8 @@ class Saver:
         beat.phase = f"checkpoint of step {step}"
         began = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=f"raydlc-ckpt-r{self.rank}-"))
-        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra={"history": list(history)}, group=self.group)
+        extra = {"history": list(history)} if self.rank == 0 else {}  # the run's records, stored once: every rank restores rank 0's
+        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group)
         self.pending = Pending(step, staging, digests, metrics)
         self._waited = time.perf_counter() - began
 
@@ -596,6 +598,15 @@ def settle(watch: Any, saver: Saver, t: Trainer, beat: Any, start_step: int) -> 
 
 
 # ---- finalize ----------------------------------------------------------------------------------
+
+
+def save_again(saver: Saver, t: Trainer, s: TrainConfig, history: list[dict[str, Any]], *, step: int, beat: Any) -> None:
+    """RESUME_FROM a checkpoint of the last step trains nothing, and Ray's result is the metrics of the run's
+    newest checkpoint: the run saves that step again as its own, so that its summary and checkpoint are not empty."""
+    from raydlc.train import metrics as mx
+
+    metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=True)
+    saver.save(t, step=step, history=history, metrics=metrics, beat=beat)
 
 
 def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int, stopped: dict[str, Any] | None = None) -> None:
@@ -786,7 +797,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     s, rank = run.train, session.rank
     beat.phase = "building the model"
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
-    start_step, history = restore(t, run, session, rank)
+    start_step, history, from_ray = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
         session.progress([{"step": start_step, "resumed": True, "node": on_nodes(nodes)}])  # a restart, or --resume: the driver says so
     cadence = Cadence.of(s, gpu=device.type == "cuda")
@@ -827,6 +838,8 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
                 session.report(metrics)
         if due.last:
             break
+    if start_step >= s.steps and not from_ray:
+        save_again(saver, t, s, history, step=start_step, beat=beat)
     saver.finish(t, beat=beat, wait=watch.notice is not None)
     progress.flush()
     watch.hold(beat, rank=rank)  # after a drain notice: until Ray Train ends the attempt (it restarts from this checkpoint)
