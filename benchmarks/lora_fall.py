@@ -36,9 +36,8 @@ def stdlib_code(max_chars: int = 2_000_000) -> str:
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
             continue
         for node in ast.walk(tree):
-            body = getattr(node, "body", None)
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node) is not None:
-                node.body = body[1:] or [ast.Pass()]
+                node.body = node.body[1:] or [ast.Pass()]
         parts.append(ast.unparse(tree))
         total += len(parts[-1])
         if total >= max_chars:

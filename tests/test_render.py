@@ -31,7 +31,6 @@ from raydlc.render import FILES, codezip, render_all, to_yaml, write
 from raydlc.render.eksctl import availability_zones
 from raydlc.render.helm import releases
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY
-from raydlc.render.raycluster import STOP_RAY
 from raydlc.render.sizing import allocatable_for_pods, kube_reserved_cpu, worker_size
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "default"
@@ -207,7 +206,7 @@ def test_head_has_no_gpu(name: str, rendered) -> None:
         assert c["resources"]["requests"] == c["resources"]["limits"]
         assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in c["env"]
         assert sorted(p["containerPort"] for p in c["ports"]) == [6379, 8265, 10001]
-        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", STOP_RAY]
+        assert "lifecycle" not in c  # no hook stops Ray: the kubelet ends the container
         assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in c["volumeMounts"]
         assert "command" not in c and "args" not in c
     for spec in (docs[FILES["raycluster"]]["spec"],):
@@ -363,10 +362,6 @@ def test_the_job_model_is_checked_where_it_is_rendered(empty_dir: Path, tmp_path
     with pytest.raises(InputError) as e:
         render_all(make_config({"MODEL_ID": str(bad)}, empty_dir), ZONES, only="rayjob")
     assert e.value.message.startswith("MODEL_ID (") and "model_type 't5'" in e.value.message
-
-
-def test_pre_stop_hook_stops_ray_inside_the_pod() -> None:
-    assert STOP_RAY.startswith("ray ") and STOP_RAY.endswith(" stop")
 
 
 def test_gpu_taint_is_one_eksctls_efa_plugin_tolerates() -> None:

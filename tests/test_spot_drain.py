@@ -1,5 +1,5 @@
 """A Spot GPU node's reclaim reaches Ray: the GPU worker pod's preStop hook drains its Ray node with reason
-preemption and the reclaim deadline, holds the pod while a Ray Train worker still runs there, then stops Ray."""
+preemption and the reclaim deadline, holds the pod while a Ray Train worker still runs there, then returns: the kubelet ends the container."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from raydlc.render.raycluster import (
     DRAIN_RAY,
     SPOT_GRACE_S,
     SPOT_NOTICE_S,
-    STOP_RAY,
     TRAIN_WORKER,
 )
 
@@ -40,18 +39,18 @@ def test_spot_gpu_workers_drain_their_ray_node_on_the_way_out_and_nothing_else_d
     (worker,) = pod["containers"]
     assert worker["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", DRAIN_RAY]
     assert "--reason=DRAIN_NODE_REASON_PREEMPTION" in DRAIN_RAY and f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}" in DRAIN_RAY
-    assert DRAIN_RAY.endswith(STOP_RAY)
-    # the hold and `ray stop` fit the pod's grace period, which fits EC2's two-minute notice
+    assert DRAIN_RAY.endswith("done")  # drain, hold, return: the kubelet ends the container
+    # the hold and the kubelet's SIGTERM fit the pod's grace period, which fits EC2's two-minute notice
     assert DRAIN_HOLD_S < SPOT_GRACE_S < SPOT_NOTICE_S and DRAIN_DEADLINE_S <= SPOT_NOTICE_S
-    # Ray Train ends the attempt at the deadline (a PreemptionError, MAX_PREEMPTIONS) before the hook's `ray stop`
+    # Ray Train ends the attempt at the deadline (a PreemptionError, MAX_PREEMPTIONS) before the kubelet's SIGTERM
     # could kill the workers (an expected termination to Ray: MAX_FAILURES); 5 s for the controller's poll.
     assert DRAIN_DEADLINE_S + 5 <= DRAIN_HOLD_S
     assert pod["terminationGracePeriodSeconds"] == SPOT_GRACE_S
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
-    assert head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", STOP_RAY]
+    assert "lifecycle" not in head["containers"][0]
     assert "terminationGracePeriodSeconds" not in head
     on_demand = _raycluster(tmp_path)["spec"]["workerGroupSpecs"][0]["template"]["spec"]
-    assert on_demand["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", STOP_RAY]
+    assert "lifecycle" not in on_demand["containers"][0]
     assert "terminationGracePeriodSeconds" not in on_demand
 
 
@@ -79,18 +78,18 @@ def _run_hook(tmp_path: Path, pgrep: str | None) -> tuple[list[str], float]:
     return log.read_text().splitlines(), time.monotonic() - t0
 
 
-def test_the_hook_drains_then_stops_at_once_when_no_train_worker_runs_here(tmp_path: Path) -> None:
+def test_the_hook_drains_then_returns_at_once_when_no_train_worker_runs_here(tmp_path: Path) -> None:
     calls, took = _run_hook(tmp_path, pgrep="exit 1\n")
     assert calls == [f"drain-node --reason=DRAIN_NODE_REASON_PREEMPTION --reason-message=EKS is draining this Spot node "
-                     f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}", "stop"]
+                     f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"]  # the one Ray command: the kubelet ends the rest
     assert took < 5
 
 
-def test_the_hook_holds_the_node_while_a_train_worker_runs_then_stops_ray(tmp_path: Path) -> None:
+def test_the_hook_holds_the_node_while_a_train_worker_runs_then_returns(tmp_path: Path) -> None:
     """pgrep finds the worker (`ray::RayTrainWorker`) for its first three looks, then not: about three seconds' hold."""
     count = tmp_path / "looks"
     calls, took = _run_hook(tmp_path, pgrep=(
         f'[ "$2" = "{TRAIN_WORKER}" ] || exit 2\n'
         f'n=$(cat {count} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {count}; [ $n -le 3 ]\n'))
-    assert calls[0].startswith("drain-node --reason=DRAIN_NODE_REASON_PREEMPTION") and calls[-1] == "stop"
+    assert len(calls) == 1 and calls[0].startswith("drain-node --reason=DRAIN_NODE_REASON_PREEMPTION")
     assert count.read_text().strip() == "4" and 2.5 < took < 15

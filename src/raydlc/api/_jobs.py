@@ -427,7 +427,7 @@ class DownLocalResult:
 
 
 def down_local(*, dry_run: bool = False) -> DownLocalResult:
-    """End raydlc's local Ray head by its recorded PID and process group (never `ray stop`); with `dry_run`, only say which.
+    """End raydlc's local Ray head by its recorded PID and process group (never Ray's own stop command, which ends every Ray); with `dry_run`, only say which.
 
     The record is checked first (the PID runs, started when the record says, and is raydlc's
     head): a record that fails is removed and reported, and neither the process nor the

@@ -3,7 +3,7 @@
 `start_head` runs `ray start --head --block` as a subprocess on explicit free ports, so a driver
 in another process can join it by address (`raydlc.edges.ray_runtime.connected`), as it would
 join a cluster's head through a port-forward. It is ended by its own PID and process group,
-never by `ray stop` (which ends every Ray on the machine) — also from a later process
+never by Ray's own stop command (which ends every Ray on the machine) — also from a later process
 (`end_head`, for the local head `raydlc submit --local` leaves up). The questions a head record
 asks of a PID (`process_alive`, `start_ticks`, `is_head_command`) are answered through psutil.
 """

@@ -3,7 +3,7 @@
 Three targets, one channel. `--local` is a Ray head on this machine that raydlc starts when
 none of its own runs, records (PID, start time, dashboard) in its state directory, leaves up for
 the next `job` and `verify` commands, and ends by that PID with `raydlc down --local` — never
-`ray stop`, which would end every Ray on the machine. `--address URL` is a dashboard the user
+Ray's own stop command, which would end every Ray on the machine. `--address URL` is a dashboard the user
 already reaches. The cluster is reached through a port-forward to the head Service that raydlc
 opens on 127.0.0.1 and closes when the command ends. Whatever the target, `reach` yields one
 `Reached`: the target, its `Dashboard` (the only HTTP edge to the head) and, on a cluster, the

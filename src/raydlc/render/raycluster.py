@@ -37,7 +37,6 @@ ENTRYPOINT = "python -m raydlc.train"
 
 SECRET_NAME = "raydlc-secrets"  # `raydlc up` fills it from the caller's environment; files only name it
 SECRET_KEYS = ("HF_TOKEN",)
-STOP_RAY = "ray stop"  # the pod's own preStop hook: runs inside the Ray container, never on this machine
 
 
 # A Spot GPU node's reclaim reaches Ray through its pod (GPU_CAPACITY_TYPE spot*). On an EC2 Spot interruption
@@ -48,26 +47,28 @@ STOP_RAY = "ray stop"  # the pod's own preStop hook: runs inside the Ray contain
 # reclaim deadline; Ray 2.58 python/ray/scripts/scripts.py: the node defaults to this one, the address to
 # RAY_ADDRESS, which KubeRay v1.7.0 sets in every Ray container, common/pod.go), so Ray Train's preemption
 # watcher (ray.train.get_preemption_info(), polling GCS's draining nodes) tells the training loop while the node
-# still works; the hook then holds the pod for the window the loop has to checkpoint, and stops Ray.
+# still works; the hook then holds the pod for the window the loop has to checkpoint. The kubelet ends the container
+# after the hook (SIGTERM, SIGKILL at the grace period's end): no hook stops Ray, as no Ray is ever stopped wholesale.
 SPOT_NOTICE_S = 120  # EC2's Spot interruption notice: the instance goes two minutes after it
 # Ray Train (2.58) ends the attempt at the deadline: it tears the workers down and restarts them under
-# max_preemption_failures. A worker killed before that by `ray stop` (SIGTERM: its node's death reads as an expected
-# termination, not a preemption) would be charged to MAX_FAILURES, so the deadline falls inside the hold.
+# max_preemption_failures. A worker killed before that (the kubelet's SIGTERM after the hook: its node's death reads
+# as a failure, not a preemption) would be charged to MAX_FAILURES, so the deadline falls inside the hold.
 DRAIN_DEADLINE_S = 95  # what Ray is told: the node goes this long after the drain (the notice, less EKS's reaction)
-DRAIN_HOLD_S = 100  # the preStop hook keeps the Ray node alive at most this long for the checkpoint, then stops Ray
+DRAIN_HOLD_S = 100  # the preStop hook keeps the Ray node alive at most this long for the checkpoint, then returns
 TRAIN_WORKER = "ray::RayTrainWorker"  # the process title of a Ray Train v2 worker actor (ray.train.v2._internal.execution.worker_group.worker)
-SPOT_GRACE_S = 110  # the GPU worker pod's terminationGracePeriodSeconds: the hold and `ray stop`, inside the notice
+SPOT_GRACE_S = 110  # the GPU worker pod's terminationGracePeriodSeconds: the hold and the kubelet's SIGTERM, inside the notice
 DRAIN_REASON = "DRAIN_NODE_REASON_PREEMPTION"
 # The hold ends early once no Ray Train worker runs here (the attempt ended after its checkpoint, or the node was
 # idle: Ray's autoscaler removing an idle worker pod need not wait); without pgrep it holds the whole window.
 DRAIN_RAY = (f"ray drain-node --reason={DRAIN_REASON} --reason-message='EKS is draining this Spot node' "
              f"--deadline-remaining-seconds={DRAIN_DEADLINE_S} || echo 'raydlc: ray drain-node failed' >&2; "
              f"t=0; while [ $t -lt {DRAIN_HOLD_S} ] && {{ ! command -v pgrep >/dev/null || pgrep -f '{TRAIN_WORKER}' >/dev/null; }}; "
-             f"do sleep 1; t=$((t+1)); done; {STOP_RAY}")
+             f"do sleep 1; t=$((t+1)); done")
 
 
-def _pre_stop(drain: bool = False) -> dict[str, Any]:
-    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", DRAIN_RAY if drain else STOP_RAY]}}}
+def _drain_hook() -> dict[str, Any]:
+    """The Spot GPU worker's preStop hook: drain, then hold; only Spot nodes get a notice worth a hook."""
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", DRAIN_RAY]}}}
 
 
 def _volume_mounts() -> list[dict[str, Any]]:
@@ -118,7 +119,6 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in HEAD_PORTS.items()],
         "resources": size.resources(),
         "volumeMounts": _volume_mounts(),
-        "lifecycle": _pre_stop(),
     }
     return {
         "serviceType": "ClusterIP",
@@ -150,7 +150,7 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
         "env": _env(worker_env(cfg)) + _secret_env(),
         "resources": size.resources(devices),
         "volumeMounts": _volume_mounts(),
-        "lifecycle": _pre_stop(drain=eksctl.spot(cfg)),
+        **({"lifecycle": _drain_hook()} if eksctl.spot(cfg) else {}),
     }
     spec: dict[str, Any] = {
         **_identity(cfg, bucket.WORKER_SERVICE_ACCOUNT),
