@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,8 +141,8 @@ def test_a_head_in_its_own_process_is_joined_by_address_and_streams_progress(tmp
 
 
 def _without_native_frames(text: str) -> str:
-    """Ray's fatal-signal handler prints C stack frames; the Python error and the signal are above them."""
-    return "\n".join(line for line in text.splitlines() if "libpython" not in line and "/lib/" not in line)
+    """Ray's fatal-signal handler prints C stack frames (`binary(symbol+0x..) [0x..]`); the Python error and the signal are above them."""
+    return "\n".join(line for line in text.splitlines() if "libpython" not in line and "/lib/" not in line and not re.search(r"\) \[0x[0-9a-f]+\]", line))
 
 
 @pytest.mark.slow
@@ -163,5 +164,5 @@ def test_a_head_with_token_auth_names_a_wrong_or_missing_token_in_one_line_and_t
         r = runs[name]
         assert r.returncode == 2 and says in r.stderr.splitlines()[0] and len(r.stderr.splitlines()) == 2, r.stderr
         assert not (tmp_path / f"o-{name}").exists()
-    assert runs["right"].returncode == 0, runs["right"].stderr[-3000:]
+    assert runs["right"].returncode == 0, _without_native_frames(runs["right"].stderr)[-6000:]  # once in CI: a native crash, its cause above the frames
     assert (tmp_path / "o-right" / "manifest.json").is_file()

@@ -125,13 +125,52 @@ def test_partial_or_corrupt_checkpoints_are_refused_before_anything_loads(saved:
         C.verify(tmp_path / "nowhere")
 
 
-def test_latest_picks_the_newest_run_and_highest_step(tmp_path: Path) -> None:
-    assert C.latest(tmp_path) is None
+def test_candidates_come_newest_run_first_and_highest_step_first(tmp_path: Path) -> None:
+    assert list(C.candidates(tmp_path)) == []
     for run, steps in (("run-20260101-000000-000001", [2, 4]), ("run-20260102-000000-000001", [3, 10, 1])):
         for s in steps:
             (tmp_path / run / C.dir_name(s)).mkdir(parents=True)
     (tmp_path / "run-20260103-000000-000001").mkdir()  # a run that never checkpointed
-    assert C.latest(tmp_path) == str(tmp_path / "run-20260102-000000-000001" / C.dir_name(10))
+    (tmp_path / "run-20260102-000000-000001" / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's, beside them
+    got = [Path(c).relative_to(tmp_path).parts for c in C.candidates(tmp_path)]
+    assert got == [("run-20260102-000000-000001", C.dir_name(s)) for s in (10, 3, 1)] + [("run-20260101-000000-000001", C.dir_name(s)) for s in (4, 2)]
+
+
+def test_resume_passes_over_a_save_cut_short_and_refuses_when_none_is_whole(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    """Ray uploads a checkpoint's files in no set order: a Ctrl-C mid-upload leaves the manifest beside a short shard."""
+    run = tmp_path / "out" / "run-20260101-000000-000001"
+    whole = Path(shutil.copytree(saved[0], run / C.dir_name(2)))
+    cut = Path(shutil.copytree(saved[0], run / C.dir_name(4)))
+    shard = cut / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (run / C.dir_name(6)).mkdir()  # no manifest: still arriving, or abandoned
+    found = C.newest_intact(tmp_path / "out")
+    assert found is not None and found.path == str(whole) and found.manifest.step == 7
+    assert len(found.skipped) == 2 and "no raydlc_checkpoint.json" in found.skipped[0] and "__0_0.distcp has" in found.skipped[1]
+    assert next(C.candidates(tmp_path / "out")) == str(run / C.dir_name(6))  # by name alone: what must not be trusted
+    flipped = whole / "__0_0.distcp"
+    raw = bytearray(flipped.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(raw))
+    assert C.newest_intact(tmp_path / "out", hashes=False).path == str(whole)  # sizes only: a cut, not a flipped byte
+    with pytest.raises(CheckpointError, match=r"no raydlc_checkpoint\.json"):  # none whole: the newest one's reason
+        C.newest_intact(tmp_path / "out")
+    assert C.newest_intact(tmp_path / "empty") is None
+
+
+def test_check_resumes_from_the_newest_whole_checkpoint_and_says_what_it_passed_over(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    from raydlc.config import FIELDS, LOCAL_DEFAULTS, TrainConfig
+    from raydlc.train.prepare import check
+
+    local = TrainConfig().updated(**{FIELDS[k].key: v for k, v in LOCAL_DEFAULTS.items()})
+    run = tmp_path / "run-20260101-000000-000001"
+    whole = Path(shutil.copytree(saved[0], run / C.dir_name(2)))
+    (Path(shutil.copytree(saved[0], run / C.dir_name(4))) / "extra_rank0.pt").unlink()
+    c = check(local.updated(resume=True, storage_path=str(tmp_path)))
+    assert c.resume_from == str(whole) and c.manifest is not None and c.manifest.step == 7
+    assert c.skipped == (f"--resume passes over checkpoint {run / C.dir_name(4)} is partial: extra_rank0.pt is missing",)
+    with pytest.raises(CheckpointError, match=r"extra_rank0\.pt is missing"):  # one named checkpoint: refused, never replaced
+        check(local.updated(resume_from=str(run / C.dir_name(4)), storage_path=str(tmp_path)))
 
 
 # ---- asynchronous saves ----------------------------------------------------------------------------

@@ -183,8 +183,9 @@ def test_up_interrupted_after_each_step_then_rerun_completes_without_duplicates(
 
 
 def test_ctrl_c_during_helm_leaves_a_pending_release_that_up_resolves(world) -> None:
-    """helm killed mid-install leaves its release `pending-install`, which blocks every later upgrade."""
-    world.scenario(delays={"install kuberay-operator": 2.0})
+    """helm killed mid-install leaves its release `pending-install`, which blocks every later upgrade.
+    The install takes far longer than the Ctrl-C needs to end it (once, under CI's load, 2 s did not)."""
+    world.scenario(delays={"install kuberay-operator": 60.0})
 
     class Mid(Recorder):
         def line(self, step: str, text: str) -> None:

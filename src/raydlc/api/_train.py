@@ -146,16 +146,17 @@ def train(
 
 
 def _stopped(name: str, out: str) -> Stopped:
-    """What Ctrl-C stopped and what is kept: the run's checkpoints, which `--resume` continues from."""
-    from raydlc.train.checkpoint import latest
+    """What Ctrl-C stopped and what is kept: the run's checkpoints, which `--resume` continues from.
+    A save the Ctrl-C cut short is not named (checked by sizes: hashing every shard would hold the exit)."""
+    from raydlc.train.checkpoint import newest_intact
 
     try:
-        last = latest(out)  # what --resume would pick: the newest run's newest checkpoint
+        found = newest_intact(out, hashes=False)  # what --resume would pick: the newest whole checkpoint
     except (OSError, RaydlcError):
-        last = None
-    if last is None or f"/{name}/" not in last.replace("\\", "/") + "/":
+        found = None
+    if found is None or f"/{name}/" not in found.path.replace("\\", "/") + "/":
         return Stopped(f"training run {name} stopped by Ctrl-C before its first checkpoint; nothing to resume from")
-    return Stopped(f"training run {name} stopped by Ctrl-C; its last checkpoint {last} is kept and --resume continues from it",
+    return Stopped(f"training run {name} stopped by Ctrl-C; its last checkpoint {found.path} is kept and --resume continues from it",
                    hint=f"raydlc train --resume --out {out}")
 
 

@@ -399,8 +399,8 @@ class TrainConfig(_Section):
         flag=Flag("--run-name", "Run folder under --out", default="run-<UTC time>"),
     )
     resume: bool = _env(
-        "RESUME", "continue from the newest checkpoint under STORAGE_PATH", default=False,
-        flag=Flag("--resume", "Continue from the newest checkpoint under --out"),
+        "RESUME", "continue from the newest whole checkpoint under STORAGE_PATH", default=False,
+        flag=Flag("--resume", "Continue from the newest whole checkpoint under --out"),
     )
     resume_from: Storage = _env(
         "RESUME_FROM", "continue from this checkpoint directory (path or URI)", default=None,

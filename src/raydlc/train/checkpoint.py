@@ -19,7 +19,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +79,9 @@ class _ManifestDoc(records.Record):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
-def verify(directory: str | Path) -> Manifest:
-    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`."""
+def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
+    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`.
+    Without `hashes` only names and sizes are checked: enough to tell a save cut short."""
     d = Path(directory)
     hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
     if not d.is_dir():
@@ -102,7 +103,7 @@ def verify(directory: str | Path) -> Manifest:
         size = p.stat().st_size
         if size != want["size"]:
             raise CheckpointError(f"checkpoint {d} is corrupt: {name} has {size} bytes, the manifest says {want['size']}", hint=hint)
-        if _sha256(p) != want["sha256"]:
+        if hashes and _sha256(p) != want["sha256"]:
             raise CheckpointError(f"checkpoint {d} is corrupt: {name} does not match its SHA-256 in the manifest", hint=hint)
     return m
 
@@ -128,17 +129,56 @@ def verify_remote(uri: str) -> Manifest:
     return m
 
 
-def latest(storage_path: str | Path) -> str | None:
-    """The newest checkpoint of the newest run under `storage_path` that has one (a path or a URI)."""
+def verified(path: str, *, hashes: bool = True) -> tuple[str, Manifest]:
+    """(the checkpoint's path as workers will read it, its manifest): local ones resolved and checked
+    in full (or by sizes without `hashes`), remote ones by manifest and sizes."""
+    from raydlc import storage
+
+    if storage.is_uri(path):
+        return path, verify_remote(path)
+    local = str(Path(path).expanduser().resolve())
+    return local, verify(local, hashes=hashes)
+
+
+def candidates(storage_path: str | Path) -> Iterator[str]:
+    """Every checkpoint under `storage_path` (a path or a URI), newest run first, highest step first."""
     from raydlc import storage
     from raydlc.edges.storage import list_dirs
 
     root = str(storage_path)
     for run in reversed(list_dirs(root)):
         steps = sorted(((int(m.group(1)), name) for name in list_dirs(storage.join(root, run)) if (m := _NAME.match(name))), reverse=True)
-        if steps:
-            found = storage.join(root, run, steps[0][1])
-            return found if storage.is_uri(found) else str(Path(found))
+        for _step, name in steps:
+            found = storage.join(root, run, name)
+            yield found if storage.is_uri(found) else str(Path(found))
+
+
+@dataclass(frozen=True)
+class Intact:
+    """The newest checkpoint that is whole, and why each newer one was passed over."""
+
+    path: str
+    manifest: Manifest
+    skipped: tuple[str, ...]
+
+
+def newest_intact(storage_path: str | Path, *, hashes: bool = True) -> Intact | None:
+    """What `--resume` continues from: a save cut short (Ctrl-C or a lost node during Ray's upload,
+    which copies a checkpoint's files in no set order) leaves a directory with the manifest and a
+    short or missing shard, and is passed over. None when there is no checkpoint; `CheckpointError`
+    (the newest one's) when there are checkpoints and none is whole."""
+    skipped: list[str] = []
+    first: CheckpointError | None = None
+    for path in candidates(storage_path):
+        try:
+            where, manifest = verified(path, hashes=hashes)
+        except CheckpointError as e:
+            first = first or e
+            skipped.append(e.message)
+            continue
+        return Intact(where, manifest, tuple(skipped))
+    if first is not None:
+        raise first
     return None
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc import storage
@@ -45,6 +44,7 @@ class Checked:
     manifest: Manifest | None
     plan: DatasetPlan
     world: int
+    skipped: tuple[str, ...] = ()  # checkpoints newer than the one resumed from, and why each is not whole
 
 
 def check(train: TrainConfig, where: RunTarget | None = None, *, workers: int | None = None) -> Checked:
@@ -65,12 +65,12 @@ def check(train: TrainConfig, where: RunTarget | None = None, *, workers: int | 
         R.plan_layout(train, [world], model=model, instance_type=None)
         R.run_budget(train, where, 1, started_at=0.0, now=0.0)  # a budget with no price fails here, before Ray starts
     root = storage.resolve(train.storage_path or DEFAULT_OUT)
-    resume_from, manifest = _resume_checkpoint(train, root)
+    resume_from, manifest, skipped = _resume_checkpoint(train, root)
     vocab = min(model.vocab_size, 4096) if builtin and model else 0
     recipe = Recipe(train.seq_len, train.loss_on, train.chat_template, train.on_bad_record)
     plan = dataset.plan(train.data, out=None, storage_root=root, model_id=train.model_id, vocab=vocab, recipe=recipe)
     _check_bound(train, plan, world)
-    return Checked(builtin, model, root, resume_from, manifest, plan, world)
+    return Checked(builtin, model, root, resume_from, manifest, plan, world, skipped)
 
 
 def prepare(
@@ -84,6 +84,8 @@ def prepare(
     from raydlc.train import resolve as R
 
     c = checked or check(train, where, workers=workers)
+    for why in c.skipped if on_progress is not None else ():
+        on_progress({"stage": "notice", "text": why})
     address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
     with dataset.writing(c.plan), ray_runtime.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
@@ -119,25 +121,21 @@ def _check_bound(train: TrainConfig, plan: DatasetPlan, world: int) -> None:
         )
 
 
-def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manifest | None]:
-    """The checkpoint to continue from and its manifest, checked before any worker starts.
+def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manifest | None, tuple[str, ...]]:
+    """The checkpoint to continue from, its manifest and why newer ones were passed over, checked
+    before any worker starts.
 
-    Local checkpoints are verified in full; remote ones (s3://…) by manifest and sizes here,
-    and by SHA-256 on each worker after its download.
+    `--resume-from` names one checkpoint: anything wrong with it is refused. `--resume` takes the
+    newest whole one, passing over saves cut short. Local checkpoints are verified in full;
+    remote ones (s3://…) by manifest and sizes here, and by SHA-256 on each worker after its download.
     """
     from raydlc.train import checkpoint as C
 
-    def checked(path: str) -> tuple[str, Manifest]:
-        if storage.is_uri(path):
-            return path, C.verify_remote(path)
-        local = str(Path(path).expanduser().resolve())
-        return local, C.verify(local)
-
     if train.resume_from:
-        return checked(train.resume_from)
+        return (*C.verified(train.resume_from), ())
     if not train.resume:
-        return None, None
-    found = C.latest(root)
+        return None, None, ()
+    found = C.newest_intact(root)
     if found is None:
         raise CheckpointError(f"--resume: no checkpoint under {root}", hint="run once without --resume, or pass --out where the earlier run wrote")
-    return checked(found)
+    return found.path, found.manifest, tuple(f"--resume passes over {why}" for why in found.skipped)
