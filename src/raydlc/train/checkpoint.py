@@ -164,8 +164,8 @@ class Intact:
 
 def newest_intact(storage_path: str | Path, *, hashes: bool = True) -> Intact | None:
     """What `--resume` continues from: a save cut short (Ctrl-C or a lost node during Ray's upload,
-    which copies a checkpoint's files in no set order) leaves a directory with the manifest and a
-    short or missing shard, and is passed over. None when there is no checkpoint; `CheckpointError`
+    where every rank copies its own files into the one directory, nothing atomic) leaves the
+    manifest beside a short or missing shard, and is passed over. None when there is no checkpoint; `CheckpointError`
     (the newest one's) when there are checkpoints and none is whole."""
     skipped: list[str] = []
     first: CheckpointError | None = None
