@@ -125,15 +125,14 @@ def test_partial_or_corrupt_checkpoints_are_refused_before_anything_loads(saved:
         C.verify(tmp_path / "nowhere")
 
 
-def test_candidates_come_newest_run_first_and_highest_step_first(tmp_path: Path) -> None:
-    assert list(C.candidates(tmp_path)) == []
+def test_candidates_are_the_newest_runs_checkpoints_highest_step_first(tmp_path: Path) -> None:
+    assert C.candidates(tmp_path) == []
     for run, steps in (("run-20260101-000000-000001", [2, 4]), ("run-20260102-000000-000001", [3, 10, 1])):
         for s in steps:
             (tmp_path / run / C.dir_name(s)).mkdir(parents=True)
     (tmp_path / "run-20260103-000000-000001").mkdir()  # a run that never checkpointed
     (tmp_path / "run-20260102-000000-000001" / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's, beside them
-    got = [Path(c).relative_to(tmp_path).parts for c in C.candidates(tmp_path)]
-    assert got == [("run-20260102-000000-000001", C.dir_name(s)) for s in (10, 3, 1)] + [("run-20260101-000000-000001", C.dir_name(s)) for s in (4, 2)]
+    assert C.candidates(tmp_path) == [str(tmp_path / "run-20260102-000000-000001" / C.dir_name(s)) for s in (10, 3, 1)]
 
 
 def test_resume_passes_over_a_save_cut_short_and_refuses_when_none_is_whole(saved: tuple[Path, dict], tmp_path: Path) -> None:
@@ -147,13 +146,14 @@ def test_resume_passes_over_a_save_cut_short_and_refuses_when_none_is_whole(save
     found = C.newest_intact(tmp_path / "out")
     assert found is not None and found.path == str(whole) and found.manifest.step == 7
     assert len(found.skipped) == 2 and "no raydlc_checkpoint.json" in found.skipped[0] and "__0_0.distcp has" in found.skipped[1]
-    assert next(C.candidates(tmp_path / "out")) == str(run / C.dir_name(6))  # by name alone: what must not be trusted
+    assert C.candidates(tmp_path / "out")[0] == str(run / C.dir_name(6))  # by name alone: what must not be trusted
     flipped = whole / "__0_0.distcp"
     raw = bytearray(flipped.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     flipped.write_bytes(bytes(raw))
     assert C.newest_intact(tmp_path / "out", hashes=False).path == str(whole)  # sizes only: a cut, not a flipped byte
-    with pytest.raises(CheckpointError, match=r"no raydlc_checkpoint\.json"):  # none whole: the newest one's reason
+    shutil.copytree(saved[0], tmp_path / "out" / "run-20200101-000000-000001" / C.dir_name(9))  # an older run, whole
+    with pytest.raises(CheckpointError, match=r"no raydlc_checkpoint\.json"):  # none of the newest run's whole: its newest one's reason
         C.newest_intact(tmp_path / "out")
     assert C.newest_intact(tmp_path / "empty") is None
 

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,17 +140,19 @@ def verified(path: str, *, hashes: bool = True) -> tuple[str, Manifest]:
     return local, verify(local, hashes=hashes)
 
 
-def candidates(storage_path: str | Path) -> Iterator[str]:
-    """Every checkpoint under `storage_path` (a path or a URI), newest run first, highest step first."""
+def candidates(storage_path: str | Path) -> list[str]:
+    """The checkpoints of the newest run under `storage_path` (a path or a URI) that has any, highest
+    step first. `--resume` continues that run, never an older one in its place."""
     from raydlc import storage
     from raydlc.edges.storage import list_dirs
 
     root = str(storage_path)
     for run in reversed(list_dirs(root)):
         steps = sorted(((int(m.group(1)), name) for name in list_dirs(storage.join(root, run)) if (m := _NAME.match(name))), reverse=True)
-        for _step, name in steps:
-            found = storage.join(root, run, name)
-            yield found if storage.is_uri(found) else str(Path(found))
+        if steps:
+            found = [storage.join(root, run, name) for _step, name in steps]
+            return [f if storage.is_uri(f) else str(Path(f)) for f in found]
+    return []
 
 
 @dataclass(frozen=True)
@@ -165,8 +167,8 @@ class Intact:
 def newest_intact(storage_path: str | Path, *, hashes: bool = True) -> Intact | None:
     """What `--resume` continues from: a save cut short (Ctrl-C or a lost node during Ray's upload,
     where every rank copies its own files into the one directory, nothing atomic) leaves the
-    manifest beside a short or missing shard, and is passed over. None when there is no checkpoint; `CheckpointError`
-    (the newest one's) when there are checkpoints and none is whole."""
+    manifest beside a short or missing shard, and is passed over. None when there is no checkpoint;
+    `CheckpointError` (the newest one's) when none of the newest run's checkpoints is whole."""
     skipped: list[str] = []
     first: CheckpointError | None = None
     for path in candidates(storage_path):
