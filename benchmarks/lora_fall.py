@@ -2,13 +2,14 @@
 
     PYTHONPATH=src python benchmarks/lora_fall.py [--steps 300] [--out DIR]
 
-Four local runs of `raydlc train --json` (2 CPU workers, the local defaults), one JSON line each:
+Five local runs of `raydlc train --json` (2 CPU workers, the local defaults), one JSON line each:
   1. full fine-tuning of the random-init `tiny` on the bundled corpus (the default local run);
   2. LoRA rank 8 on the same random `tiny` (`raydlc train --lora-rank 8`): its embedding, head and
      norms stay random, which is what holds the loss up;
   3. full fine-tuning of `tiny` on other text: the standard library's code with its docstrings removed;
   4. LoRA rank 8 on run 3's export, on the bundled corpus (docstrings): a pretrained base meeting a
-     new domain, as LoRA is used.
+     new domain, as LoRA is used;
+  5. full fine-tuning of run 3's export on the same docstrings: what run 4's adapters are measured against.
 Each line: first and final training loss, the fall, the eval loss, the checkpoint's bytes and, for
 LoRA, its share of run 1's checkpoint. About 2.5 minutes a run on two cores.
 """
@@ -82,6 +83,7 @@ def main() -> None:
     print(json.dumps(line("full, tiny on stdlib code", base)), flush=True)
     adapted = train(a.out, "code-lora", *steps, "--model", base["export"], "--lora-rank", "8")
     print(json.dumps(line("LoRA r8 on the code base, docstrings", adapted, full_bytes)), flush=True)
+    print(json.dumps(line("full, the code base on docstrings", train(a.out, "code-full", *steps, "--model", base["export"]))), flush=True)
 
 
 if __name__ == "__main__":
