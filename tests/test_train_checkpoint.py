@@ -158,6 +158,17 @@ def test_resume_passes_over_a_save_cut_short_and_refuses_when_none_is_whole(save
     assert C.newest_intact(tmp_path / "empty") is None
 
 
+def test_resume_from_a_uri_passes_over_a_checkpoint_whose_upload_did_not_finish(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    """Remote storage is checked by manifest and sizes through pyarrow (file:// stands in for s3://)."""
+    run = tmp_path / "store" / "run-20260101-000000-000001"
+    shutil.copytree(saved[0], run / C.dir_name(2))
+    (Path(shutil.copytree(saved[0], run / C.dir_name(4))) / "__0_0.distcp").unlink()  # S3 objects arrive whole, one by one
+    uri = f"file://{tmp_path / 'store'}"
+    found = C.newest_intact(uri)
+    assert found is not None and found.path == f"{uri}/run-20260101-000000-000001/{C.dir_name(2)}"
+    assert found.skipped == (f"checkpoint {uri}/run-20260101-000000-000001/{C.dir_name(4)} is partial: __0_0.distcp is missing",)
+
+
 def test_check_resumes_from_the_newest_whole_checkpoint_and_says_what_it_passed_over(saved: tuple[Path, dict], tmp_path: Path) -> None:
     from raydlc.config import FIELDS, LOCAL_DEFAULTS, TrainConfig
     from raydlc.train.prepare import check
