@@ -205,6 +205,29 @@ def test_ctrl_c_during_helm_leaves_a_pending_release_that_up_resolves(world) -> 
     assert inventory(world) == FULL
 
 
+@pytest.mark.xfail(strict=True, reason="known gap: `up` does not see or repair the pod identity associations (nor the add-ons) "
+                   "that `eksctl create cluster` makes after the control plane, so a Ctrl-C during that create leaves the Ray pods "
+                   "without S3 credentials. Strict: once `up` repairs them this test passes and the marker must go.")
+def test_ctrl_c_during_eksctl_create_cluster_leaves_no_pod_identity_that_up_repairs(world) -> None:
+    """eksctl makes the add-ons and the pod identity associations itself after the cluster's stack (pkg/ctl/create/cluster.go);
+    killed while it waits on the stack, it never makes them, while CloudFormation finishes the cluster. Once in CI the
+    SIGINT after the storage step landed there by chance (test_up_interrupted_after_each_step_…[storage])."""
+    world.scenario(delays={"create cluster": 2.0})
+
+    class Mid(Recorder):
+        def line(self, step: str, text: str) -> None:
+            super().line(step, text)
+            if step == "cluster" and "waiting for CloudFormation stack" in text:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        lifecycle.up(world.config(), timings=FAST, reporter=Mid())
+    world.scenario(delays={})
+    run = lifecycle.up(world.config(), timings=FAST)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert inventory(world) == FULL
+
+
 def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(world) -> None:
     world.scenario(plugin_missing={"aws-efa-k8s-device-plugin": ["gpu:1"]})
     run = lifecycle.up(world.config(), timings=PLUGINS_EXPIRE)
