@@ -17,7 +17,9 @@ import io
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "doubles"))
@@ -48,7 +50,30 @@ def sample() -> str:
                 DOUBLES_SCENARIO=str(tmp / "scenario.json"), DOUBLES_KUBE_URL=kube.url, DOUBLES_LOG=str(tmp / "calls.jsonl"),
             )
             servers.reset_moto(moto, warm_regions=("us-east-2",))  # moto builds its EC2 backend on the first request: not part of `up`
-            return _status_after_up()
+            with _eks_state_answered(tmp / "scenario.json"):
+                return _status_after_up()
+
+
+@contextlib.contextmanager
+def _eks_state_answered(scenario: Path) -> Iterator[None]:
+    """The EKS calls moto lacks (add-ons, pod identity associations) answered from the eksctl double's state, as in tests/lifecycle."""
+    import eks_state
+
+    import raydlc.edges.aws as edge
+
+    make, hooks = edge.client, eks_state.handlers(eks_state.path_for(scenario))
+
+    def client(sess: Any, service: str) -> Any:
+        c = make(sess, service)
+        for event, handler in hooks.items():
+            c.meta.events.register(event, handler)
+        return c
+
+    edge.client = client  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        edge.client = make  # type: ignore[assignment]
 
 
 def _status_after_up() -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import eks_state
 import yaml
 from world import (
     EFA_DAEMONSET,
@@ -110,35 +111,87 @@ def pod_identity_stack(cluster: str, pia: dict[str, Any]) -> str:
 def create_pod_identities(cfg: dict[str, Any]) -> None:
     """After the cluster: per association, a role stack, the service account (and its namespace), the association.
 
-    moto has no EKS pod identity associations: the double keeps them in its log record instead.
-    """
+    moto has no EKS pod identity associations: the double keeps them in eks_state (which answers
+    raydlc's ListPodIdentityAssociations)."""
+    for pia in (cfg.get("iam") or {}).get("podIdentityAssociations") or []:
+        create_pod_identity(cfg, pia)
+
+
+def create_pod_identity(cfg: dict[str, Any], pia: dict[str, Any]) -> None:
     meta = cfg["metadata"]
     name, region = meta["name"], meta["region"]
     cfn = client("cloudformation", region)
     kube = Kube(os.environ[KUBE_URL_ENV])
-    for pia in (cfg.get("iam") or {}).get("podIdentityAssociations") or []:
-        stack = pod_identity_stack(name, pia)
-        say(f'[ℹ]  create IAM role for pod identity association for service account "{pia["namespace"]}/{pia["serviceAccountName"]}"')
-        role: dict[str, Any] = {
-            "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
-                "Action": ["sts:AssumeRole", "sts:TagSession"]}]},
-            "Policies": [{"PolicyName": pia.get("permissionPolicyName") or "Policy1",
-                          "PolicyDocument": pia.get("permissionPolicy") or {}}],
-        }
-        if pia.get("roleName"):
-            role["RoleName"] = pia["roleName"]
-        tags = [{"Key": k, "Value": v} for k, v in (pia.get("tags") or {}).items()]
-        tags.append({"Key": "alpha.eksctl.io/podidentityassociation-name", "Value": f"{pia['namespace']}/{pia['serviceAccountName']}"})
-        tags.append({"Key": "alpha.eksctl.io/cluster-name", "Value": name})
-        cfn.create_stack(StackName=stack, TemplateBody=json.dumps({"Resources": {"Role": {"Type": "AWS::IAM::Role", "Properties": role}}}),
-                         Tags=tags, Capabilities=["CAPABILITY_NAMED_IAM"], EnableTerminationProtection=True)
-        if pia.get("createServiceAccount"):
-            kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pia["namespace"]}})
-            kube.ensure({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
-                "name": pia["serviceAccountName"], "namespace": pia["namespace"],
-                "labels": {"app.kubernetes.io/managed-by": "eksctl"}}})
-        say(f'[ℹ]  create pod identity association for service account "{pia["namespace"]}/{pia["serviceAccountName"]}"')
+    stack = pod_identity_stack(name, pia)
+    key = f"{pia['namespace']}/{pia['serviceAccountName']}"
+    if key in eks_state.read(eks_state.path_for(os.environ["DOUBLES_SCENARIO"]), name)["associations"]:
+        fail(f'Error: creating pod identity association for service account "{key}": operation error EKS: '
+             "CreatePodIdentityAssociation, ResourceInUseException: Association already exists")
+    if stack_exists(cfn, stack):
+        fail(f'Error: creating CloudFormation stack "{stack}": operation error CloudFormation: CreateStack, '
+             f"https response error StatusCode: 400, AlreadyExistsException: Stack [{stack}] already exists")
+    say(f'[ℹ]  create IAM role for pod identity association for service account "{key}"')
+    role: dict[str, Any] = {
+        "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+            "Action": ["sts:AssumeRole", "sts:TagSession"]}]},
+        "Policies": [{"PolicyName": pia.get("permissionPolicyName") or "Policy1",
+                      "PolicyDocument": pia.get("permissionPolicy") or {}}],
+    }
+    if pia.get("roleName"):
+        role["RoleName"] = pia["roleName"]
+    tags = [{"Key": k, "Value": v} for k, v in (pia.get("tags") or {}).items()]
+    tags.append({"Key": "alpha.eksctl.io/podidentityassociation-name", "Value": key})
+    tags.append({"Key": "alpha.eksctl.io/cluster-name", "Value": name})
+    cfn.create_stack(StackName=stack, TemplateBody=json.dumps({"Resources": {"Role": {"Type": "AWS::IAM::Role", "Properties": role}}}),
+                     Tags=tags, Capabilities=["CAPABILITY_NAMED_IAM"], EnableTerminationProtection=True)
+    if pia.get("createServiceAccount"):
+        kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pia["namespace"]}})
+        kube.ensure({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+            "name": pia["serviceAccountName"], "namespace": pia["namespace"],
+            "labels": {"app.kubernetes.io/managed-by": "eksctl"}}})
+    say(f'[ℹ]  create pod identity association for service account "{key}"')
+    with eks_state.changing(name) as state:
+        state["associations"] = sorted({*state["associations"], key})
+
+
+def create_addons(cfg: dict[str, Any]) -> None:
+    """Each add-on of the config through EKS; one already present is skipped (pkg/actions/addon/create.go `Create`)."""
+    name = cfg["metadata"]["name"]
+    for addon in cfg.get("addons") or []:
+        with eks_state.changing(name) as state:
+            if addon["name"] in state["addons"]:
+                say(f'[ℹ]  "{addon["name"]}" addon is already present on the cluster, as an EKS managed addon, skipping creation')
+                continue
+            say(f'[ℹ]  creating addon: {addon["name"]}')
+            state["addons"] = sorted({*state["addons"], addon["name"]})
+
+
+def create_addon(args: argparse.Namespace) -> None:
+    """`create addon --config-file`: the cluster must exist; the config's add-ons are made as `create cluster` makes them."""
+    cfg = load_config(args.config_file)
+    meta = cfg["metadata"]
+    try:
+        client("eks", meta["region"]).describe_cluster(name=meta["name"])
+    except Exception:
+        fail(f'Error: cluster "{meta["name"]}" not found')
+    create_addons(cfg)
+
+
+def create_podidentityassociation(args: argparse.Namespace) -> None:
+    """`create podidentityassociation --config-file` (pkg/ctl/create/pod_identity_association.go): the agent add-on
+    must be installed; every listed association is made, and one that exists fails the command."""
+    cfg = load_config(args.config_file)
+    meta = cfg["metadata"]
+    pias = (cfg.get("iam") or {}).get("podIdentityAssociations") or []
+    if not pias:
+        fail("Error: no iam.podIdentityAssociations specified in the config file")
+    if "eks-pod-identity-agent" not in eks_state.read(eks_state.path_for(os.environ["DOUBLES_SCENARIO"]), meta["name"])["addons"]:
+        fail(f"Error: eks-pod-identity-agent addon is required to create pod identity associations; please enable it using "
+             f"`eksctl create addon --cluster={meta['name']} --name=eks-pod-identity-agent`")
+    for pia in pias:
+        with cloud_side():
+            create_pod_identity(cfg, pia)
 
 
 def check_addon(addon: dict[str, Any]) -> None:
@@ -285,8 +338,7 @@ def create_cluster(args: argparse.Namespace) -> None:
             rolled_back(cfn, stack)
         kube = Kube(os.environ[KUBE_URL_ENV])
         kube.ensure({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
-    for addon in cfg.get("addons") or []:
-        say(f'[ℹ]  creating addon: {addon["name"]}')
+    create_addons(cfg)
     if not args.without_nodegroup:
         for ng in cfg.get("managedNodeGroups") or []:
             create_one_nodegroup(cfg, ng)
@@ -495,6 +547,7 @@ def delete_cluster(args: argparse.Namespace) -> None:
         if s["StackStatus"] != "DELETE_COMPLETE" and s["StackName"].startswith(f"eksctl-{name}-podidentityrole-"):
             delete_stack(cfn, name, s["StackName"])
     delete_stack(cfn, name, stack)
+    eks_state.forget(name)
     say('[✔]  all cluster resources were deleted')
 
 
@@ -511,6 +564,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--without-nodegroup", action="store_true")
     c.add_argument("--kubeconfig")
     c.add_argument("--install-nvidia-plugin", choices=["true", "false"], default="true")
+    ca = create.add_parser("addon")
+    ca.add_argument("--config-file", "-f", required=True)
+    ca.add_argument("--force", action="store_true")
+    cp = create.add_parser("podidentityassociation")
+    cp.add_argument("--config-file", "-f", required=True)
     n = create.add_parser("nodegroup")
     n.add_argument("--config-file", "-f", required=True)
     n.add_argument("--include")
@@ -544,6 +602,10 @@ def main(argv: list[str]) -> int:
             create_cluster(args)
         elif (args.verb, args.noun) == ("create", "nodegroup"):
             create_nodegroup(args)
+        elif (args.verb, args.noun) == ("create", "addon"):
+            create_addon(args)
+        elif (args.verb, args.noun) == ("create", "podidentityassociation"):
+            create_podidentityassociation(args)
         elif (args.verb, args.noun) == ("delete", "nodegroup"):
             delete_nodegroup(args)
         elif (args.verb, args.noun) == ("delete", "cluster"):

@@ -29,6 +29,7 @@ import pytest
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 sys.path.insert(0, str(DOUBLES))
 
+import eks_state  # noqa: E402
 import iam_simulator  # noqa: E402
 import servers  # noqa: E402
 from kuberay import Operator  # noqa: E402
@@ -344,6 +345,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
                             aws_secret_access_key="testing")
 
     hooks.update(iam_simulator.handlers(moto_iam, w.simulations))
+    hooks.update(eks_state.handlers(eks_state.path_for(w.scenario_file)))  # add-ons and pod identities: moto has neither
 
     def client(sess: Any, service: str) -> Any:
         c = make(sess, service)

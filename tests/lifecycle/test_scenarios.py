@@ -205,13 +205,11 @@ def test_ctrl_c_during_helm_leaves_a_pending_release_that_up_resolves(world) -> 
     assert inventory(world) == FULL
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: `up` does not see or repair the pod identity associations (nor the add-ons) "
-                   "that `eksctl create cluster` makes after the control plane, so a Ctrl-C during that create leaves the Ray pods "
-                   "without S3 credentials. Strict: once `up` repairs them this test passes and the marker must go.")
 def test_ctrl_c_during_eksctl_create_cluster_leaves_no_pod_identity_that_up_repairs(world) -> None:
     """eksctl makes the add-ons and the pod identity associations itself after the cluster's stack (pkg/ctl/create/cluster.go);
     killed while it waits on the stack, it never makes them, while CloudFormation finishes the cluster. Once in CI the
-    SIGINT after the storage step landed there by chance (test_up_interrupted_after_each_step_…[storage])."""
+    SIGINT after the storage step landed there by chance (test_up_interrupted_after_each_step_…[storage]). `status` names
+    what is missing; the re-run makes the add-ons, then the associations, and the Ray pods' S3 roles exist."""
     world.scenario(delays={"create cluster": 2.0})
 
     class Mid(Recorder):
@@ -223,9 +221,17 @@ def test_ctrl_c_during_eksctl_create_cluster_leaves_no_pod_identity_that_up_repa
     with pytest.raises(Interrupted):
         lifecycle.up(world.config(), timings=FAST, reporter=Mid())
     world.scenario(delays={})
+    cut = next(s for s in lifecycle.status(world.config()).steps if s.step == "cluster")
+    assert "add-on(s) coredns, eks-pod-identity-agent, kube-proxy, vpc-cni missing" in cut.reason, cut.reason
+    assert "pod identity association(s) ray-train/raydlc-ray, ray-train/raydlc-ray-worker missing" in cut.reason
+    before = len(world.calls("eksctl"))
     run = lifecycle.up(world.config(), timings=FAST)
     assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert by_step(run)["cluster"].action == "repair"
+    made = [a[:2] for a in world.calls("eksctl")[before:] if a[0] == "create"]
+    assert made.index(["create", "addon"]) < made.index(["create", "podidentityassociation"])
     assert inventory(world) == FULL
+    assert next(s for s in lifecycle.status(world.config()).steps if s.step == "cluster").state == "ready"
 
 
 def test_gpu_node_without_its_efa_plugin_pod_fails_the_plugin_step_naming_it(world) -> None:

@@ -39,6 +39,12 @@ def nodegroup_stack(name: str, nodegroup: str) -> str:
     return f"eksctl-{name}-nodegroup-{nodegroup}"
 
 
+def pod_identity_stack(name: str, association: str) -> str:
+    """The role stack eksctl makes for `namespace/serviceAccount` (pkg/actions/podidentityassociation `MakeStackName`)."""
+    namespace, service_account = association.split("/", 1)
+    return f"eksctl-{name}-podidentityrole-{namespace}-{service_account}"
+
+
 def _missing(e: aws.AwsCallError) -> bool:
     return e.code in ("ResourceNotFoundException", "NotFoundException") or (
         e.code == "ValidationError" and "does not exist" in e.message
@@ -73,6 +79,27 @@ def nodegroups(eks: Any, cluster_name: str) -> list[str]:
     except aws.AwsCallError as e:
         if _missing(e):
             return []
+        raise
+
+
+def addons(eks: Any, cluster_name: str) -> set[str]:
+    """The cluster's EKS add-ons by name (eksctl makes them after the control plane)."""
+    try:
+        return set(aws.paginate(eks, "list_addons", "addons", clusterName=cluster_name))
+    except aws.AwsCallError as e:
+        if _missing(e):
+            return set()
+        raise
+
+
+def pod_identities(eks: Any, cluster_name: str) -> set[str]:
+    """The cluster's pod identity associations as `namespace/serviceAccount` (eksctl makes them after the add-ons)."""
+    try:
+        found = aws.paginate(eks, "list_pod_identity_associations", "associations", clusterName=cluster_name)
+        return {f"{a['namespace']}/{a['serviceAccount']}" for a in found}
+    except aws.AwsCallError as e:
+        if _missing(e):
+            return set()
         raise
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
 
 EKSCTL_FILE = FILES["eksctl"]
+POD_IDENTITY_FILE = "eksctl-pod-identities.yaml"  # the associations `up` repairs: only the missing ones
 
 
 # ---------------------------------------------------------------------- eksctl
@@ -32,6 +33,18 @@ def create_cluster(ctx: Context) -> Command:
         "eksctl", "create", "cluster", "--config-file", str(ctx.path_of(EKSCTL_FILE)), "--without-nodegroup",
         "--kubeconfig", str(ctx.kubeconfig), *CREATE_FLAGS,
     )
+
+
+def create_addons(ctx: Context) -> Command:
+    """The config's add-ons as `create cluster` makes them (forced over the self-managed defaults); eksctl
+    skips one already present as an EKS add-on (pkg/actions/addon/create.go `Create`)."""
+    return command("eksctl", "create", "addon", "--config-file", str(ctx.path_of(EKSCTL_FILE)), "--force")
+
+
+def create_pod_identities(ctx: Context) -> Command:
+    """The associations of the repair file, which lists only the missing ones: eksctl makes each one's role
+    stack and association and fails on one that exists (pkg/actions/podidentityassociation/creator.go)."""
+    return command("eksctl", "create", "podidentityassociation", "--config-file", str(ctx.path_of(POD_IDENTITY_FILE)))
 
 
 def create_nodegroup(ctx: Context, name: str) -> Command:

@@ -61,7 +61,7 @@ NEEDS: tuple[Need, ...] = (
         "autoscaling:DescribeAutoScalingGroups", "autoscaling:CreateOrUpdateTags"), ("*",)),
     Need("Eks", "cluster", (
         "eks:CreateCluster", "eks:DescribeCluster", "eks:CreateNodegroup", "eks:DescribeNodegroup", "eks:ListNodegroups",
-        "eks:CreateAddon", "eks:DescribeAddon", "eks:DescribeAddonVersions", "eks:TagResource",
+        "eks:CreateAddon", "eks:DescribeAddon", "eks:DescribeAddonVersions", "eks:ListAddons", "eks:TagResource",
         "eks:CreatePodIdentityAssociation", "eks:ListPodIdentityAssociations", "eks:DescribePodIdentityAssociation"),
         ("*",)),
     Need("EksAmiParameters", "cluster", ("ssm:GetParameter", "ssm:GetParameters"),

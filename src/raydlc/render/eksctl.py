@@ -11,7 +11,7 @@ The cluster itself needs at least two AZs (an EKS requirement), one of which is 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raydlc.config import Config, zone_problem
@@ -103,6 +103,19 @@ def on_demand(cfg: Config) -> Config:
     return cfg.model_copy(update={"gpu_nodes": cfg.gpu_nodes.model_copy(update={"capacity_type": "on-demand"})})
 
 
+def pod_identity_associations(cfg: Config) -> list[dict[str, Any]]:
+    """The ClusterConfig's `iam.podIdentityAssociations` (eks-pod-identity-agent, one of CORE_ADDONS, serves them):
+    the Ray head's and workers' S3 access (raydlc.render.bucket) and the Cluster Autoscaler's ASG access
+    (raydlc.render.autoscaler)."""
+    ca = autoscaler.pod_identity(cfg)
+    return [*bucket.pod_identities(cfg), *([ca] if ca is not None else [])]
+
+
+def association_name(pia: Mapping[str, Any]) -> str:
+    """`namespace/serviceAccount`, as EKS lists an association and eksctl names it."""
+    return f"{pia['namespace']}/{pia['serviceAccountName']}"
+
+
 def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, Any]:
     cluster_azs, gpu_az = availability_zones(cfg, zones)
     sysn, gpun = cfg.system_nodes, cfg.gpu_nodes
@@ -126,10 +139,7 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
     if autoscaler.enabled(cfg):
         _elastic(cfg, gpu)
     iam: dict[str, Any] = {"withOIDC": True}
-    # Pod identities (eks-pod-identity-agent, rendered above, serves them): the Ray head's and workers' S3 access
-    # (raydlc.render.bucket) and the Cluster Autoscaler's ASG access (raydlc.render.autoscaler).
-    ca = autoscaler.pod_identity(cfg)
-    associations = [*bucket.pod_identities(cfg), *([ca] if ca is not None else [])]
+    associations = pod_identity_associations(cfg)
     if associations:
         iam["podIdentityAssociations"] = associations
     return {

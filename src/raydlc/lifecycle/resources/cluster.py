@@ -1,7 +1,11 @@
-"""The cluster: the EKS control plane, its VPC, the system node group and raydlc's kubeconfig.
+"""The cluster: the EKS control plane, its VPC, its add-ons and pod identity associations, the system
+node group and raydlc's kubeconfig.
 
 `up` creates what is missing with eksctl (a stale stack of an earlier attempt is removed first) and
-is done when the API answers through raydlc's kubeconfig and the system nodes are Ready. `down` is
+is done when the API answers through raydlc's kubeconfig and the system nodes are Ready. eksctl makes
+the add-ons and the pod identity associations itself after the control plane; a `create cluster` cut
+short (Ctrl-C while it waits on the stack, which CloudFormation finishes) leaves them out, so they are
+looked up in EKS and made here. `down` is
 done only when AWS, not eksctl's exit code, lists nothing of the cluster that bills: no cluster, no
 `eksctl-<name>-*` stack, instance, NAT gateway or Elastic IP; what eksctl left behind and raydlc
 owns (tagged `raydlc.io/cluster=<name>`) is swept here, and anything still standing is named.
@@ -20,7 +24,7 @@ from raydlc.lifecycle.resource import Resource, gone, reaches, ready_nodes
 from raydlc.lifecycle.stacks import delete_stack
 from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 from raydlc.render import FILES
-from raydlc.render.eksctl import OWNER_TAG
+from raydlc.render.eksctl import CORE_ADDONS, OWNER_TAG, association_name, pod_identity_associations
 from raydlc.render.nodes import SYSTEM_ROLE
 
 if TYPE_CHECKING:
@@ -106,6 +110,13 @@ class Cluster(Resource):
         elif sysng.get("status") in nodegroups.FAILED:
             missing.append(f"system node group {sysname} is {sysng['status']}")
             facts["system"] = "failed"
+        lacking, absent = self._made_after_control_plane(ctx)
+        if lacking:
+            missing.append(f"add-on(s) {', '.join(lacking)} missing")
+            facts["addons"] = lacking
+        if absent:
+            missing.append(f"pod identity association(s) {', '.join(absent)} missing")
+            facts["pod_identities"] = absent
         try:  # eksctl's exec plugin may be missing: loading the kubeconfig fails, the file stays to repair
             kube = ctx.kube_or_none()
             if kube is None:
@@ -117,6 +128,14 @@ class Cluster(Resource):
             missing.append(f"the kubeconfig at {ctx.kubeconfig} does not reach the cluster ({e})")
             facts["kubeconfig"] = "broken"
         return facts, missing
+
+    @staticmethod
+    def _made_after_control_plane(ctx: Context) -> tuple[list[str], list[str]]:
+        """(the add-ons, the pod identity associations) the config asks for that EKS does not list."""
+        eks, name = ctx.aws("eks"), ctx.cfg.cluster.name
+        lacking = sorted(set(CORE_ADDONS) - cloud.addons(eks, name))
+        wanted = {association_name(p) for p in pod_identity_associations(ctx.cfg)}
+        return lacking, sorted(wanted - cloud.pod_identities(eks, name))
 
     def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         sysname = ctx.cfg.system_nodes.nodegroup_name
@@ -138,6 +157,10 @@ class Cluster(Resource):
             cmds += [f"write {ctx.path_of(FILES['eksctl'])}", str(commands.create_cluster(ctx)),
                      str(commands.create_nodegroup(ctx, sysname))]
             return StepPlan("replace" if f.get("stale_stack") or f.get("failed") else "create", obs.reason, tuple(cmds))
+        if f.get("addons"):
+            cmds += [f"write {ctx.path_of(FILES['eksctl'])}", str(commands.create_addons(ctx))]
+        if f.get("pod_identities"):
+            cmds += [f"write {ctx.path_of(commands.POD_IDENTITY_FILE)}", str(commands.create_pod_identities(ctx))]
         if f.get("system") == "failed":
             cmds.append(str(commands.delete_nodegroup(ctx, sysname)))
         if f.get("system") in ("absent", "failed"):
@@ -152,6 +175,7 @@ class Cluster(Resource):
         if obs.facts.get("foreign"):
             raise InputError(obs.reason, hint="choose another CLUSTER_NAME, or pass --force to let raydlc manage it")
         self._control_plane(ctx, obs)
+        self._identities(ctx)
         self._system_nodes(ctx)
         self._kubeconfig(ctx)
 
@@ -185,6 +209,26 @@ class Cluster(Resource):
             raise StepFailed(f"EKS cluster {name} is {desc.get('status') if desc else 'absent'} after create",
                              hint="see the stack's events: aws cloudformation describe-stack-events "
                              f"--stack-name {cloud.cluster_stack(name)}")
+
+    def _identities(self, ctx: Context) -> None:
+        """What `create cluster` makes after the control plane, when a create was cut short: the add-ons (the
+        pod identity agent among them), then each missing association. A role stack made before the cut
+        would fail eksctl's CreateStack, so it goes first."""
+        lacking, absent = self._made_after_control_plane(ctx)
+        if lacking:
+            self._write_eksctl(ctx)
+            ctx.tool(self.name, commands.create_addons(ctx), timeout=ctx.timings.cluster_s)
+        if not absent:
+            return
+        cfn, name = ctx.aws("cloudformation"), ctx.cfg.cluster.name
+        for association in absent:
+            st = cloud.stack(cfn, cloud.pod_identity_stack(name, association))
+            if st is not None:
+                delete_stack(ctx, self.name, st["StackName"])
+        doc = ctx.documents("eksctl", self.zones(ctx).cluster_zones)[FILES["eksctl"]]
+        only = [p for p in doc["iam"]["podIdentityAssociations"] if association_name(p) in absent]
+        ctx.write({commands.POD_IDENTITY_FILE: {**doc, "iam": {**doc["iam"], "podIdentityAssociations": only}}})
+        ctx.tool(self.name, commands.create_pod_identities(ctx), timeout=ctx.timings.cluster_s)
 
     def _system_nodes(self, ctx: Context) -> None:
         sysname = ctx.cfg.system_nodes.nodegroup_name
