@@ -19,7 +19,6 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "doubles"))
@@ -57,19 +56,13 @@ def sample() -> str:
 @contextlib.contextmanager
 def _eks_state_answered(scenario: Path) -> Iterator[None]:
     """The EKS calls moto lacks (add-ons, pod identity associations) answered from the eksctl double's state, as in tests/lifecycle."""
+    import awsstub
     import eks_state
 
     import raydlc.edges.aws as edge
 
-    make, hooks = edge.client, eks_state.handlers(eks_state.path_for(scenario))
-
-    def client(sess: Any, service: str) -> Any:
-        c = make(sess, service)
-        for event, handler in hooks.items():
-            c.meta.events.register(event, handler)
-        return c
-
-    edge.client = client  # type: ignore[assignment]
+    make = edge.client
+    edge.client = awsstub.hooked(make, eks_state.handlers(eks_state.path_for(scenario)))  # type: ignore[assignment]
     try:
         yield
     finally:

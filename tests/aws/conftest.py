@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from awsstub import Quotas
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "doubles"))  # servers, awsstub
+
+from awsstub import Quotas, hooked
 
 import raydlc.edges.aws
 
@@ -24,7 +27,6 @@ import raydlc.edges.aws
 @pytest.fixture(scope="session")
 def moto_url() -> Iterator[str]:
     """The moto server of tests/doubles/servers.py, with its gaps filled as AWS behaves."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "doubles"))
     import servers
 
     with servers.moto_server() as url:
@@ -105,13 +107,5 @@ def offerings(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, list[str]]
 def client_hooks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any]]:
     """Event handlers (event name -> handler) attached to every client raydlc.edges.aws makes."""
     hooks: dict[str, Callable[..., Any]] = {}
-    make = raydlc.edges.aws.client
-
-    def client(sess: Any, service: str) -> Any:
-        c = make(sess, service)
-        for event, handler in hooks.items():
-            c.meta.events.register(event, handler)
-        return c
-
-    monkeypatch.setattr(raydlc.edges.aws, "client", client)
+    monkeypatch.setattr(raydlc.edges.aws, "client", hooked(raydlc.edges.aws.client, hooks))
     return hooks

@@ -34,6 +34,11 @@ def read(path: Path, cluster: str) -> dict[str, Any]:
     return {"addons": [], "associations": [], **_read(path).get(cluster, {})}
 
 
+def current(cluster: str) -> dict[str, Any]:
+    """One cluster's state, as the double running now sees it."""
+    return read(path_for(os.environ[SCENARIO_ENV]), cluster)
+
+
 @contextmanager
 def changing(cluster: str) -> Iterator[dict[str, Any]]:
     """The double's read-modify-write of one cluster's state, under a file lock (eksctl calls may overlap)."""
@@ -54,35 +59,19 @@ def forget(cluster: str) -> None:
 
 
 def handlers(path: Path) -> dict[str, Callable[..., Any]]:
-    """before-parameter-build records the cluster asked about; before-call answers from the double's state."""
-    from botocore.awsrequest import AWSResponse
+    """`before-call` answers (awsstub.Answer) to ListAddons and ListPodIdentityAssociations from the double's state."""
+    from awsstub import Answer
 
-    asked: dict[str, str] = {}
+    def addons(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, {"addons": sorted(read(path, params["clusterName"])["addons"])}
 
-    def record(op: str) -> Callable[..., None]:
-        def handler(params: dict[str, Any], **kw: Any) -> None:
-            asked[op] = str(params["clusterName"])
-
-        return handler
-
-    def answer(parsed: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
-        return AWSResponse("http://stub", 200, {}, None), {**parsed, "ResponseMetadata": {"HTTPStatusCode": 200}}
-
-    def addons(**kw: Any) -> Any:
-        return answer({"addons": sorted(read(path, asked["addons"])["addons"])})
-
-    def associations(**kw: Any) -> Any:
-        cluster = asked["associations"]
+    def associations(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        cluster = params["clusterName"]
         found = []
         for i, name in enumerate(sorted(read(path, cluster)["associations"])):
             namespace, sa = name.split("/", 1)
             found.append({"clusterName": cluster, "namespace": namespace, "serviceAccount": sa, "associationId": f"a-{i:08d}",
                           "associationArn": f"arn:aws:eks:us-east-2:{ACCOUNT}:podidentityassociation/{cluster}/a-{i:08d}"})
-        return answer({"associations": found})
+        return 200, {"associations": found}
 
-    return {
-        "before-parameter-build.eks.ListAddons": record("addons"),
-        "before-call.eks.ListAddons": addons,
-        "before-parameter-build.eks.ListPodIdentityAssociations": record("associations"),
-        "before-call.eks.ListPodIdentityAssociations": associations,
-    }
+    return {**Answer("eks", "ListAddons", addons).events(), **Answer("eks", "ListPodIdentityAssociations", associations).events()}

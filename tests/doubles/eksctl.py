@@ -124,7 +124,7 @@ def create_pod_identity(cfg: dict[str, Any], pia: dict[str, Any]) -> None:
     kube = Kube(os.environ[KUBE_URL_ENV])
     stack = pod_identity_stack(name, pia)
     key = f"{pia['namespace']}/{pia['serviceAccountName']}"
-    if key in eks_state.read(eks_state.path_for(os.environ["DOUBLES_SCENARIO"]), name)["associations"]:
+    if key in eks_state.current(name)["associations"]:
         fail(f'Error: creating pod identity association for service account "{key}": operation error EKS: '
              "CreatePodIdentityAssociation, ResourceInUseException: Association already exists")
     if stack_exists(cfn, stack):
@@ -171,9 +171,10 @@ def create_addon(args: argparse.Namespace) -> None:
     """`create addon --config-file`: the cluster must exist; the config's add-ons are made as `create cluster` makes them."""
     cfg = load_config(args.config_file)
     meta = cfg["metadata"]
+    eks = client("eks", meta["region"])
     try:
-        client("eks", meta["region"]).describe_cluster(name=meta["name"])
-    except Exception:
+        eks.describe_cluster(name=meta["name"])
+    except eks.exceptions.ResourceNotFoundException:
         fail(f'Error: cluster "{meta["name"]}" not found')
     create_addons(cfg)
 
@@ -186,7 +187,7 @@ def create_podidentityassociation(args: argparse.Namespace) -> None:
     pias = (cfg.get("iam") or {}).get("podIdentityAssociations") or []
     if not pias:
         fail("Error: no iam.podIdentityAssociations specified in the config file")
-    if "eks-pod-identity-agent" not in eks_state.read(eks_state.path_for(os.environ["DOUBLES_SCENARIO"]), meta["name"])["addons"]:
+    if "eks-pod-identity-agent" not in eks_state.current(meta["name"])["addons"]:
         fail(f"Error: eks-pod-identity-agent addon is required to create pod identity associations; please enable it using "
              f"`eksctl create addon --cluster={meta['name']} --name=eks-pod-identity-agent`")
     for pia in pias:

@@ -29,6 +29,7 @@ import pytest
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 sys.path.insert(0, str(DOUBLES))
 
+import awsstub  # noqa: E402
 import eks_state  # noqa: E402
 import iam_simulator  # noqa: E402
 import servers  # noqa: E402
@@ -347,13 +348,7 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
     hooks.update(iam_simulator.handlers(moto_iam, w.simulations))
     hooks.update(eks_state.handlers(eks_state.path_for(w.scenario_file)))  # add-ons and pod identities: moto has neither
 
-    def client(sess: Any, service: str) -> Any:
-        c = make(sess, service)
-        for event, handler in hooks.items():
-            c.meta.events.register(event, handler)
-        return c
-
-    monkeypatch.setattr(raydlc.edges.aws, "client", client)
+    monkeypatch.setattr(raydlc.edges.aws, "client", awsstub.hooked(make, hooks))
     with Operator(kube_server.url) as op:
         w.operator = op  # type: ignore[attr-defined]
         yield w

@@ -84,8 +84,9 @@ def prepare(
     from raydlc.train import resolve as R
 
     c = checked or check(train, where, workers=workers)
-    for why in c.skipped if on_progress is not None else ():
-        on_progress({"stage": "notice", "text": why})
+    if on_progress is not None:
+        for why in c.skipped:
+            on_progress({"stage": "notice", "text": why})
     address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
     with dataset.writing(c.plan), ray_runtime.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))

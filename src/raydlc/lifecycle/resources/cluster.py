@@ -5,8 +5,9 @@ node group and raydlc's kubeconfig.
 is done when the API answers through raydlc's kubeconfig and the system nodes are Ready. eksctl makes
 the add-ons and the pod identity associations itself after the control plane; a `create cluster` cut
 short (Ctrl-C while it waits on the stack, which CloudFormation finishes) leaves them out, so they are
-looked up in EKS and made here. `down` is
-done only when AWS, not eksctl's exit code, lists nothing of the cluster that bills: no cluster, no
+looked up in EKS and made here.
+
+`down` is done only when AWS, not eksctl's exit code, lists nothing of the cluster that bills: no cluster, no
 `eksctl-<name>-*` stack, instance, NAT gateway or Elastic IP; what eksctl left behind and raydlc
 owns (tagged `raydlc.io/cluster=<name>`) is swept here, and anything still standing is named.
 """

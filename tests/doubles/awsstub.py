@@ -53,3 +53,15 @@ class Answer:
         for event, handler in self.events().items():
             client.meta.events.register(event, handler)
         return self
+
+
+def hooked(make: Callable[[Any, str], Any], hooks: dict[str, Callable[..., Any]]) -> Callable[[Any, str], Any]:
+    """A stand-in for `raydlc.edges.aws.client` that attaches `hooks` (event name -> handler, read at each call) to every client."""
+
+    def client(sess: Any, service: str) -> Any:
+        c = make(sess, service)
+        for event, handler in hooks.items():
+            c.meta.events.register(event, handler)
+        return c
+
+    return client
