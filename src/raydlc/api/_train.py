@@ -60,6 +60,7 @@ class TrainResult:
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
+    end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
@@ -69,6 +70,8 @@ class TrainResult:
         out = asdict(self)
         if self.preflight is None:
             del out["preflight"]
+        if not self.end_warnings:
+            del out["end_warnings"]
         return out
 
     def __str__(self) -> str:

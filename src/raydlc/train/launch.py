@@ -26,6 +26,7 @@ from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.edges import poll, ray_runtime
 from raydlc.errors import TrainError
 from raydlc.jobs.restarts import Fold, fold
+from raydlc.train import ending
 from raydlc.train.prepare import Checked, check, prepare
 from raydlc.train.resolve import Granted, resolve, resolve_resources
 from raydlc.train.runspec import Prepared, RunSpec, RunTarget
@@ -106,7 +107,8 @@ def run(
         spec = resolve(train, where, p, Granted(resources, tuple(slots)), started_at=started, now=time.time())
         checked = _preflight(spec, where, p.storage) if spec.train.preflight else None
         summary = _fit(spec, p, where, on_progress)
-        return summary if checked is None else {**summary, "preflight": checked}
+        summary = summary if checked is None else {**summary, "preflight": checked}
+        return ending.finish(spec, summary)  # evaluation, model card, trackers: the run's end (train.ending)
 
 
 def _preflight(spec: RunSpec, where: RunTarget, storage_path: str) -> dict[str, Any]:
