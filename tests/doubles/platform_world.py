@@ -120,12 +120,15 @@ class Rbac:
     users: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=lambda: {USER_TOKEN: (USER, (TEAM_GROUP,))})
     server_version: str = EKS_VERSION
     refused: list[str] = field(default_factory=list)  # the Forbidden messages sent, for a test to read
+    absent_groups: set[str] = field(default_factory=set)  # API groups not installed (Karpenter on kind): 404
 
     def __call__(self, request: Any, handler: Any) -> tuple[int, Any] | None:
         method = str(getattr(request.method, "value", request.method)).upper()
         path = request.url.path
         if method == "GET" and path == "/version":
             return 200, {"major": "1", "minor": "33", "gitVersion": self.server_version, "platform": "linux/amd64"}
+        if any(path.startswith(f"/apis/{g}/") or path == f"/apis/{g}" for g in self.absent_groups):
+            return 404, "404 page not found"  # the API server's answer for a group no CRD or aggregated API serves
         auth = (request.headers or {}).get("Authorization", "")
         if not auth:
             return None  # the test's own request: a cluster admin
@@ -408,6 +411,8 @@ def build(p: Platform, variant: str = "platform", *, grant: bool = True, cluster
         raise ValueError(f"no platform variant {variant!r}; one of {VARIANTS}")
     aws = variant != "kind"
     p.rbac.server_version = EKS_VERSION if aws else KIND_VERSION
+    if not aws:
+        p.rbac.absent_groups.add("karpenter.sh")  # no Karpenter on kind
     p.namespace(NAMESPACE)
     p.node("system-0", "m7i.2xlarge", aws=aws)
     if variant != "no-kuberay":
