@@ -114,3 +114,14 @@ def test_rows_on_kind_without_cluster_reads(platform: Any, user_kube: Any) -> No
     table = {what: found for what, found, _ in rows(look(user_kube, pw.NAMESPACE))}
     assert table["EKS"].startswith("not applicable: not EKS (server v1.33.1)")
     assert table["GPU nodes"].startswith("unknown: forbidden by RBAC: kubernetes: cannot list nodes (403 Forbidden")
+
+
+@pytest.mark.parametrize("platform", [{"variant": "no-kuberay", "cluster_reads": False}], indirect=True)
+def test_an_operator_in_the_users_own_namespace_is_found_without_cluster_reads(platform: Any, user_kube: Any) -> None:
+    platform.install_kuberay("1.7.0", single_namespace=True, namespace=pw.NAMESPACE)  # the chart's singleNamespaceInstall
+    assert found(platform, user_kube).kuberay.operators.state is F.State.UNKNOWN  # no list of deployments anywhere
+    platform.grant(pw.NAMESPACE, [pw.rule(["apps"], ["deployments"], ["list"])], name="deployments-reader")
+    ops = found(platform, user_kube).kuberay.operators
+    assert ops.source == f"list deployments in {pw.NAMESPACE}"
+    (op,) = ops.value
+    assert (op.namespace, op.watch.namespaces, op.watch.covers(pw.NAMESPACE)) == (pw.NAMESPACE, (pw.NAMESPACE,), True)

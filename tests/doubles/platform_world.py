@@ -289,8 +289,9 @@ class Platform:
 
     # -- KubeRay
 
-    def install_kuberay(self, version: str = "1.7.0", *, watch: Sequence[str] = (), single_namespace: bool = False) -> None:
-        """`helm upgrade --install kuberay-operator` of the chart `version` into kuberay-system, as the platform did."""
+    def install_kuberay(self, version: str = "1.7.0", *, watch: Sequence[str] = (), single_namespace: bool = False,
+                        namespace: str = KUBERAY_NS) -> None:
+        """`helm upgrade --install kuberay-operator` of the chart `version` into `namespace`, as the platform did."""
         values: dict[str, Any] = {}
         if watch:
             values["watchNamespace"] = list(watch)
@@ -299,7 +300,7 @@ class Platform:
         vfile = self.tmp / "kuberay-values.yaml"
         vfile.write_text(json.dumps(values))
         argv = ["upgrade", "--install", "kuberay-operator", "kuberay-operator", "--repo", helm.CHARTS["kuberay-operator"][0],
-                "--version", version, "--namespace", KUBERAY_NS, "--create-namespace", "--kubeconfig",
+                "--version", version, "--namespace", namespace, "--create-namespace", "--kubeconfig",
                 str(self.admin_kubeconfig), "--values", str(vfile), "--wait"]
         rc = helm.main(argv)
         assert rc == 0, f"helm double refused: {argv}"

@@ -21,7 +21,8 @@ CRDS = ("rayclusters.ray.io", "rayjobs.ray.io")
 
 @dataclass(frozen=True)
 class Raw:
-    """One read: `items` when it answered (None when the kind is not served), else `refused` (why, in one line)."""
+    """One read: `items` when it answered (empty and `served` False when the kind is not served at all), else
+    `refused` (why, in one line)."""
 
     source: str
     items: tuple[dict[str, Any], ...] | None = None
@@ -70,9 +71,7 @@ def _deployments(kube: Kube, namespace: str) -> Raw:
     if everywhere.answered:
         return everywhere
     mine = _read(f"list deployments in {namespace}", lambda: kube.list("apps/v1", "Deployment", namespace))
-    if mine.answered:  # what this user may see: an operator installed in their own namespace
-        return Raw(mine.source, items=mine.items, refused=None, served=True)
-    return everywhere
+    return mine if mine.answered else everywhere  # what this user may see: an operator installed in their own namespace
 
 
 def gather(kube: Kube, namespace: str, *, asgs: Callable[[], list[dict[str, Any]]] | None = None) -> Reads:
