@@ -1,0 +1,215 @@
+"""An attached run's preflight and the platform as found: reach, permissions first, facts, refusals.
+
+`up --attach` makes nothing at the AWS or cluster scope, so before any step it settles what can be settled
+by reading: the API answers through KUBE_CONTEXT (or raydlc's kubeconfig of the EKS cluster CLUSTER_NAME); every
+call raydlc will make in NAMESPACE is allowed (one SelfSubjectAccessReview each, every refusal named in one
+error that points at `raydlc render --only rbac`); the platform holds a KubeRay operator new enough for what
+raydlc renders, and GPU capacity (nodes, or a NodePool that can make them); the SERVICE_ACCOUNT given exists.
+What cannot work is one InputError (exit 2), before anything is created.
+
+The found resources of the orders (`Found`) show the facts read here, each with where it came from.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from raydlc.errors import InputError, KubeError
+from raydlc.lifecycle.types import Observation
+
+if TYPE_CHECKING:
+    from raydlc.discovery.facts import ClusterFacts, Fact
+    from raydlc.edges.kube import Kube
+    from raydlc.lifecycle.context import Context
+
+
+# ---------------------------------------------------------------------- the way in
+
+
+def ensure_kubeconfig(ctx: Context) -> None:
+    """Without KUBE_CONTEXT: raydlc's kubeconfig of the EKS cluster CLUSTER_NAME, written when absent (eksctl reads
+    DescribeCluster and writes a file; nothing in AWS changes), with raydlc's own token plugin, as `up` does."""
+    from raydlc.lifecycle import cloud, commands, kubeconfig
+
+    if ctx.kube_context or ctx.kubeconfig.is_file():
+        return
+    c = ctx.cfg.cluster
+    desc = cloud.cluster(ctx.aws("eks"), c.name)
+    if desc is None:
+        raise InputError(f"no EKS cluster {c.name} in {c.region} to attach to (CLUSTER_NAME, REGION)",
+                         hint="raydlc up --attach --kube-context CONTEXT (a context of your kubeconfig)")
+    if ctx.dry_run:
+        raise InputError(f"no kubeconfig at {ctx.kubeconfig} yet: a dry run writes nothing",
+                         hint="raydlc up --attach (writes it), or --kube-context CONTEXT")
+    ctx.runner.require("eksctl")
+    ctx.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+    ctx.tool("cluster", commands.write_kubeconfig(ctx))
+    kubeconfig.use_raydlc_credentials(ctx.kubeconfig, c.name, c.region)
+    ctx.forget_kube()
+
+
+def reach(ctx: Context) -> Kube:
+    """The API of the attached cluster, checked to answer; else one InputError naming the kubeconfig and context."""
+    ensure_kubeconfig(ctx)
+    kube = ctx.kube()
+    try:
+        kube.version()
+    except KubeError as e:
+        raise InputError(f"the attached cluster does not answer through {ctx.where}: {e.message}",
+                         hint="check KUBE_CONTEXT (`kubectl config get-contexts`) and that the API is reachable") from None
+    return kube
+
+
+# ---------------------------------------------------------------------- what raydlc may do there
+
+
+def check_permissions(ctx: Context, kube: Kube) -> None:
+    """Every verb on every resource raydlc will use, asked of Kubernetes (SelfSubjectAccessReview), before anything
+    is created: every refusal named in one InputError, which `raydlc render --only rbac` fixes."""
+    from raydlc.discovery import access
+
+    missing = access.missing(kube, ctx.cfg.cluster.namespace)
+    if missing:
+        ns = ctx.cfg.cluster.namespace
+        raise InputError(f"{ctx.where} may not {'; '.join(str(m) for m in missing)} in namespace {ns}: nothing was created",
+                         hint="ask the platform team to apply `raydlc render --only rbac` (a Role and RoleBinding in "
+                              f"{ns}), then run `raydlc up --attach` again")
+
+
+def check_service_account(ctx: Context, kube: Kube) -> None:
+    """SERVICE_ACCOUNT names the platform's ServiceAccount the Ray pods run as: it must exist in NAMESPACE."""
+    c = ctx.cfg.cluster
+    if c.service_account and kube.get("v1", "ServiceAccount", c.service_account, c.namespace) is None:
+        raise InputError(f"SERVICE_ACCOUNT {c.service_account} does not exist in namespace {c.namespace}",
+                         hint="use the ServiceAccount the platform team gave you, or leave SERVICE_ACCOUNT empty "
+                              "(raydlc then makes its own, without cloud access)")
+
+
+# ---------------------------------------------------------------------- the platform
+
+
+def facts(ctx: Context) -> ClusterFacts:
+    """What the attached cluster holds, read once per run (forbidden reads are unknown, never errors)."""
+    if ctx._facts is None:
+        from raydlc.discovery import discover
+
+        # AWS clients are made on first ask: a cluster that is not EKS never needs credentials
+        ctx._facts = discover(ctx.kube(), ctx.cfg, aws=ctx.aws, context=ctx.kube_context)
+    return ctx._facts  # type: ignore[no-any-return]
+
+
+def refuse(ctx: Context, found: ClusterFacts) -> None:
+    """What makes the RayCluster impossible here, said once before anything is made (exit 2)."""
+    from raydlc.discovery import operator, target
+
+    operator.check(found, ctx.cfg)
+    target.check(found, ctx.cfg)
+
+
+def prepare(ctx: Context) -> None:
+    """Everything an attached `up` settles before its first step."""
+    kube = reach(ctx)
+    check_permissions(ctx, kube)
+    refuse(ctx, facts(ctx))
+    check_service_account(ctx, kube)
+
+
+# ---------------------------------------------------------------------- each found resource, as `status` shows it
+
+
+def observed(fact: Fact[Any], known: str, *, missing: str | None = None, empty: bool = False) -> Observation:
+    """A fact as a found resource's observation: ready (found), absent (`empty` and nothing found), unknown, or
+    not applicable, with the read it came from in `facts`."""
+    from raydlc.discovery.facts import State
+
+    doc = {"source": fact.source, "fact": fact.to_dict(), "found": True}
+    if fact.state is State.NOT_APPLICABLE:
+        return Observation("ready", f"not applicable: {fact.note}", doc)
+    if fact.state is State.UNKNOWN:
+        return Observation("unknown", f"unknown ({fact.note})", doc)
+    if empty and missing is not None:
+        return Observation("absent", missing, doc)
+    return Observation("ready", known, doc)
+
+
+def _count(items: Any, what: str) -> str:
+    n = len(items)
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def found_cluster(ctx: Context) -> Observation:
+    f = facts(ctx)
+    eks = f.eks
+    where = f"Kubernetes {f.server_version.get('?')} through {ctx.where}"
+    if eks.is_known and eks.value is not None:
+        return observed(eks, f"{where}; EKS cluster {eks.value.name} ({eks.value.version or '?'})")
+    obs = observed(eks, where)
+    return Observation(obs.state, f"{where}; AWS: {obs.reason}", obs.facts)
+
+
+def found_capacity(ctx: Context) -> Observation:
+    f = facts(ctx)
+    nodes = [n for n in f.gpu_nodes.get(()) if n.ready]
+    pools, groups = f.node_pools.get(()), f.asg_groups.get(())
+    parts = [_count(nodes, "Ready GPU node")]
+    if pools:
+        parts.append(f"{_count(pools, 'NodePool')} that can make GPU nodes ({', '.join(p.name for p in pools)})")
+    if groups:
+        parts.append(f"{_count(groups, 'node group')} at zero ({', '.join(g.name for g in groups)})")
+    return observed(f.gpu_nodes, "; ".join(parts), missing="no GPU node, NodePool or node group that can make one",
+                    empty=not (nodes or pools or groups))
+
+
+def found_gpu_nodes(ctx: Context) -> Observation:
+    f = facts(ctx)
+    nodes = f.gpu_nodes.get(())
+    kinds: dict[tuple[Any, ...], int] = {}
+    for n in nodes:
+        key = (n.instance_type or "?", n.gpus, n.efa, ",".join(sorted(t.key for t in n.taints)), n.capacity_type or "?",
+               n.hyperpod)
+        kinds[key] = kinds.get(key, 0) + 1
+    lines = [f"{k} × {t} ({g} GPUs, {e} EFA{', tainted ' + taints if taints else ''}, {cap}{', HyperPod' if hp else ''})"
+             for (t, g, e, taints, cap, hp), k in sorted(kinds.items())]
+    if any(n.capacity_type == "spot" for n in nodes):
+        lines.append("Spot: a reclaimed node's Ray worker is drained (the Ray job checkpoints and goes on)")
+    return observed(f.gpu_nodes, "; ".join(lines), missing="no GPU node now", empty=not nodes)
+
+
+def found_kuberay(ctx: Context) -> Observation:
+    f = facts(ctx).kuberay
+    ops = f.operators.get(())
+    crds = f.crds.get(())
+    if not f.operators.is_known:
+        return observed(f.operators, "")
+    text = "; ".join(
+        f"KubeRay {o.version or o.image} in {o.namespace} (watches "
+        + ("every namespace" if o.watch.all_namespaces else ", ".join(o.watch.namespaces) or "a list in its config file")
+        + ("" if o.available else ", not available") + ")" for o in ops)
+    if crds:
+        text += "; CRDs " + ", ".join(f"{c.name} ({'/'.join(c.served_versions)})" for c in crds)
+    return observed(f.operators, text, missing="no KubeRay operator", empty=not ops)
+
+
+def found_plugins(ctx: Context) -> Observation:
+    f = facts(ctx).device_plugins
+    plugins = f.get(())
+    text = "; ".join(f"{p.name} in {p.namespace} ({p.resource}): {p.ready}/{p.desired} ready" for p in plugins)
+    return observed(f, text, missing="no NVIDIA or EFA device-plugin DaemonSet found", empty=not plugins)
+
+
+def found_autoscaler(ctx: Context) -> Observation:
+    f = facts(ctx).node_autoscaler
+    what = f.get("")
+    if f.is_known and what in ("", "none"):
+        return observed(f, "no node autoscaler found: GPU nodes the Ray workers leave stay (and bill) until the "
+                           "platform removes them")
+    return observed(f, f"{what}: removes a GPU node once Ray's autoscaler has let its worker go")
+
+
+def found_storage(ctx: Context) -> Observation:
+    c, path = ctx.cfg.cluster, ctx.cfg.train.storage_path
+    who = f"ServiceAccount {c.service_account}" if c.service_account else "raydlc's ServiceAccount (no cloud identity)"
+    doc = {"source": "config STORAGE_PATH, SERVICE_ACCOUNT", "found": True}
+    if not path:
+        return Observation("absent", f"no STORAGE_PATH: give s3://bucket/prefix the pods can write as {who}", doc)
+    return Observation("ready", f"STORAGE_PATH {path}, written by the Ray pods as {who} (`raydlc verify` probes it)", doc)
