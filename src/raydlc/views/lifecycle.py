@@ -201,13 +201,22 @@ def _idle_line(cost: dict[str, Any]) -> str:
 
 def print_status(doc: dict[str, Any], console: Console) -> None:
     c = doc["cluster"]
-    steps = Table(title=f"cluster {c['name']} ({c['region']}): {c['status']}")
-    for col in ("step", "state", "reason"):
+    attached = doc.get("attach")
+    title = f"cluster {c['name']} ({c['region']}): {c['status']}"
+    if attached:
+        title = f"attached through {c['kubeconfig']}, namespace {attached['namespace']}"
+    steps = Table(title=title)
+    for col in ("step", *(("found/made",) if attached else ()), "state", "reason"):
         steps.add_column(col, overflow="fold")
     colors = {"ready": "green", "absent": "dim", "creating": "cyan", "degraded": "bold red", "deleting": "yellow"}
     for s in doc["steps"]:
-        steps.add_row(s["step"], Text(s["state"], style=colors.get(s["state"], "")), escape(s["reason"]))
+        reason = escape(s["reason"]) + (f" [dim](from {escape(s['source'])})[/]" if attached and s.get("source") else "")
+        steps.add_row(s["step"], *((s.get("ownership", "made"),) if attached else ()),
+                      Text(s["state"], style=colors.get(s["state"], "")), reason)
     parts: list[Any] = [steps]
+    if attached:
+        made = ", ".join(attached["made"]) or "nothing yet"
+        parts.append(Text(f"made by raydlc ({attached['selector']}): {made}"))
     if doc["nodes"]:
         nodes = Table(title="nodes")
         for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA", "Ray pod"):
