@@ -45,7 +45,7 @@ from world import (
 
 VERSION = "v3.17.3+ge4da497"
 CHARTS = {
-    "kuberay-operator": ("https://ray-project.github.io/kuberay-helm/", {"1.6.0", "1.7.0"}),
+    "kuberay-operator": ("https://ray-project.github.io/kuberay-helm/", {"1.5.1", "1.6.0", "1.7.0"}),
     "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", {"0.17.0", "0.20.0"}),
     "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", {"9.58.0", "9.59.0"}),
 }
@@ -54,7 +54,8 @@ CHARTS = {
 CA_KEYS = {"cloudProvider", "awsRegion", "autoDiscovery", "fullnameOverride", "nameOverride", "image", "rbac", "extraArgs",
            "nodeSelector", "tolerations", "affinity", "resources", "replicaCount", "podAnnotations", "priorityClassName"}
 VALUE_KEYS = {
-    "kuberay-operator": {"nodeSelector", "tolerations", "affinity", "image", "resources", "replicas", "watchNamespace"},
+    "kuberay-operator": {"nodeSelector", "tolerations", "affinity", "image", "resources", "replicas", "watchNamespace",
+                         "singleNamespaceInstall"},
     "nvidia-device-plugin": {"nodeSelector", "tolerations", "affinity", "resources", "config", "gfd", "runtimeClassName"},
     "cluster-autoscaler": CA_KEYS,
 }
@@ -116,21 +117,42 @@ def schedulable_node(kube: Kube, spec: dict[str, Any]) -> str | None:
     return None
 
 
-def install_objects(kube: Kube, chart: str, ns: str, values: dict[str, Any]) -> None:
+# KubeRay's chart crds/ray.io_rayclusters.yaml and ray.io_rayjobs.yaml (v1.5.0 to v1.7.0): v1 served and stored,
+# v1alpha1 still served (deprecated in v1.7.0's CRDs: "will be unavailable in KubeRay 1.9").
+KUBERAY_CRD_VERSIONS = [{"name": "v1", "served": True, "storage": True}, {"name": "v1alpha1", "served": True, "storage": False}]
+
+
+def kuberay_args(values: dict[str, Any], ns: str) -> list[str]:
+    """The operator's args as KubeRay v1.7.0's chart renders them (templates/deployment.yaml): `--watch-namespace`
+    and the list joined by commas when `watchNamespace` is set, the release namespace when only
+    `singleNamespaceInstall` is; nothing otherwise, and the operator then watches every namespace (main.go)."""
+    watch = ",".join(values.get("watchNamespace") or []) or (ns if values.get("singleNamespaceInstall") else "")
+    return ["--watch-namespace", watch] if watch else []
+
+
+def install_objects(kube: Kube, chart: str, ns: str, values: dict[str, Any], version: str = "1.7.0") -> None:
     spec = {k: values[k] for k in ("nodeSelector", "tolerations", "affinity") if k in values}
     if chart == "kuberay-operator":
         for plural, kind in (("rayclusters", "RayCluster"), ("rayjobs", "RayJob")):
             kube.ensure({
                 "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                 "metadata": {"name": f"{plural}.ray.io"},
-                "spec": {"group": "ray.io", "names": {"kind": kind, "plural": plural}, "scope": "Namespaced"},
-                "status": {"conditions": [{"type": "Established", "status": "True"}]},
+                "spec": {"group": "ray.io", "names": {"kind": kind, "plural": plural}, "scope": "Namespaced",
+                         "versions": KUBERAY_CRD_VERSIONS},
+                "status": {"conditions": [{"type": "Established", "status": "True"}], "storedVersions": ["v1"]},
             })
-        pod_spec = {**spec, "containers": [{"name": "kuberay-operator", "image": "quay.io/kuberay/operator:v1.7.0",
-                                            "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}}}]}
+        tag = str((values.get("image") or {}).get("tag") or f"v{version}")
+        container = {"name": "kuberay-operator", "image": f"quay.io/kuberay/operator:{tag}",
+                     "command": ["/manager"], "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}}}
+        args = kuberay_args(values, ns)
+        if args:
+            container["args"] = args
+        pod_spec = {**spec, "containers": [container]}
         node = schedulable_node(kube, pod_spec)
-        kube.ensure({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": chart, "namespace": ns},
-                     "spec": {"replicas": 1, "template": {"spec": pod_spec}}})
+        labels = {"app.kubernetes.io/name": chart, "app.kubernetes.io/instance": chart, "app.kubernetes.io/managed-by": "Helm",
+                  "helm.sh/chart": f"{chart}-{version}"}
+        kube.ensure({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": chart, "namespace": ns, "labels": labels},
+                     "spec": {"replicas": 1, "template": {"metadata": {"labels": labels}, "spec": pod_spec}}})
         if node is None:
             kube.patch("Deployment", chart, {"status": {"availableReplicas": 0, "conditions": [
                 {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"}]}}, ns)
@@ -229,7 +251,7 @@ def upgrade(args: argparse.Namespace, kube: Kube) -> None:
     store(kube, rel)
     say(f'Release "{args.name}" does not exist. Installing it now.' if not last else f'Release "{args.name}" has been upgraded.')
     delay(f"install {args.name}")
-    install_objects(kube, args.chart, ns, values)
+    install_objects(kube, args.chart, ns, values, args.version)
     if last:
         prev = {**last, "info": {**last["info"], "status": "superseded"}}
         store(kube, prev)

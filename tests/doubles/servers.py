@@ -279,8 +279,13 @@ class KubeServer:
 
 
 @contextlib.contextmanager
-def kube_server(patch: Callable[[Any, str, Any], None]) -> Iterator[KubeServer]:
-    """kmock in a thread of its own; `patch(obj, name, value)` installs the path fix (monkeypatch.setattr)."""
+def kube_server(patch: Callable[[Any, str, Any], None], *, gate: Callable[[Any, Any], tuple[int, Any] | None] | None = None,
+                resources: tuple[str, ...] = ()) -> Iterator[KubeServer]:
+    """kmock in a thread of its own; `patch(obj, name, value)` installs the path fix (monkeypatch.setattr).
+
+    `gate(request, handler)`, when given, sees every request first and may answer it itself with (status, body):
+    the platform world's RBAC (tests/doubles/platform_world.py) refuses there what Kubernetes' authorizer would.
+    `resources` are declared beside RESOURCES (a cluster's own custom resources: Karpenter NodePools)."""
     from kmock import KubernetesEmulator, Server
     from kmock._internal import parsing
 
@@ -293,13 +298,21 @@ def kube_server(patch: Callable[[Any, str, Any], None]) -> Iterator[KubeServer]:
             payload["items"] = [o for o in payload["items"] if selected(o, labels, fields)]
             return payload
 
+        async def _handle(self, request: Any) -> Any:
+            answer = gate(request, self) if gate is not None else None
+            if answer is None:
+                return await super()._handle(request)
+            import aiohttp.web
+
+            return aiohttp.web.json_response(answer[1], status=answer[0])
+
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     box: dict[str, Any] = {}
 
     async def serve() -> None:
         async with Emulator() as handler, Server(handler) as srv:
-            for r in RESOURCES:
+            for r in (*RESOURCES, *resources):
                 handler.resources[r] = {}
             box.update(handler=handler, url=str(srv.url).rstrip("/"), stop=asyncio.Event())
             ready.set()

@@ -80,6 +80,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
         Kind("ray.io/v1", "RayCluster", "rayclusters", True),
         Kind("ray.io/v1", "RayJob", "rayjobs", True),
+        Kind("karpenter.sh/v1", "NodePool", "nodepools", False),
     ]
 }
 
@@ -313,6 +314,18 @@ class Kube:
             sel.append(f"involvedObject.kind={kind}")
         items = self.list("v1", "Event", namespace, fields=",".join(sel) or None)
         return sorted(items, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+    def may(self, verb: str, resource: str, *, group: str = "", subresource: str = "", namespace: str | None = None,
+            name: str | None = None) -> bool:
+        """Whether the caller may do this, as the API server's authorizer answers a SelfSubjectAccessReview
+        (authorization.k8s.io/v1): asked before acting, so that every refusal can be named at once."""
+        attrs = {"verb": verb, "group": group, "resource": resource, "subresource": subresource or None,
+                 "namespace": namespace, "name": name}
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {k: v for k, v in attrs.items() if v}}}
+        answer = self._call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                            f"review access to {verb} {resource}", body=body)
+        return bool(((answer or {}).get("status") or {}).get("allowed"))
 
     def logs(self, pod: str, namespace: str, *, container: str | None = None, tail: int | None = None) -> str:
         path = kind_of("v1", "Pod").path(namespace, pod, "log")
