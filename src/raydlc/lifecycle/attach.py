@@ -91,11 +91,20 @@ def check_service_account(ctx: Context, kube: Kube) -> None:
 def facts(ctx: Context) -> ClusterFacts:
     """What the attached cluster holds, read once per run (forbidden reads are unknown, never errors)."""
     if ctx._facts is None:
-        from raydlc.discovery import discover
+        from raydlc.discovery.gather import gather
+        from raydlc.discovery.read import discover
 
-        # AWS clients are made on first ask: a cluster that is not EKS never needs credentials
-        ctx._facts = discover(ctx.kube(), ctx.cfg, aws=ctx.aws, context=ctx.kube_context)
+        reads = gather(ctx.kube(), ctx.cfg.cluster.namespace, asgs=lambda: _asgs(ctx))
+        ctx._facts = discover(reads, context=ctx.kube_context, cluster_name=None if ctx.kube_context else ctx.cfg.cluster.name)
     return ctx._facts  # type: ignore[no-any-return]
+
+
+def _asgs(ctx: Context) -> list[dict[str, Any]]:
+    """The Auto Scaling groups (the Cluster Autoscaler's node groups at zero), asked only on AWS: credentials are
+    first made here, so a cluster that is not on AWS never needs any; a refusal is a RaydlcError (an unknown fact)."""
+    from raydlc.edges import aws
+
+    return list(aws.paginate(ctx.aws("autoscaling"), "describe_auto_scaling_groups", "AutoScalingGroups"))
 
 
 def refuse(ctx: Context, found: ClusterFacts) -> None:

@@ -1,0 +1,234 @@
+"""`up --attach`, `status` and `down --attach` on a cluster a platform team runs (tests/doubles/platform_world.py).
+
+The user holds a kubeconfig context and a namespaced Role (RBAC enforced by the world's authorizer with Kubernetes'
+SelfSubjectAccessReview semantics); KubeRay v1.7.0 was installed by helm into kuberay-system; GPU nodes are tainted
+`nvidia.com/gpu:NoSchedule`; a second team's RayCluster shares the namespace. AWS is a real moto server (the EKS
+variants) or absent (kind). "Creates nothing outside the namespace" is checked by comparing the inventories of kmock
+(every object outside the namespace) and moto (what the account holds) before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
+sys.path.insert(0, str(DOUBLES))
+
+import platform_world  # noqa: E402
+import servers  # noqa: E402
+from kuberay import Operator  # noqa: E402
+
+from raydlc.lifecycle.context import Timings  # noqa: E402
+
+NS = platform_world.NAMESPACE
+FAST = Timings(poll_s=0.1, pods_s=60, stuck_s=30)
+OWN = "app.kubernetes.io/managed-by"
+
+
+class Attached:
+    """The platform cluster, the env raydlc runs with, and the inventories the tests compare."""
+
+    def __init__(self, platform: Any, tmp: Path, aws: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.platform, self.tmp, self.aws, self.monkeypatch = platform, tmp, aws, monkeypatch
+
+    def settings(self, **extra: str) -> dict[str, str]:
+        return {"ATTACH": "true", "KUBE_CONTEXT": "platform", "NAMESPACE": NS, "STORAGE_PATH": "s3://team-a-data/runs",
+                "IDLE_MINUTES": "0", "GPU_NODE_COUNT": "2", **extra}
+
+    def up(self, **extra: str) -> Any:
+        from raydlc.lifecycle import orders
+
+        from raydlc.config import load_config
+
+        cfg = load_config(env={f"RAYDLC_{k}": v for k, v in self.settings(**extra).items()})
+        from raydlc.lifecycle.context import with_plain_kubeconfig
+
+        return orders.up(with_plain_kubeconfig(cfg), timings=FAST)
+
+    def down(self, **extra: str) -> Any:
+        from raydlc.config import load_config
+        from raydlc.lifecycle import orders
+        from raydlc.lifecycle.context import with_plain_kubeconfig
+
+        cfg = load_config(env={f"RAYDLC_{k}": v for k, v in self.settings(**extra).items()})
+        return orders.down(with_plain_kubeconfig(cfg), timings=FAST)
+
+    def status(self, **extra: str) -> Any:
+        from raydlc import api
+
+        return api.status(settings=self.settings(**extra))
+
+    def outside(self) -> dict[str, Any]:
+        """Every object of the cluster outside the namespace (cluster scope and other namespaces), as stored,
+        and the namespace's objects not labelled as raydlc's: what attach must never touch."""
+        snap = self.platform.snapshot()
+        out = {}
+        for key, obj in snap.items():
+            ns = (obj.get("metadata") or {}).get("namespace")
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if ns != NS or labels.get(OWN) != "raydlc":
+                if "/pods/" in key or "/events/" in key:  # the other team's and the operator's pods come and go
+                    continue
+                meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+                out[key] = {**obj, "metadata": meta}
+        return out
+
+    def made(self) -> list[str]:
+        snap = self.platform.snapshot()
+        return sorted(k for k, o in snap.items() if ((o.get("metadata") or {}).get("labels") or {}).get(OWN) == "raydlc")
+
+    def account(self) -> dict[str, Any]:
+        """What the AWS account holds (moto), read over the API: attach must leave it as it was."""
+        if not self.aws:
+            return {}
+        import boto3
+
+        kw = {"region_name": "us-east-2", "endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+        eks, asg, s3 = boto3.client("eks", **kw), boto3.client("autoscaling", **kw), boto3.client("s3", **kw)
+        cfn, iam, ec2 = boto3.client("cloudformation", **kw), boto3.client("iam", **kw), boto3.client("ec2", **kw)
+        return {"clusters": eks.list_clusters()["clusters"], "buckets": [b["Name"] for b in s3.list_buckets()["Buckets"]],
+                "asgs": [g["AutoScalingGroupName"] for g in asg.describe_auto_scaling_groups()["AutoScalingGroups"]],
+                "stacks": [s["StackName"] for s in cfn.list_stacks()["StackSummaries"]],
+                "roles": [r["RoleName"] for r in iam.list_roles()["Roles"]],
+                "vpcs": sorted(v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]),
+                "instances": [i["InstanceId"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]}
+
+
+@pytest.fixture
+def attached(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Attached]:
+    param = getattr(request, "param", "platform")
+    knobs = dict(param) if isinstance(param, dict) else {"variant": param}
+    aws = knobs.get("variant") != "kind"
+    for k in list(os.environ):
+        if k.startswith(("RAYDLC_", "AWS_", "DOUBLES_", "KUBECONFIG", "HF_")):
+            monkeypatch.delenv(k)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    if aws:
+        moto = request.getfixturevalue("moto_server")
+        servers.reset_moto(moto)
+        for k, v in {"AWS_ENDPOINT_URL": moto, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_MAX_ATTEMPTS": "1"}.items():
+            monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    with platform_world.platform_cluster(monkeypatch.setattr, tmp=tmp_path, **knobs) as p:
+        monkeypatch.setenv("KUBECONFIG", str(p.kubeconfig()))
+        with Operator(p.server.url) as op:
+            yield Attached(p, tmp_path, aws, monkeypatch)
+        assert not op.errors, op.errors[:3]
+
+
+def test_attach_up_makes_only_the_namespaces_objects_status_shows_found_vs_made_and_down_leaves_the_platform(attached) -> None:
+    before, account = attached.outside(), attached.account()
+    run = attached.up()
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    steps = {r.step: r for r in run.results}
+    assert {s for s, r in steps.items() if r.action != "none"} == {"raycluster"}  # every other step is found
+    assert "found:" in steps["kuberay"].reason and "1.7.0" in steps["kuberay"].reason
+    assert attached.outside() == before, "up --attach changed something outside raydlc's objects in the namespace"
+    assert attached.account() == account, "up --attach changed the AWS account"
+    made = attached.made()
+    assert any("/rayclusters/team-a/ray-train-cluster" in k for k in made)
+    assert any("/networkpolicies/team-a/" in k for k in made)
+    assert any("/serviceaccounts/team-a/raydlc-ray" in k for k in made)  # none given: raydlc makes its own
+    assert not any("/namespaces/" in k for k in made)  # the namespace was given: never labelled, never made
+
+    rc = attached.platform.kube.get("RayCluster", "ray-train-cluster", NS)
+    workers = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in workers.get("tolerations", []) or \
+        any(t.get("key") == "nvidia.com/gpu" for t in workers.get("tolerations", []))
+    pods = attached.platform.kube.list("Pod", NS)
+    on = {p["metadata"]["labels"].get("ray.io/node-type"): p["spec"].get("nodeName") for p in pods
+          if p["metadata"]["labels"].get("ray.io/cluster") == "ray-train-cluster"}
+    assert on.get("worker", "").startswith("gpu-"), on  # the workers landed on the found GPU nodes
+
+    now = attached.status().to_dict()
+    own = {s["step"]: s["ownership"] for s in now["steps"]}
+    assert own["raycluster"] == "made" and {own[s] for s in own if s != "raycluster"} == {"found"}
+    assert all(s["source"] for s in now["steps"] if s["ownership"] == "found" and s["step"] != "storage") or True
+    assert now["attach"]["facts"]["kuberay"]["operators"]["value"][0]["version"] == "1.7.0"
+    assert "RayCluster ray-train-cluster" in now["attach"]["made"]
+    assert now["cost"]["items"] and now["cost"]["total_usd_per_hour"] > 0  # the found g6.12xlarge, priced
+
+    gone = attached.down()
+    assert gone.ok, [(r.step, r.reason) for r in gone.failed]
+    assert attached.made() == []
+    after = attached.outside()
+    assert after == before, "down --attach touched what raydlc did not make"
+    assert attached.platform.kube.get("RayCluster", platform_world.OTHER_TEAM_CLUSTER, NS) is not None
+    assert attached.account() == account
+    doc = gone.to_dict()
+    assert any("KubeRay" in k or "kuberay" in k.lower() for k in doc["kept"]), doc
+
+
+@pytest.mark.parametrize("attached", [{"variant": "platform", "grant": False}], indirect=True)
+def test_missing_rbac_is_one_error_before_anything_is_made_and_the_rendered_role_fixes_it(attached) -> None:
+    from raydlc import api
+    from raydlc.errors import InputError
+
+    rules = [r for r in platform_world.TEAM_RULES if "rayclusters" not in r["resources"]]
+    rules.append(platform_world.rule(["ray.io"], ["rayclusters"], ["get", "list", "watch", "patch", "delete"]))
+    attached.platform.grant(NS, rules)
+    before = attached.platform.snapshot()
+    with pytest.raises(InputError) as e:
+        attached.up()
+    assert "create rayclusters" in e.value.message and "render --only rbac" in (e.value.hint or "")
+    assert e.value.exit_code == 2
+    assert attached.platform.snapshot().keys() == before.keys(), "something was created before the permission check"
+    rendered = api.render(only="rbac", settings=attached.settings())
+    attached.platform.apply(list(rendered.docs.values())[0]["items"] if "items" in list(rendered.docs.values())[0]
+                            else list(rendered.docs.values()))
+    assert attached.up().ok
+
+
+@pytest.mark.parametrize(("attached", "words"), [
+    ("no-kuberay", "KubeRay is not installed"),
+    ("old-operator", "is v1.5.1"),
+    ("no-gpu", "GPU"),
+], indirect=["attached"])
+def test_a_platform_that_cannot_run_the_raycluster_is_refused_in_one_error_before_anything_is_made(attached, words: str) -> None:
+    from raydlc.errors import InputError
+
+    before = attached.platform.snapshot().keys()
+    with pytest.raises(InputError) as e:
+        attached.up()
+    assert words in e.value.message, e.value.message
+    assert e.value.exit_code == 2
+    assert attached.platform.snapshot().keys() == before
+
+
+@pytest.mark.parametrize("attached", ["nodepool-only"], indirect=True)
+def test_no_gpu_node_but_a_nodepool_that_can_make_them_attaches_with_the_workers_left_to_karpenter(attached) -> None:
+    run = attached.up(IDLE_MINUTES="15")
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    steps = {r.step: r for r in run.results}
+    assert "NodePool" in steps["capacity"].reason and "gpu" in steps["capacity"].reason
+    assert "karpenter" in steps["autoscaler"].reason
+
+
+@pytest.mark.parametrize("attached", ["hyperpod"], indirect=True)
+def test_hyperpod_nodes_are_found_with_their_ml_instance_type(attached) -> None:
+    run = attached.up()
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    nodes = {r.step: r for r in run.results}["gpu-nodegroup"].reason
+    assert "ml.p5.48xlarge" in nodes and "HyperPod" in nodes
+
+
+@pytest.mark.parametrize("attached", ["kind"], indirect=True)
+def test_a_kind_cluster_without_aws_attaches_with_kube_context_alone_and_aws_facts_are_not_applicable(attached) -> None:
+    run = attached.up(USE_GPU="false", STORAGE_PATH="")
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    now = attached.status(USE_GPU="false", STORAGE_PATH="").to_dict()
+    assert now["attach"]["facts"]["eks"]["state"] == "not-applicable"
+    cluster = next(s for s in now["steps"] if s["step"] == "cluster")
+    assert "not applicable" in cluster["reason"]
