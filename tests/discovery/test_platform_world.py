@@ -117,3 +117,15 @@ def test_every_variant_has_its_shape(platform: Any, request: pytest.FixtureReque
     for n in gpus:
         if n["metadata"]["labels"]["node.kubernetes.io/instance-type"].startswith("ml."):
             assert n["metadata"]["labels"]["sagemaker.amazonaws.com/node-health-status"] == "Schedulable"
+
+
+def test_the_emulated_operator_reconciles_only_the_namespaces_it_watches(platform: Any) -> None:
+    from kuberay import Operator
+
+    op = Operator(platform.server.url)
+    platform.install_kuberay("1.7.0", watch=["team-c"])
+    op.tick(), op.tick()  # the first sighting of a cluster only starts its pod delay
+    assert [p["metadata"]["name"] for p in platform.kube.list("Pod", pw.NAMESPACE)] == []  # team-b-ray in team-a: not watched
+    platform.install_kuberay("1.7.0")  # the platform widens it to every namespace
+    op.tick(), op.tick()
+    assert [p["metadata"]["name"] for p in platform.kube.list("Pod", pw.NAMESPACE)] == [f"{pw.OTHER_TEAM_CLUSTER}-head"]

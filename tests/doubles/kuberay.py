@@ -119,6 +119,18 @@ class Operator:
                 return int((d.get("status") or {}).get("availableReplicas", 0) or 0) >= 1
         return False
 
+    def watched(self) -> set[str]:
+        """The operator's `--watch-namespace` list (KubeRay v1.7.0 main.go: comma-separated; empty or absent: all)."""
+        for d in self.kube.list("Deployment"):
+            if d["metadata"]["name"] == "kuberay-operator":
+                args = [str(a) for c in d["spec"]["template"]["spec"].get("containers") or [] for a in c.get("args") or []]
+                for i, a in enumerate(args):
+                    if a == "--watch-namespace" and i + 1 < len(args):
+                        return {n for n in args[i + 1].split(",") if n}
+                    if a.startswith("--watch-namespace="):
+                        return {n for n in a.split("=", 1)[1].split(",") if n}
+        return set()
+
     def tick(self) -> None:
         clusters = self.kube.list("RayCluster")
         if not clusters and not self.first_seen:
@@ -132,7 +144,10 @@ class Operator:
                     self.kube.delete(kind, p["metadata"]["name"], p["metadata"]["namespace"])
         if not self.operator_up():
             return
+        watched = self.watched()
         for rc in clusters:
+            if watched and rc["metadata"]["namespace"] not in watched:
+                continue  # an operator started with --watch-namespace reconciles only those namespaces
             try:
                 self._reconcile(rc, pods)
             except RuntimeError as e:
