@@ -130,6 +130,8 @@ class GpuNode:
     ready: bool
     capacity_type: str | None  # "on-demand", "spot", "capacity-block", "reserved"; None when no label says
     hyperpod: bool  # a SageMaker HyperPod node (sagemaker.amazonaws.com/* labels)
+    cpu_m: int = 0  # allocatable CPU in millicores (0: not reported)
+    memory_mi: int = 0  # allocatable memory in MiB (0: not reported)
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

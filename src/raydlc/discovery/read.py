@@ -126,6 +126,21 @@ def quantity(v: Any) -> int:
         return 0
 
 
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "": 1}
+
+
+def cpu_millis(v: Any) -> int:
+    """A CPU quantity (`47810m`, `48`) in millicores; 0 when absent or unreadable."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", str(v or ""))
+    return 0 if not m else int(float(m.group(1)) * (1 if m.group(2) else 1000))
+
+
+def mebibytes(v: Any) -> int:
+    """A memory quantity (`190000Mi`, `200Gi`, bytes) in MiB; 0 when absent or unreadable."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T|)", str(v or ""))
+    return 0 if not m else int(float(m.group(1)) * UNITS[m.group(2)] // 2**20)
+
+
 def capacity_type(labels: Mapping[str, str]) -> str | None:
     raw = labels.get(EKS_CAPACITY) or labels.get(KARPENTER_CAPACITY)
     return CAPACITY.get(raw, raw.lower()) if raw else None
@@ -144,7 +159,8 @@ def gpu_nodes(nodes: Sequence[Mapping[str, Any]]) -> tuple[GpuNode, ...]:
             name=str(n["metadata"]["name"]), instance_type=itype, gpus=quantity(alloc.get(GPU)), efa=quantity(alloc.get(EFA)),
             taints=taints_of((n.get("spec") or {}).get("taints") or []), labels=tuple(sorted(labels.items())), ready=ready,
             capacity_type=capacity_type(labels),
-            hyperpod=any(k.startswith(HYPERPOD_PREFIX) for k in labels) or (itype or "").startswith("ml.")))
+            hyperpod=any(k.startswith(HYPERPOD_PREFIX) for k in labels) or (itype or "").startswith("ml."),
+            cpu_m=cpu_millis(alloc.get("cpu")), memory_mi=mebibytes(alloc.get("memory"))))
     return tuple(sorted(out, key=lambda g: g.name))
 
 

@@ -18,6 +18,8 @@ from raydlc.errors import InputError, KubeError
 from raydlc.lifecycle.types import Observation
 from raydlc.render import FILES
 
+CPU_WORKER_M, CPU_WORKER_MI = 1000, 2048  # a CPU Ray worker on a cluster without GPUs (USE_GPU=false)
+
 if TYPE_CHECKING:
     from raydlc.discovery.facts import ClusterFacts, Fact
     from raydlc.edges.kube import Kube
@@ -120,21 +122,26 @@ def refuse(ctx: Context, found: ClusterFacts) -> None:
     for note in checked.notes:
         ctx.reporter.line("kuberay", f"note: {note}")
     op = operator.require(checked)
-    _refuse_no_capacity(ctx, found)
+    ctx.target = target_for(ctx, found)
     if op is not None and op.namespace != ctx.cfg.ray.operator_namespace:
         ctx.cfg = ctx.cfg.model_copy(update={"ray": ctx.cfg.ray.model_copy(update={"operator_namespace": op.namespace})})
 
 
-def _refuse_no_capacity(ctx: Context, found: ClusterFacts) -> None:
-    """GPU training on a cluster with no GPU now and none that can come (no NodePool admitting a GPU type, no node
-    group at zero): one line. USE_GPU=false asks for CPU Ray, which any cluster can run."""
-    if ctx.cfg.train.use_gpu is False or not found.gpu_nodes.is_known:
-        return
-    if found.gpu_nodes.get(()) or found.node_pools.get(()) or found.asg_groups.get(()):
-        return
-    raise InputError(f"no GPU capacity in the cluster behind {ctx.where}: no node with nvidia.com/gpu allocatable, no "
-                     "Karpenter NodePool that admits a GPU instance type, no node group at zero",
-                     hint="ask the platform team for GPU nodes (or a NodePool), or set USE_GPU=false for CPU Ray")
+def target_for(ctx: Context, found: ClusterFacts) -> Any:
+    """The worker group as the found capacity can run it (raydlc.discovery.target.pick; NoGpuCapacity, exit 2, when
+    there is none). USE_GPU=false on a cluster without GPUs (kind, CPU Ray): small CPU workers on any node."""
+    from raydlc.discovery import target
+
+    cfg = ctx.cfg
+    prefer = cfg.gpu_nodes.instance_type if cfg.source("GPU_NODE_TYPE") != "default" else None
+    try:
+        return target.pick(found, prefer=prefer, configured=(cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node))
+    except target.NoGpuCapacity:
+        if cfg.train.use_gpu is not False:
+            raise
+    return target.WorkerTarget(instance_type="cpu", gpus=0, efa=0, node_selector=(), tolerations=(),
+                               source="USE_GPU=false: CPU workers wherever they fit", cpu_m=CPU_WORKER_M,
+                               memory_mi=CPU_WORKER_MI, note="no GPU capacity: CPU Ray")
 
 
 def prepare(ctx: Context) -> None:

@@ -188,6 +188,10 @@ def attached_report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatu
 
     cfg = ctx.cfg
     kube = attach.reach(ctx)
+    try:
+        ctx.target = attach.target_for(ctx, attach.facts(ctx))  # the RayCluster `up --attach` would apply, to compare
+    except RaydlcError:
+        ctx.target = None
     steps = [_step_state(r, ctx) for r in resources]
     found = kube.nodes()
     ray = raycluster.view(ctx, kube)

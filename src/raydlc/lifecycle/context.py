@@ -102,6 +102,7 @@ class Context:
         self.notes: dict[str, list[str]] = {}  # per step: what was removed / found absent (down)
         self.attach = cfg.cluster.attach  # found platform vs made: which resources this run may act on (orders.resources)
         self._facts: Any = None
+        self.target: Any = None  # attached: the worker group's WorkerTarget, from the found capacity (lifecycle.attach)
         self.keeps_cluster = False  # `down --keep-cluster`: what is inside the cluster must be removed, not left to go with it
 
     # ------------------------------------------------------------------ edges
@@ -199,7 +200,7 @@ class Context:
         `cfg`: a variant of the run's config (spot-then-on-demand's on-demand fallback group)."""
         from raydlc.render import render_all
 
-        return render_all(cfg or self.cfg, list(zones), only=only)
+        return render_all(cfg or self.cfg, list(zones), only=only, target=self.target)
 
     def path_of(self, name: str) -> Path:
         return self.dir / name

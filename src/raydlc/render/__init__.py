@@ -31,10 +31,12 @@ KINDS = ("eksctl", "raycluster", "rayjob", "helm", "netpol")
 
 
 def render_all(
-    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None, prices: Mapping[str, float] | None = None
+    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None, prices: Mapping[str, float] | None = None,
+    target: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """filename -> document for every manifest (or only one kind); `zones`: AZs offering the GPU type, best first;
-    `prices`: USD per instance-hour the RayJob's budget deadline is priced at (the list prices by default)."""
+    `prices`: USD per instance-hour the RayJob's budget deadline is priced at (the list prices by default);
+    `target`: attached, the worker group as the found capacity can run it (raydlc.discovery.target.WorkerTarget)."""
     from raydlc.render.eksctl import render_eksctl
     from raydlc.render.helm import render_helm
     from raydlc.render.netpol import render_netpol
@@ -48,7 +50,7 @@ def render_all(
     if only in (None, "helm"):
         out.update(render_helm(cfg))
     if only in (None, "raycluster"):
-        out[FILES["raycluster"]] = render_raycluster(cfg)
+        out[FILES["raycluster"]] = render_raycluster(cfg, target)
     if only in (None, "rayjob"):
         out[FILES["rayjob"]] = render_rayjob(cfg, code_uri(cfg), prices)
     if only in (None, "netpol"):

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
 from raydlc.facts import instances
 from raydlc.render import auth, autoscaler, bucket, eksctl, nodes, ownership
-from raydlc.render.sizing import SUBMITTER, head_size, worker_size
+from raydlc.render.sizing import SUBMITTER, PodSize, head_size, worker_size
+
+if TYPE_CHECKING:
+    from raydlc.discovery.target import WorkerTarget
 
 API_VERSION = "ray.io/v1"
 CLUSTER_LABEL = "raydlc.io/cluster"  # on every pod of one Ray cluster; the NetworkPolicy keys on it
@@ -118,12 +121,12 @@ def attached_account(cfg: Config) -> str:
 
 
 def _on_system_node(cfg: Config) -> dict[str, Any]:
-    """The head and the submitter land on raydlc's system node group; attached, on whatever CPU node the platform's
+    """The RayJob submitter lands on raydlc's system node group; attached, on whatever CPU node the platform's
     scheduler picks (its nodes carry none of raydlc's labels)."""
     return {} if cfg.cluster.attach else {"nodeSelector": nodes.system_labels()}
 
 
-def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
+def _head_group(cfg: Config, instance: str, target: WorkerTarget | None = None) -> dict[str, Any]:
     size = head_size(cfg.system_nodes.instance_type, cfg.total_gpus, autoscaler.enabled(cfg))
     container = {
         "name": "ray-head",
@@ -143,7 +146,7 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
             "metadata": {"labels": {CLUSTER_LABEL: instance}},
             "spec": {
                 **_identity(cfg, bucket.SERVICE_ACCOUNT),
-                **_on_system_node(cfg),
+                **_head_placement(target),
                 "containers": [container],
                 "volumes": _volumes(),
             },
@@ -151,7 +154,60 @@ def _head_group(cfg: Config, instance: str) -> dict[str, Any]:
     }
 
 
-def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
+def _head_placement(target: WorkerTarget | None) -> dict[str, Any]:
+    """The head on raydlc's system node; on an attached cluster (a target) on any node that takes it, which is
+    one without the GPU nodes' taints: the head tolerates none of them."""
+    return {"nodeSelector": nodes.system_labels()} if target is None else {}
+
+
+def _attached_worker(cfg: Config, instance: str, target: WorkerTarget) -> dict[str, Any]:
+    """The GPU worker group as the attached cluster can run it (raydlc.discovery.target): the found type's
+    selector and taints' tolerations, GPUs per worker = GPUs per node, EFA only where the nodes offer it (and
+    NCCL left to pick its transport otherwise: a pinned Libfabric network without EFA fails the job)."""
+    from raydlc.discovery.read import base_type
+
+    if target.cpu_m and target.memory_mi:
+        size = PodSize(max(target.cpu_m // 1000, 1), max(target.memory_mi // 1024, 1))
+    else:
+        size = worker_size(base_type(target.instance_type))
+    devices = {nodes.GPU_RESOURCE: str(target.gpus)}
+    env = {"FI_PROVIDER": "efa"} if target.efa else {}
+    env.update({"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0"})
+    if target.efa:
+        devices[nodes.EFA_RESOURCE] = str(target.efa)
+        if cfg.ray.nccl_net:
+            env["NCCL_NET"] = cfg.ray.nccl_net
+    if target.gpudirect_rdma:
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    container = {
+        "name": "ray-worker",
+        "image": cfg.images.dlc_image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": _env(env) + _secret_env(),
+        "resources": size.resources(devices),
+        "volumeMounts": _volume_mounts(),
+        **({"lifecycle": _drain_hook()} if target.spot else {}),
+    }
+    spec: dict[str, Any] = {**_identity(cfg, bucket.WORKER_SERVICE_ACCOUNT), "nodeSelector": target.selector(),
+                            "containers": [container], "volumes": _volumes()}
+    if target.spot:
+        spec["terminationGracePeriodSeconds"] = SPOT_GRACE_S
+    if target.tolerations:
+        spec["tolerations"] = target.toleration_list()
+    low = 0 if autoscaler.enabled(cfg) else cfg.gpu_nodes.count
+    return {
+        "groupName": WORKER_GROUP,
+        "replicas": low,
+        "minReplicas": low,
+        "maxReplicas": cfg.gpu_nodes.count,
+        "rayStartParams": {"num-gpus": str(target.gpus)},
+        "template": {"metadata": {"labels": {CLUSTER_LABEL: instance}}, "spec": spec},
+    }
+
+
+def _worker_group(cfg: Config, instance: str, target: WorkerTarget | None = None) -> dict[str, Any]:
+    if target is not None:
+        return _attached_worker(cfg, instance, target)
     gpun = cfg.gpu_nodes
     size = worker_size(gpun.instance_type)
     it = instances.instance_type(gpun.instance_type)
@@ -188,13 +244,14 @@ def _worker_group(cfg: Config, instance: str) -> dict[str, Any]:
     }
 
 
-def cluster_spec(cfg: Config, instance: str) -> dict[str, Any]:
-    """The RayCluster spec; `instance` names the cluster in the pods' CLUSTER_LABEL."""
+def cluster_spec(cfg: Config, instance: str, target: WorkerTarget | None = None) -> dict[str, Any]:
+    """The RayCluster spec; `instance` names the cluster in the pods' CLUSTER_LABEL; `target` places the workers
+    on an attached cluster's GPU capacity (raydlc.discovery.target) instead of raydlc's own node groups."""
     spec: dict[str, Any] = {
         "rayVersion": cfg.images.ray_version,
         "enableInTreeAutoscaling": autoscaler.enabled(cfg),
-        "headGroupSpec": _head_group(cfg, instance),
-        "workerGroupSpecs": [_worker_group(cfg, instance)],
+        "headGroupSpec": _head_group(cfg, instance, target),
+        "workerGroupSpecs": [_worker_group(cfg, instance, target)],
     }
     if autoscaler.enabled(cfg):
         spec["autoscalerOptions"] = autoscaler_options(cfg)
@@ -209,7 +266,7 @@ def autoscaler_options(cfg: Config) -> dict[str, Any]:
     return {"version": "v2", "idleTimeoutSeconds": cfg.gpu_nodes.idle_minutes * 60, "upscalingMode": "Default"}
 
 
-def render_raycluster(cfg: Config) -> dict[str, Any]:
+def render_raycluster(cfg: Config, target: WorkerTarget | None = None) -> dict[str, Any]:
     """The RayCluster `up` applies. `upgradeStrategy: Recreate` makes KubeRay (v1.7.0 raycluster_controller.go,
     `shouldRecreatePodsForUpgrade`) delete every pod when the spec's hash (replicas and tolerations muted) no
     longer matches the head pod's, so a changed image or env reaches the pods; without it the old pods run on.
@@ -219,7 +276,7 @@ def render_raycluster(cfg: Config) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name, **ownership.labels(cfg)}},
-        "spec": {**cluster_spec(cfg, name), "upgradeStrategy": {"type": "Recreate"},
+        "spec": {**cluster_spec(cfg, name, target), "upgradeStrategy": {"type": "Recreate"},
                  "authOptions": auth.auth_options(cfg)},  # Ray token auth from the Secret `up` creates (render/auth.py)
     }
 
