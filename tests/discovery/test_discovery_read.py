@@ -94,3 +94,23 @@ def test_nodepool_requirements_admit_gpu_types_as_karpenter_reads_them() -> None
         {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["g6"]},
         {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "Lt", "values": ["8"]}]}}}})
     assert pool.instance_types == ("g6.12xlarge", "g6.24xlarge")
+
+
+def test_look_reads_and_rows_say_every_fact_with_its_source(platform: Any, user_kube: Any) -> None:
+    from raydlc.discovery.look import look, rows
+
+    table = {what: (found, source) for what, found, source in rows(look(user_kube, pw.NAMESPACE))}
+    assert table["KubeRay operator"] == ("v1.7.0 in kuberay-system, watches all namespaces", "list deployments (all namespaces)")
+    assert table["GPU nodes"][0] == "2/2 Ready g6.12xlarge (4 GPU, 1 EFA, on-demand; taints nvidia.com/gpu=true:NoSchedule)"
+    assert table["GPU NodePools"][0] == "gpu: g6.12xlarge, g6e.12xlarge (spot, on-demand)"
+    assert table["GPU node groups at 0"][0] == "unknown: AWS was not read"
+    assert table["Node autoscaler"][0] == "karpenter"
+
+
+@pytest.mark.parametrize("platform", [{"variant": "kind", "cluster_reads": False}], indirect=True)
+def test_rows_on_kind_without_cluster_reads(platform: Any, user_kube: Any) -> None:
+    from raydlc.discovery.look import look, rows
+
+    table = {what: found for what, found, _ in rows(look(user_kube, pw.NAMESPACE))}
+    assert table["EKS"].startswith("not applicable: not EKS (server v1.33.1)")
+    assert table["GPU nodes"].startswith("unknown: forbidden by RBAC: kubernetes: cannot list nodes (403 Forbidden")

@@ -118,3 +118,16 @@ def _aws_read(source: str, fn: Callable[[], list[dict[str, Any]]]) -> Raw:
         return Raw(source, items=tuple(fn()))
     except RaydlcError as e:
         return Raw(source, refused=e.message)
+
+
+CA_CLUSTER_TAG = "k8s.io/cluster-autoscaler/{cluster}"  # the Cluster Autoscaler's ASG auto-discovery tag (AWS provider)
+
+
+def auto_scaling_groups(client: Any, cluster: str) -> list[dict[str, Any]]:
+    """The Auto Scaling groups the Cluster Autoscaler discovers for `cluster` (tag key `k8s.io/cluster-autoscaler/<cluster>`,
+    as its `--node-group-auto-discovery=asg:tag=...` names them); `client` is an autoscaling client."""
+    from raydlc.edges import aws
+
+    flt = [{"Name": "tag-key", "Values": [CA_CLUSTER_TAG.format(cluster=cluster)]}]
+    return list(aws.paginate(client, "describe_auto_scaling_groups", "AutoScalingGroups", Filters=flt))
+
