@@ -43,9 +43,8 @@ class Attached:
                 "IDLE_MINUTES": "0", "GPU_NODE_COUNT": "2", **extra}
 
     def up(self, **extra: str) -> Any:
-        from raydlc.lifecycle import orders
-
         from raydlc.config import load_config
+        from raydlc.lifecycle import orders
 
         cfg = load_config(env={f"RAYDLC_{k}": v for k, v in self.settings(**extra).items()})
         from raydlc.lifecycle.context import with_plain_kubeconfig
@@ -198,9 +197,9 @@ def test_missing_rbac_is_one_error_before_anything_is_made_and_the_rendered_role
     assert "create rayclusters" in e.value.message and "render --only rbac" in (e.value.hint or "")
     assert e.value.exit_code == 2
     assert attached.made() == [] and not [k for k in attached.platform.snapshot() if RAY in k], "made before the check"
-    rendered = api.render(only="rbac", settings=attached.settings())
-    attached.platform.apply(list(rendered.docs.values())[0]["items"] if "items" in list(rendered.docs.values())[0]
-                            else list(rendered.docs.values()))
+    rendered = api.render(only="rbac", settings=attached.settings(), subject=f"User:{platform_world.USER}")
+    (doc,) = rendered.docs.values()
+    attached.platform.apply(doc["items"])  # what the platform team does with it
     assert attached.up().ok
 
 

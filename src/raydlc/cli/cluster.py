@@ -89,16 +89,17 @@ def _print_capacity(found: Any) -> None:
 def render(
     ctx: typer.Context,
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the files under DIR instead of printing YAML."),
-    only: str | None = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm or netpol."),
+    only: str | None = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm, netpol or rbac."),
     zones: str | None = typer.Option(
         None, "--zones", help="Availability Zones that offer the GPU type, best first (the capacity answer): us-east-2a,us-east-2b."
     ),
     json_: bool = typer.Option(False, "--json", help="Print JSON: the documents, or the files written."),
+    subject: str | None = typer.Option(None, "--subject", help="rbac: who the Role is bound to, User:NAME, Group:NAME or ServiceAccount:NAME (default: Group:raydlc-NAMESPACE)."),
 ) -> None:
-    """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy from the config."""
+    """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob, NetworkPolicy and (attach) RBAC from the config."""
     from raydlc import api
 
-    rendered = api.render(out=out, only=only, zones=zones, **config_args(ctx))
+    rendered = api.render(out=out, only=only, zones=zones, subject=subject, **config_args(ctx))
     report(rendered, json_, lambda: _print_rendered(rendered))
 
 

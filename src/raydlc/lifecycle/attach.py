@@ -67,18 +67,14 @@ def reach(ctx: Context) -> Kube:
 
 
 def check_permissions(ctx: Context, kube: Kube) -> None:
-    """Every verb on every resource raydlc will use, asked of Kubernetes (SelfSubjectAccessReview), before anything
-    is created: every refusal named in one InputError, which `raydlc render --only rbac` fixes."""
-    try:
-        from raydlc.discovery import access
-    except ImportError:  # TEMP until attach-discovery lands the access primitives
-        return
-    missing = access.missing(kube, ctx.cfg.cluster.namespace)
-    if missing:
-        ns = ctx.cfg.cluster.namespace
-        raise InputError(f"{ctx.where} may not {'; '.join(str(m) for m in missing)} in namespace {ns}: nothing was created",
-                         hint="ask the platform team to apply `raydlc render --only rbac` (a Role and RoleBinding in "
-                              f"{ns}), then run `raydlc up --attach` again")
+    """Every verb on every resource raydlc will use in the namespace, asked of Kubernetes (one SelfSubjectAccessReview
+    each, raydlc.discovery.access), before anything is created: every refusal named in one InputError, which
+    `raydlc render --only rbac` fixes. A missing cluster-scope read is a line: its fact will be unknown."""
+    from raydlc.discovery import access
+
+    reads = access.require(kube, ctx.cfg.cluster.namespace, service_account_given=bool(ctx.cfg.cluster.service_account))
+    if reads:
+        ctx.reporter.line("cluster", "note: may not " + ", ".join(str(n) for n in reads) + ": those facts are unknown")
 
 
 def check_service_account(ctx: Context, kube: Kube) -> None:
@@ -96,20 +92,15 @@ def check_service_account(ctx: Context, kube: Kube) -> None:
 def facts(ctx: Context) -> ClusterFacts:
     """What the attached cluster holds, read once per run (forbidden reads are unknown, never errors)."""
     if ctx._facts is None:
-        from raydlc.discovery.gather import gather
-        from raydlc.discovery.read import discover
+        from raydlc.discovery.gather import auto_scaling_groups
+        from raydlc.discovery.look import look
 
-        reads = gather(ctx.kube(), ctx.cfg.cluster.namespace, asgs=lambda: _asgs(ctx))
-        ctx._facts = discover(reads, context=ctx.kube_context, cluster_name=None if ctx.kube_context else ctx.cfg.cluster.name)
+        name = ctx.cfg.cluster.name
+        # asked only on AWS: credentials are first made there, so a cluster not on AWS never needs any
+        ctx._facts = look(ctx.kube(), ctx.cfg.cluster.namespace, context=ctx.kube_context,
+                          cluster_name=None if ctx.kube_context else name,
+                          asgs=lambda: auto_scaling_groups(ctx.aws("autoscaling"), name))
     return ctx._facts  # type: ignore[no-any-return]
-
-
-def _asgs(ctx: Context) -> list[dict[str, Any]]:
-    """The Auto Scaling groups (the Cluster Autoscaler's node groups at zero), asked only on AWS: credentials are
-    first made here, so a cluster that is not on AWS never needs any; a refusal is a RaydlcError (an unknown fact)."""
-    from raydlc.edges import aws
-
-    return list(aws.paginate(ctx.aws("autoscaling"), "describe_auto_scaling_groups", "AutoScalingGroups"))
 
 
 def refuse(ctx: Context, found: ClusterFacts) -> None:
