@@ -166,13 +166,13 @@ class Kube:
     @classmethod
     def from_kubeconfig(cls, path: str, context: str | None = None) -> Kube:
         """The server of `context` (kubectl's --context), else of the first cluster; an unknown context fails as
-        kubectl says it (`error: context "X" does not exist`)."""
+        kubectl says it (client-go tools/clientcmd/validation.go `errContextNotFound`)."""
         doc = yaml.safe_load(Path(path).read_text())
         if context is None:
             return cls(doc["clusters"][0]["cluster"]["server"])
         ctx = next((c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == context), None)
         if ctx is None:
-            fail(f'error: context "{context}" does not exist')
+            fail(f"Error in configuration: context was not found for specified context: {context}")
         cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
         return cls(cluster["server"])
 

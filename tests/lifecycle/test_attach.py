@@ -234,6 +234,18 @@ def test_hyperpod_nodes_are_found_with_their_ml_instance_type(attached) -> None:
     assert run.ok, [(r.step, r.reason) for r in run.failed]
     nodes = {r.step: r for r in run.results}["gpu-nodegroup"].reason
     assert "ml.p5.48xlarge" in nodes and "HyperPod" in nodes
+    # a budget is priced from the found type: SageMaker bills ml. types, raydlc's table has no price, so it is refused
+    from raydlc.config import load_config
+    from raydlc.errors import InputError
+    from raydlc.lifecycle.attach import priced_as_found
+    from raydlc.render.raycluster import job_deadline
+
+    cfg = priced_as_found(load_config(env={f"RAYDLC_{k}": v for k, v in attached.settings(JOB_MAX_COST_USD="50").items()}))
+    assert (cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node) == ("ml.p5.48xlarge", 8)
+    with pytest.raises(InputError, match="no hourly price"):
+        job_deadline(cfg)
+    status = attached.status().to_dict()
+    assert status["cost"]["total_usd_per_hour"] == 0 and any("ml.p5.48xlarge" in u for u in status["cost"]["unpriced"])
 
 
 @pytest.mark.parametrize("attached", ["kind"], indirect=True)
@@ -244,3 +256,39 @@ def test_a_kind_cluster_without_aws_attaches_with_kube_context_alone_and_aws_fac
     assert now["attach"]["facts"]["eks"]["state"] == "not-applicable"
     cluster = next(s for s in now["steps"] if s["step"] == "cluster")
     assert "not applicable" in cluster["reason"]
+
+
+@pytest.mark.slow  # a real Ray head, and raydlc's CLI in a subprocess
+def test_attach_then_submit_reaches_the_head_through_the_kube_context_and_down_leaves_the_platform(attached, tmp_path: Path) -> None:
+    """`submit` on an attached cluster: the head found through KUBE_CONTEXT, the token read from the Secret `up --attach`
+    made, the port-forward opened with `--context` (kubectl double), the job run on a real local Ray head standing in
+    for the head pod; `down --attach` after it leaves the platform as it was."""
+    import base64
+    import json
+    import subprocess
+
+    from raydlc.edges import local_head
+
+    attached.settled()
+    before = attached.outside()
+    assert attached.up().ok
+    secret = attached.platform.kube.get("Secret", f"{RAY}-ray-token", NS)
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.py").write_text("print('hello from an attached cluster', flush=True)\n")
+    with local_head.start_head(num_cpus=1, log_dir=tmp_path / "head-log", token=token, timeout=240) as head:
+        env, log = servers.doubles_env(tmp_path, sys.executable, {f"{NS}/{RAY}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS", "RAY_AUTH"))}
+        full.update(env, RAYDLC_ATTACH="true", RAYDLC_KUBE_CONTEXT="platform", RAYDLC_NAMESPACE=NS)
+        p = subprocess.run([sys.executable, "-m", "raydlc", "submit", "hello.py", "--json"], capture_output=True, text=True,
+                           cwd=work, env=full, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "hello from an attached cluster" in p.stdout + p.stderr
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert doc["target"] == "cluster" and doc["status"] == "SUCCEEDED", doc
+    forwards = [json.loads(line)["argv"] for line in log.read_text().splitlines() if "port-forward" in line]
+    assert forwards and all(a[a.index("--context") + 1] == "platform" for a in forwards), forwards
+    assert token not in p.stdout + p.stderr
+    assert attached.down().ok
+    assert attached.made() == [] and attached.outside() == before

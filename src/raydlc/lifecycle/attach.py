@@ -242,3 +242,22 @@ def found_storage(ctx: Context) -> Observation:
     if not path:
         return Observation("absent", f"no STORAGE_PATH: give s3://bucket/prefix the pods can write as {who}", doc)
     return Observation("ready", f"STORAGE_PATH {path}, written by the Ray pods as {who} (`raydlc verify` probes it)", doc)
+
+
+def priced_as_found(cfg: Any) -> Any:
+    """The config with GPU_NODE_TYPE and GPUS_PER_NODE as the attached RayCluster's worker group has them (its node
+    selector's instance type, its GPUs), so that a job's budget is priced from the found type: a type raydlc's table
+    lacks (HyperPod's `ml.` types) has no price, and the budget is refused, never kept at $0."""
+    from raydlc.edges.kube import Kube, load_client
+    from raydlc.lifecycle.context import kube_target, with_plain_kubeconfig
+
+    path, context = kube_target(with_plain_kubeconfig(cfg))
+    rc = Kube(load_client(path, context)).get("ray.io/v1", "RayCluster", cfg.ray.cluster_name, cfg.cluster.namespace) or {}
+    groups = (rc.get("spec") or {}).get("workerGroupSpecs") or []
+    spec = ((groups[0].get("template") or {}).get("spec") or {}) if groups else {}
+    itype = (spec.get("nodeSelector") or {}).get("node.kubernetes.io/instance-type")
+    gpus = str((groups[0].get("rayStartParams") or {}).get("num-gpus", "")) if groups else ""
+    if not itype or not gpus.isdigit() or int(gpus) < 1:
+        return cfg
+    found = cfg.gpu_nodes.model_copy(update={"instance_type": itype, "gpus_per_node": int(gpus)})
+    return cfg.model_copy(update={"gpu_nodes": found})
