@@ -245,7 +245,14 @@ def test_hyperpod_nodes_are_found_with_their_ml_instance_type(attached) -> None:
     with pytest.raises(InputError, match="no hourly price"):
         job_deadline(cfg)
     status = attached.status().to_dict()
-    assert status["cost"]["total_usd_per_hour"] == 0 and any("ml.p5.48xlarge" in u for u in status["cost"]["unpriced"])
+    assert any("ml.p5.48xlarge" in u for u in status["cost"]["unpriced"])
+    from rich.console import Console
+
+    from raydlc.views.lifecycle import print_status
+
+    out = Console(width=200, record=True)
+    print_status(status, out)
+    assert "unknown price: 2 × ml.p5.48xlarge" in " ".join(out.export_text().split())
 
 
 @pytest.mark.parametrize("attached", ["kind"], indirect=True)

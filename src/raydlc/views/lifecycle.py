@@ -248,7 +248,8 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
         else:
             parts.append(Text(f"{title}; no checkpoints yet"))
     cost = doc["cost"]
-    money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate)")
+    unknown = f" + unknown price: {', '.join(cost['unpriced'])}" if cost["unpriced"] else ""  # never counted as $0
+    money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate){unknown}")
     for col in ("item", "count", "USD/h"):
         money.add_column(col)
     for i in cost["items"]:
