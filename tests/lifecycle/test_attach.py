@@ -140,6 +140,7 @@ def attached(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tm
         assert not op.errors, op.errors[:3]
 
 
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
 def test_attach_up_makes_only_the_namespaces_objects_status_shows_found_vs_made_and_down_leaves_the_platform(attached) -> None:
     attached.settled()
     before, account = attached.outside(), attached.account()
@@ -184,6 +185,7 @@ def test_attach_up_makes_only_the_namespaces_objects_status_shows_found_vs_made_
     assert any("KubeRay" in k or "kuberay" in k.lower() for k in doc["kept"]), doc
 
 
+@pytest.mark.slow  # the refusal, then up end to end once the rendered Role is applied
 @pytest.mark.parametrize("attached", [{"variant": "platform", "grant": False}], indirect=True)
 def test_missing_rbac_is_one_error_before_anything_is_made_and_the_rendered_role_fixes_it(attached) -> None:
     from raydlc import api
@@ -219,6 +221,7 @@ def test_a_platform_that_cannot_run_the_raycluster_is_refused_in_one_error_befor
     assert attached.made() == [] and not [k for k in attached.platform.snapshot() if RAY in k]  # nothing was made
 
 
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
 @pytest.mark.parametrize("attached", ["nodepool-only"], indirect=True)
 def test_no_gpu_node_but_a_nodepool_that_can_make_them_attaches_with_the_workers_left_to_karpenter(attached) -> None:
     run = attached.up(IDLE_MINUTES="15")
@@ -228,6 +231,7 @@ def test_no_gpu_node_but_a_nodepool_that_can_make_them_attaches_with_the_workers
     assert "karpenter" in steps["autoscaler"].reason
 
 
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
 @pytest.mark.parametrize("attached", ["hyperpod"], indirect=True)
 def test_hyperpod_nodes_are_found_with_their_ml_instance_type(attached) -> None:
     run = attached.up()
@@ -255,6 +259,7 @@ def test_hyperpod_nodes_are_found_with_their_ml_instance_type(attached) -> None:
     assert "unknown price: 2 × ml.p5.48xlarge" in " ".join(out.export_text().split())
 
 
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
 @pytest.mark.parametrize("attached", ["kind"], indirect=True)
 def test_a_kind_cluster_without_aws_attaches_with_kube_context_alone_and_aws_facts_are_not_applicable(attached) -> None:
     run = attached.up(USE_GPU="false", STORAGE_PATH="")

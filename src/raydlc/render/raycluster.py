@@ -146,7 +146,7 @@ def _head_group(cfg: Config, instance: str, target: WorkerTarget | None = None) 
             "metadata": {"labels": {CLUSTER_LABEL: instance}},
             "spec": {
                 **_identity(cfg, bucket.SERVICE_ACCOUNT),
-                **_head_placement(target),
+                **({} if cfg.cluster.attach else _head_placement(target)),  # attached: no raydlc system node, target or not
                 "containers": [container],
                 "volumes": _volumes(),
             },
