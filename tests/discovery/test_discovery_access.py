@@ -48,6 +48,9 @@ def test_applying_the_rendered_rbac_makes_the_check_pass_and_the_requests_succee
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "raydlc-ray", "namespace": pw.NAMESPACE}}
     user_kube.create(sa)  # what the review allowed, the real request may do
     assert user_kube.get("v1", "ServiceAccount", "raydlc-ray", pw.NAMESPACE) is not None
+    assert user_kube.get("v1", "Namespace", pw.NAMESPACE) is not None  # `get namespaces` in a Role: its own namespace
+    with pytest.raises(KubeError):
+        user_kube.get("v1", "Namespace", "kube-system")
     status, body = user_kube.request("POST", f"/api/v1/namespaces/{pw.NAMESPACE}/pods/x/exec")
     assert status == 403 and 'cannot create resource "pods/exec"' in body["message"]  # and nothing beyond: no exec
     with pytest.raises(KubeError):

@@ -129,3 +129,12 @@ def test_the_emulated_operator_reconciles_only_the_namespaces_it_watches(platfor
     platform.install_kuberay("1.7.0")  # the platform widens it to every namespace
     op.tick(), op.tick()
     assert [p["metadata"]["name"] for p in platform.kube.list("Pod", pw.NAMESPACE)] == [f"{pw.OTHER_TEAM_CLUSTER}-head"]
+
+
+@pytest.mark.parametrize("platform", [{"variant": "kind", "cluster_reads": False}], indirect=True)
+def test_authorization_comes_before_the_group_is_looked_up(platform: Any, user_kube: Any) -> None:
+    status, _ = user_kube.request("GET", "/apis/karpenter.sh/v1/nodepools")
+    assert status == 403  # refused the read: told so, whether or not Karpenter is installed
+    platform.grant_cluster(pw.DISCOVERY_RULES)
+    status, _ = user_kube.request("GET", "/apis/karpenter.sh/v1/nodepools")
+    assert status == 404  # allowed: now the API server says the group is not served

@@ -127,11 +127,13 @@ class Rbac:
         path = request.url.path
         if method == "GET" and path == "/version":
             return 200, {"major": "1", "minor": "33", "gitVersion": self.server_version, "platform": "linux/amd64"}
-        if any(path.startswith(f"/apis/{g}/") or path == f"/apis/{g}" for g in self.absent_groups):
-            return 404, "404 page not found"  # the API server's answer for a group no CRD or aggregated API serves
+        absent = any(path.startswith(f"/apis/{g}/") or path == f"/apis/{g}" for g in self.absent_groups)
+        # the API server's answer for a group no CRD or aggregated API serves; authorization comes first (its filter
+        # runs before the handler), so a caller refused the request is told 403 whether or not the group exists
+        not_served = (404, "404 page not found")
         auth = (request.headers or {}).get("Authorization", "")
         if not auth:
-            return None  # the test's own request: a cluster admin
+            return not_served if absent else None  # the test's own request: a cluster admin
         token = auth.removeprefix("Bearer ").strip()
         if token not in self.users:
             return 401, status(401, "Unauthorized", "Unauthorized")
@@ -140,9 +142,9 @@ class Rbac:
             return 201, self.review(handler, request.data or {}, user, groups)
         attrs = request_attributes(method, path, request.params or {})
         if not attrs["resource_request"] and method == "GET":
-            return None  # discovery and /version: system:discovery and system:public-info-viewer grant them to all
+            return not_served if absent else None  # discovery: system:discovery grants it to every authenticated user
         if self.allowed(handler, attrs, user, groups) is not None:
-            return None
+            return not_served if absent else None
         message = forbidden(attrs, user)
         self.refused.append(message)
         details = {"name": attrs.get("name", ""), "group": attrs.get("group", ""), "kind": attrs.get("resource", "")}

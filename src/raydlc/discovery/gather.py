@@ -65,20 +65,6 @@ def _crds(kube: Kube) -> list[dict[str, Any]]:
     return [c for c in found if c is not None]
 
 
-def _served(kube: Kube, api_version: str, kind: str) -> list[dict[str, Any]] | None:
-    """A list of a kind that may not be served at all (Karpenter's NodePool): None when the API answers 404."""
-    from raydlc.edges.kube import kind_of
-
-    status, body = kube.request("GET", kind_of(api_version, kind).path())
-    if status == 404:
-        return None
-    if not 200 <= status < 300:
-        from raydlc.edges.kube import _error
-
-        raise _error(status, body, f"GET {kind_of(api_version, kind).path()}", f"list {kind_of(api_version, kind).plural}")
-    return list((body or {}).get("items") or [])
-
-
 def _deployments(kube: Kube, namespace: str) -> Raw:
     everywhere = _read("list deployments (all namespaces)", lambda: kube.list("apps/v1", "Deployment"))
     if everywhere.answered:
@@ -101,7 +87,7 @@ def gather(kube: Kube, namespace: str, *, asgs: Callable[[], list[dict[str, Any]
         deployments=_deployments(kube, namespace),
         nodes=nodes,
         daemonsets=_read("list daemonsets (all namespaces)", lambda: kube.list("apps/v1", "DaemonSet")),
-        nodepools=_read("list nodepools.karpenter.sh/v1", lambda: _served(kube, "karpenter.sh/v1", "NodePool")),
+        nodepools=_read("list nodepools.karpenter.sh/v1", lambda: kube.list_if_served("karpenter.sh/v1", "NodePool")),
         asgs=_aws_read("autoscaling:DescribeAutoScalingGroups", asgs) if aws and asgs is not None else None,
     )
 

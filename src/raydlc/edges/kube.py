@@ -252,6 +252,13 @@ class Kube:
             return []
         return list(body.get("items") or [])
 
+    def list_if_served(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]] | None:
+        """Like `list`, but None when the API server does not serve the kind at all (its CRD or API group is absent:
+        Karpenter's NodePool on a cluster without Karpenter), which `list` reads as no objects."""
+        k = kind_of(api_version, kind)
+        body = self._call("GET", k.path(namespace), f"list {k.plural}", ok_missing=True)
+        return None if body is None else list(body.get("items") or [])
+
     def create(self, doc: Mapping[str, Any]) -> dict[str, Any]:
         k, name, ns = _ident(doc)
         return self._call("POST", k.path(ns), f"create {k.kind} {name}", body=dict(doc), query={"fieldManager": FIELD_MANAGER})
