@@ -172,6 +172,16 @@ def test_attach_up_makes_only_the_namespaces_objects_status_shows_found_vs_made_
     assert all(s["source"] for s in now["steps"] if s["ownership"] == "found" and s["step"] != "storage") or True
     assert now["attach"]["facts"]["kuberay"]["operators"]["value"][0]["version"] == "1.7.0"
     assert "RayCluster ray-train-cluster" in now["attach"]["made"]
+    found = {r["what"]: r for r in now["attach"]["found"]}
+    assert found["KubeRay operator"]["source"] and "v1.7.0 in kuberay-system" in found["KubeRay operator"]["found"]
+    from rich.console import Console
+
+    from raydlc.views.lifecycle import print_status
+
+    out = Console(width=80, record=True)
+    print_status(now, out)
+    text = out.export_text()
+    assert "found (the platform's, never changed)" in text and "made by raydlc" in text
     assert now["cost"]["items"] and now["cost"]["total_usd_per_hour"] > 0  # the found g6.12xlarge, priced
 
     gone = attached.down()

@@ -204,8 +204,12 @@ def attached_report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatu
     cost = {**cost, "prices": cost["prices"] + "; the platform's GPU nodes, which it bills, not raydlc"}
     made = [f"{kind} {k8s.name_of(o)}" for av, kind in ownership.NAMESPACED_KINDS
             for o in kube.list(av, kind, cfg.cluster.namespace, labels=ownership.selector(cfg)) if ownership.made(o, cfg)]
+    from raydlc.discovery.look import rows
+
     doc = {"context": ctx.kube_context, "kubeconfig": str(ctx.kubeconfig), "namespace": cfg.cluster.namespace,
-           "made": made, "selector": ownership.selector(cfg), "facts": facts.to_dict()}
+           "made": made, "selector": ownership.selector(cfg), "facts": facts.to_dict(),
+           "found": [{"what": w, "found": f, "source": src} for w, f, src in rows(facts)],
+           "target": ctx.target.to_dict() if ctx.target is not None else None}
     eks = facts.eks.value if facts.eks.is_known else None
     return ClusterStatus(cfg.cluster.name, cfg.cluster.region, "ATTACHED" + (" (EKS)" if eks is not None else ""),
                          ctx.where, tuple(steps), tuple(nodes), ray, cost, None, None, doc)

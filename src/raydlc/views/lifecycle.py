@@ -215,6 +215,12 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
                       Text(s["state"], style=colors.get(s["state"], "")), reason)
     parts: list[Any] = [steps]
     if attached:
+        found = Table(title="found (the platform's, never changed)")
+        for col in ("what", "found", "read from"):
+            found.add_column(col, overflow="fold")
+        for row in attached.get("found") or []:
+            found.add_row(row["what"], escape(row["found"]), escape(row["source"]))
+        parts.append(found)
         made = ", ".join(attached["made"]) or "nothing yet"
         parts.append(Text(f"made by raydlc ({attached['selector']}): {made}"))
     if doc["nodes"]:
