@@ -75,12 +75,12 @@ def _keep_replicas(doc: dict[str, Any], live: dict[str, Any] | None) -> dict[str
 
 
 def _namespace_doc(ctx: Context, kube: k8s.Kube | None) -> list[dict[str, Any]]:
-    """The namespace, when raydlc makes it: absent (or made by raydlc before); one that exists without raydlc's labels
-    was given, and is neither labelled nor ever deleted by raydlc. Without `kube` (a plan before the API is reachable),
-    listed as to be made."""
+    """The namespace, when raydlc makes it. On its own cluster, always (eksctl may have made it first, for the pod
+    identities: it is raydlc's all the same, labelled and deleted as such). Attached, only when absent (or made by
+    raydlc before): one that exists without raydlc's labels was given, and is neither labelled nor ever deleted."""
     cfg = ctx.cfg
     ns = cfg.cluster.namespace
-    if kube is not None:
+    if kube is not None and ctx.attach:
         have = kube.get("v1", "Namespace", ns)
         if have is not None and not _ours(have, ctx):
             return []
