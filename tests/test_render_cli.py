@@ -158,8 +158,8 @@ def test_render_refuses_a_document_its_schema_rejects_and_writes_nothing(tmp_pat
 
     real = rc.render_raycluster
 
-    def misspelt(cfg):
-        doc = real(cfg)
+    def misspelt(cfg, target=None):
+        doc = real(cfg, target)
         doc["spec"]["headGroupSpec"]["rayStartParam"] = doc["spec"]["headGroupSpec"].pop("rayStartParams")
         return doc
 

@@ -95,6 +95,7 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     ap = argparse.ArgumentParser(prog="kubectl", add_help=False)
     ap.add_argument("--kubeconfig")
+    ap.add_argument("--context")
     ap.add_argument("-n", "--namespace", default="default")
     ap.add_argument("command")
     ap.add_argument("args", nargs="*")
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
     kubeconfig = ns.kubeconfig or os.environ.get("KUBECONFIG")
     if not kubeconfig:
         fail("error: no kubeconfig")
-    port_forward(Kube.from_kubeconfig(kubeconfig), ns.namespace, ns.args[0], ns.args[1], ns.address)
+    port_forward(Kube.from_kubeconfig(kubeconfig, ns.context), ns.namespace, ns.args[0], ns.args[1], ns.address)
     return 0
 
 

@@ -164,9 +164,17 @@ class Kube:
         self.url = url.rstrip("/")
 
     @classmethod
-    def from_kubeconfig(cls, path: str) -> Kube:
+    def from_kubeconfig(cls, path: str, context: str | None = None) -> Kube:
+        """The server of `context` (kubectl's --context), else of the first cluster; an unknown context fails as
+        kubectl says it (client-go tools/clientcmd/validation.go `errContextNotFound`)."""
         doc = yaml.safe_load(Path(path).read_text())
-        return cls(doc["clusters"][0]["cluster"]["server"])
+        if context is None:
+            return cls(doc["clusters"][0]["cluster"]["server"])
+        ctx = next((c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == context), None)
+        if ctx is None:
+            fail(f"Error in configuration: context was not found for specified context: {context}")
+        cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
+        return cls(cluster["server"])
 
     def path(self, kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
         base, plural, namespaced = PATHS[kind]

@@ -68,9 +68,13 @@ def up(
         assert "eksctl create cluster --config-file" in plan.to_dict()["steps"][2]["command"]
     """
     from raydlc.lifecycle import orders
+    from raydlc.lifecycle.context import with_plain_kubeconfig
 
     cfg = load(config, settings, KUBECONFIG=_kubeconfig(kubeconfig))
-    _check_kubeconfig_target(cfg)
+    if cfg.cluster.attach and cfg.cluster.kube_context:  # the user's kubeconfig, read as kubectl reads it
+        cfg = with_plain_kubeconfig(cfg)
+    else:
+        _check_kubeconfig_target(cfg)
     with aws.command_budget("up"):
         return orders.up(cfg, only=only, from_=from_, until=until, dry_run=dry_run, force=force, reporter=reporter, yes=yes)
 

@@ -70,10 +70,12 @@ def render(
     zones: str | Sequence[str] | None = None,
     config: str | os.PathLike[str] | None = None,
     settings: Mapping[str, Any] | None = None,
+    subject: str | None = None,
 ) -> Rendered:
     """Render the eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy of a config.
 
-    `only` picks one kind (eksctl, raycluster, rayjob, helm, netpol); `zones` are the
+    `only` picks one kind (eksctl, raycluster, rayjob, helm, netpol, rbac); `subject` is who `rbac`'s Role is bound
+    to (`User:alice`, `Group:ml-team`, `ServiceAccount:ci`; docs/attach.md); `zones` are the
     Availability Zones that offer the GPU type, best first (a list, or "a,b" as the flag
     takes them). With `out`, every file is written under that directory, or none is.
     With neither STORAGE_PATH nor STORAGE_BUCKET set, the runs go to the cluster's bucket,
@@ -107,7 +109,7 @@ def render(
         # stand-in account (that result is never shown), then with the real one.
         render_all(for_cluster(loaded, lambda: "000000000000"), zone_list, only=only)
     cfg = for_cluster(loaded, lambda: aws.account_id(loaded.cluster.region)) if needs_bucket else loaded
-    docs = render_all(cfg, zone_list, only=only)
+    docs = render_all(cfg, zone_list, only=only, subject=subject)
     files = tuple(write(docs, out)) if out is not None else ()
     code = _offer_code(cfg) if only in (None, "rayjob") else None
     return Rendered(docs, Path(out) if out is not None else None, files, code)

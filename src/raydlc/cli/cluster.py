@@ -16,10 +16,19 @@ from typer.core import TyperCommand
 
 from raydlc.cli.app import app, config_args, notice, report
 from raydlc.cli.options import JSON
+from raydlc.config.flags import named_settings, option, with_options
 from raydlc.errors import InputError
 from raydlc.views.output import console, err_console
 
 _STEPS = "{steps}"  # in an option's help: the steps of `up`, in order
+ATTACH_OPTIONS = [option("ATTACH"), option("KUBE_CONTEXT")]  # up, status, down: a cluster someone else runs
+
+
+def _attach_args(ctx: typer.Context, named: dict[str, Any], caller: str) -> dict[str, Any]:
+    """The global --config/--set with --attach and --kube-context on top (a flag outranks --set, as everywhere)."""
+    args = config_args(ctx)
+    args["settings"] = {**args["settings"], **named_settings(ATTACH_OPTIONS, named, caller=caller)}
+    return args
 
 
 class _NamesSteps(TyperCommand):
@@ -80,16 +89,17 @@ def _print_capacity(found: Any) -> None:
 def render(
     ctx: typer.Context,
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the files under DIR instead of printing YAML."),
-    only: str | None = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm or netpol."),
+    only: str | None = typer.Option(None, "--only", help="One kind: eksctl, raycluster, rayjob, helm, netpol or rbac."),
     zones: str | None = typer.Option(
         None, "--zones", help="Availability Zones that offer the GPU type, best first (the capacity answer): us-east-2a,us-east-2b."
     ),
     json_: bool = typer.Option(False, "--json", help="Print JSON: the documents, or the files written."),
+    subject: str | None = typer.Option(None, "--subject", help="rbac: who the Role is bound to, User:NAME, Group:NAME or ServiceAccount:NAME (default: Group:raydlc-NAMESPACE)."),
 ) -> None:
-    """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob and NetworkPolicy from the config."""
+    """Render eksctl ClusterConfig, Helm values, RayCluster, RayJob, NetworkPolicy and (attach) RBAC from the config."""
     from raydlc import api
 
-    rendered = api.render(out=out, only=only, zones=zones, **config_args(ctx))
+    rendered = api.render(out=out, only=only, zones=zones, subject=subject, **config_args(ctx))
     report(rendered, json_, lambda: _print_rendered(rendered))
 
 
@@ -105,6 +115,7 @@ def _print_rendered(rendered: Any) -> None:
 
 
 @app.command("up", cls=_NamesSteps)
+@with_options(ATTACH_OPTIONS)
 def up(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each step, whether it would act and why, and the exact command; change nothing."),
@@ -115,32 +126,41 @@ def up(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="Where raydlc writes and reads the cluster's kubeconfig [KUBECONFIG]."),
     force: bool = typer.Option(False, "--force", help="Use an existing cluster that raydlc did not create."),
     yes: bool = typer.Option(False, "--yes", help="Recreate the Ray pods when their templates changed (stops running jobs) without asking."),
+    *,
+    named: dict[str, Any],
 ) -> None:
-    """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
+    """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster.
+
+    With --attach: only the RayCluster and its namespace's objects, on a cluster a platform team runs (docs/attach.md).
+    """
     from raydlc import api
     from raydlc.views import lifecycle as view
 
-    args = config_args(ctx)
+    args = _attach_args(ctx, named, "up")
     run = lambda reporter: api.up(**args, only=only, from_=from_, until=until, dry_run=dry_run, force=force,
                                   kubeconfig=kubeconfig, reporter=reporter, yes=yes)
     raise typer.Exit(view.execute("up", run, json_=json_, dry_run=dry_run))
 
 
 @app.command("status")
+@with_options(ATTACH_OPTIONS)
 def status(
     ctx: typer.Context,
     json_: bool = JSON,
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="The cluster's kubeconfig [KUBECONFIG]."),
+    *,
+    named: dict[str, Any],
 ) -> None:
-    """Each step's state, the nodes and their GPUs/EFA, the RayCluster's pods, and the hourly cost."""
+    """Each step's state, the nodes and their GPUs/EFA, the RayCluster's pods, and the hourly cost (attached: found vs made)."""
     from raydlc import api
     from raydlc.views import lifecycle as view
 
-    found = api.status(**config_args(ctx), kubeconfig=kubeconfig)
+    found = api.status(**_attach_args(ctx, named, "status"), kubeconfig=kubeconfig)
     report(found, json_, lambda: view.print_status(found.to_dict(), console))
 
 
 @app.command("down")
+@with_options(ATTACH_OPTIONS)
 def down(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be removed and how; change nothing."),
@@ -152,8 +172,13 @@ def down(
                                         "(kept otherwise, with its checkpoints)."),
     yes: bool = typer.Option(False, "--yes", help="Do not ask before --delete-storage deletes the checkpoints."),
     local: bool = typer.Option(False, "--local", help="End raydlc's local Ray head instead (by its recorded PID and process group)."),
+    *,
+    named: dict[str, Any],
 ) -> None:
-    """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
+    """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills.
+
+    With --attach: only what raydlc made in the namespace (selected by its labels); the cluster stays.
+    """
     from raydlc import api
     from raydlc.views import lifecycle as view
 
@@ -167,7 +192,7 @@ def down(
         return
     if delete_storage and not (yes or dry_run):
         _confirm_delete_storage()
-    args = config_args(ctx)
+    args = _attach_args(ctx, named, "down")
     run = lambda reporter: api.down(**args, keep_cluster=keep_cluster, delete_storage=delete_storage, dry_run=dry_run,
                                     force=force, kubeconfig=kubeconfig, reporter=reporter)
     raise typer.Exit(view.execute("down", run, json_=json_, dry_run=dry_run))

@@ -54,6 +54,10 @@ _PY_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?[0-9A-Za-z]+)*$")
 # starting and ending with a letter or digit (dots are allowed by S3 but break virtual-hosted TLS; raydlc allows them).
 _NCCL_NET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A kubeconfig context name: kubectl accepts any text; raydlc refuses blanks inside, which no context it writes has
+_CONTEXT = re.compile(r"^\S{1,253}$")
+# A ServiceAccount's name is a DNS-1123 subdomain (Kubernetes apimachinery validation.IsDNS1123Subdomain): at most 253
+_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LORA_TARGETS = re.compile(r"^(q|k|v|o|gate|up|down)_proj(,(q|k|v|o|gate|up|down)_proj)*$")
 
 # A number with no bound of its own still gets one: a 26-digit node count is a typo, not a plan.
@@ -166,6 +170,20 @@ class ClusterConfig(_Section):
     kubeconfig: Unset = _env(
         "KUBECONFIG", "kubeconfig raydlc writes for the cluster and uses; empty = ~/.raydlc/<name>-<region>/kubeconfig "
         "(~/.kube/config only when given)", default=None,
+    )
+    attach: bool = _env(
+        "ATTACH", "attach to a Kubernetes cluster someone else runs: make only what lives in NAMESPACE (the RayCluster, its "
+        "Secret and NetworkPolicy), nothing at the AWS or cluster scope (docs/attach.md)", default=False,
+        flag=Flag("--attach", "Attach to a cluster a platform team runs: create only what lives in NAMESPACE (docs/attach.md)"),
+    )
+    kube_context: Annotated[str | None, Blank(), Shaped(_CONTEXT, "a kubeconfig context name (no blanks)")] = _env(
+        "KUBE_CONTEXT", "with ATTACH: the kubeconfig context of the cluster (in KUBECONFIG, else ~/.kube/config); "
+        "empty = the EKS cluster CLUSTER_NAME in REGION through raydlc's kubeconfig", default=None,
+        flag=Flag("--kube-context", "With --attach: the kubeconfig context of the cluster", default="the EKS cluster CLUSTER_NAME"),
+    )
+    service_account: Annotated[str | None, Blank(), Shaped(_SUBDOMAIN, "a ServiceAccount name (a DNS-1123 subdomain)")] = _env(
+        "SERVICE_ACCOUNT", "with ATTACH: the ServiceAccount in NAMESPACE the Ray pods run as (the one the platform gave "
+        "storage access); empty = raydlc makes its own, with no cloud access", default=None,
     )
 
 
@@ -563,6 +581,7 @@ def cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
         if it.gpus and it.efa_interfaces == 0:
             problems.append(("GPU_NODE_TYPE", f"{it.name} does not support EFA; choose an EFA-capable type"))
     problems += _idle_problems(cfg)
+    problems += _attach_problems(cfg)
     facts = images.image_facts(cfg.images.dlc_image)
     if facts is not None and facts.ray != cfg.images.ray_version and not cfg.images.force_ray_version:
         problems.append(
@@ -573,6 +592,15 @@ def cross_field_problems(cfg: Config) -> list[tuple[str, str]]:
             )
         )
     return problems
+
+
+def _attach_problems(cfg: Config) -> list[tuple[str, str]]:
+    """KUBE_CONTEXT and SERVICE_ACCOUNT name things of a cluster raydlc attaches to; without ATTACH they would be
+    silently unused (raydlc writes its own kubeconfig and makes its own service accounts)."""
+    if cfg.cluster.attach:
+        return []
+    return [(env, f"is only used with ATTACH=true (raydlc up --attach), got {shown(cfg.value(env))}")
+            for env in ("KUBE_CONTEXT", "SERVICE_ACCOUNT") if cfg.value(env) is not None]
 
 
 def _idle_problems(cfg: Config) -> list[tuple[str, str]]:

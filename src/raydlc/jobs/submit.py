@@ -71,6 +71,10 @@ def submit_builtin(cfg: Config, request: JobRequest, *, write: Write, notice: Wr
     """Run raydlc's training program with the config's settings; the budget and, locally, the model and data are checked first."""
     from raydlc.render.raycluster import price_env
 
+    if cfg.cluster.attach and cfg.train.max_cost_usd is not None and request.target.kind == targets.CLUSTER:
+        from raydlc.lifecycle.attach import priced_as_found
+
+        cfg = priced_as_found(cfg)  # the budget is kept at the found GPU type's price (unknown: refused, never $0)
     prices = _check_budget(cfg, request.target) if cfg.train.max_cost_usd is not None else None
     if request.target.kind == targets.LOCAL:
         _check_local_inputs(cfg)

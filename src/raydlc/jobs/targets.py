@@ -295,11 +295,13 @@ def find_head(kube: Kube, cfg: Config) -> ClusterHead:
 
 
 @contextlib.contextmanager
-def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead) -> Iterator[str]:
-    """`kubectl port-forward` to the head Service's dashboard port on 127.0.0.1, for one command."""
+def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead, context: str | None = None) -> Iterator[str]:
+    """`kubectl port-forward` to the head Service's dashboard port on 127.0.0.1, for one command (at `context`
+    of the kubeconfig when given: an attached cluster's KUBE_CONTEXT)."""
     from raydlc.edges.tools import ToolFailed, command
 
-    cmd = command("kubectl", "--kubeconfig", str(kubeconfig), "-n", head.namespace, "port-forward", f"svc/{head.service}",
+    at = ("--context", context) if context else ()
+    cmd = command("kubectl", "--kubeconfig", str(kubeconfig), *at, "-n", head.namespace, "port-forward", f"svc/{head.service}",
                   f":{head.port}", "--address", "127.0.0.1", mutates=False)
     with runner.start(cmd) as running:
         try:
@@ -367,15 +369,15 @@ def reach(target: JobTarget, cfg: Config | None = None, *, start_local: bool = F
     else:
         from raydlc.edges.kube import Kube, load_client
         from raydlc.edges.tools import Runner
-        from raydlc.lifecycle.context import kubeconfig_path, with_plain_kubeconfig
+        from raydlc.lifecycle.context import kube_target, with_plain_kubeconfig
         from raydlc.render.auth import secret_name
 
         assert cfg is not None
-        kubeconfig = kubeconfig_path(with_plain_kubeconfig(cfg))
-        kube = Kube(load_client(kubeconfig))
+        kubeconfig, context = kube_target(with_plain_kubeconfig(cfg))
+        kube = Kube(load_client(kubeconfig, context))
         head = find_head(kube, cfg)
         token = cluster_token(kube, cfg)
-        with port_forward(Runner(), kubeconfig, head) as url:
+        with port_forward(Runner(), kubeconfig, head, context) as url:
             dash = Dashboard(url, token=token, token_hint=(
                 f"the head keeps the token its pod started with (KubeRay reads the Secret then): if {head.namespace}/"
                 f"{secret_name(cfg)} was made anew, restart the Ray pods: kubectl -n {head.namespace} delete pods "

@@ -134,10 +134,21 @@ def look(kube: Kube, cfg: Config, need: cold_start.Demand, asg: AsgReader | None
     groups = {str(g.get("groupName")) for g in cold_start.gpu_groups(rc)}
     pods = [p for p in kube.pods(ns, labels={"ray.io/cluster": name, "ray.io/node-type": "worker"})
             if not groups or ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/group") in groups]
-    nodes = kube.nodes(labels={roles.ROLE: roles.GPU_ROLE})
+    nodes = _gpu_nodes(kube, cfg)
     events = kube.events(ns, kind="Pod")
     acts = asg.activities() if asg is not None else ()
     return cold_start.Snapshot(need, tuple(nodes), tuple(pods), tuple(events), acts, asg.name if asg else None)
+
+
+def _gpu_nodes(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
+    """raydlc's GPU node group by its role label; attached, the platform's nodes carry none of raydlc's labels: every
+    node whose kubelet reports `nvidia.com/gpu` capacity."""
+    if not cfg.cluster.attach:
+        return kube.nodes(labels={roles.ROLE: roles.GPU_ROLE})
+    from raydlc.edges.kube import allocatable
+
+    return [n for n in kube.nodes() if allocatable(n, roles.GPU_RESOURCE) > 0
+            or ((n.get("status") or {}).get("capacity") or {}).get(roles.GPU_RESOURCE)]
 
 
 def follow(kube: Kube, cfg: Config, need: cold_start.Demand, notice: Callable[[str], None], *, asg: AsgReader | None = None,

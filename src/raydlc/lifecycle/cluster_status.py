@@ -35,6 +35,8 @@ class StepState:
     step: str
     state: str
     reason: str
+    ownership: str = "made"  # made: raydlc's to create and remove; found: the platform's, read as a fact (attached)
+    source: str = ""  # a found fact: the read it came from
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class ClusterStatus:
     cost: Mapping[str, Any]
     storage: Mapping[str, Any] | None = None  # bucket, uri, objects, size_bytes, newest checkpoint per run
     gpu_prices: Mapping[str, Any] | None = None  # raydlc.capacity.prices.GpuPrices.to_dict(): on-demand beside Spot
+    attach: Mapping[str, Any] | None = None  # attached: the context, the facts found (with sources), what raydlc made
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +79,7 @@ class ClusterStatus:
             "raycluster": self.raycluster.to_dict() if self.raycluster is not None else None, "cost": dict(self.cost),
             "storage": dict(self.storage) if self.storage is not None else None,
             "gpu_prices": dict(self.gpu_prices) if self.gpu_prices is not None else None,
+            "attach": dict(self.attach) if self.attach is not None else None,
         }
 
 
@@ -167,9 +171,55 @@ def idle_cost(cost: Mapping[str, Any], gpu_type: str, idle_minutes: int) -> dict
             "when_idle_usd_per_hour": idle if idle_minutes > 0 else cost["total_usd_per_hour"]}
 
 
+def _step_state(resource: Resource, ctx: Context) -> StepState:
+    from raydlc.lifecycle.resource import Found
+
+    obs = resource.status(ctx)
+    return StepState(resource.name, obs.state, obs.reason, "found" if isinstance(resource, Found) else "made",
+                     str(obs.facts.get("source", "")))
+
+
+def attached_report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
+    """Attached: each resource as found (the platform's, with where each fact was read) or made (raydlc's, in the
+    namespace), the nodes as Kubernetes lists them, and the found GPU nodes priced from raydlc's table (an unknown
+    price is said, never counted as $0). No AWS call is needed: a cluster without EKS is reported the same."""
+    from raydlc.lifecycle import attach
+    from raydlc.render import ownership
+
+    cfg = ctx.cfg
+    kube = attach.reach(ctx)
+    try:
+        ctx.target = attach.target_for(ctx, attach.facts(ctx))  # the RayCluster `up --attach` would apply, to compare
+    except RaydlcError:
+        ctx.target = None
+    steps = [_step_state(r, ctx) for r in resources]
+    found = kube.nodes()
+    ray = raycluster.view(ctx, kube)
+    rows = [replace(r, role=r.role or (GPU_ROLE if r.gpu else "")) for r in (_node_row(n) for n in found)]
+    nodes = gpu_idleness(rows, found, ray.pods if ray is not None else (), datetime.now(UTC))
+    facts = attach.facts(ctx)
+    gpu = [n for n in facts.gpu_nodes.get(()) if n.ready]
+    cost = hourly_cost([n.instance_type or "unknown type" for n in gpu if n.capacity_type != "spot"], 0, 0,
+                       spot_types=[n.instance_type or "unknown type" for n in gpu if n.capacity_type == "spot"])
+    cost = {**cost, "prices": cost["prices"] + "; the platform's GPU nodes, which it bills, not raydlc"}
+    made = [f"{kind} {k8s.name_of(o)}" for av, kind in ownership.NAMESPACED_KINDS
+            for o in kube.list(av, kind, cfg.cluster.namespace, labels=ownership.selector(cfg)) if ownership.made(o, cfg)]
+    from raydlc.discovery.look import rows
+
+    doc = {"context": ctx.kube_context, "kubeconfig": str(ctx.kubeconfig), "namespace": cfg.cluster.namespace,
+           "made": made, "selector": ownership.selector(cfg), "facts": facts.to_dict(),
+           "found": [{"what": w, "found": f, "source": src} for w, f, src in rows(facts)],
+           "target": ctx.target.to_dict() if ctx.target is not None else None}
+    eks = facts.eks.value if facts.eks.is_known else None
+    return ClusterStatus(cfg.cluster.name, cfg.cluster.region, "ATTACHED" + (" (EKS)" if eks is not None else ""),
+                         ctx.where, tuple(steps), tuple(nodes), ray, cost, None, None, doc)
+
+
 def report(ctx: Context, resources: Sequence[Resource]) -> ClusterStatus:
     """Ask each resource where it stands, then list the nodes, the Ray pods and what bills."""
     cfg = ctx.cfg
+    if ctx.attach:
+        return attached_report(ctx, resources)
     ctx.aws("eks")  # no usable credentials: one error, not six unknown steps
     seen = {r.name: r.status(ctx) for r in resources}
     steps = [StepState(name, obs.state, obs.reason) for name, obs in seen.items()]

@@ -52,6 +52,17 @@ def kubeconfig_path(cfg: Config) -> Path:
     return Path(cfg.cluster.kubeconfig).expanduser() if cfg.cluster.kubeconfig else cluster_dir(cfg) / "kubeconfig"
 
 
+def kube_target(cfg: Config) -> tuple[Path, str | None]:
+    """The kubeconfig file and context raydlc reaches the cluster through. Attached with KUBE_CONTEXT: the user's own
+    kubeconfig (KUBECONFIG, else ~/.kube/config, as kubectl reads it) at that context; otherwise raydlc's
+    kubeconfig of the EKS cluster CLUSTER_NAME at its current context."""
+    c = cfg.cluster
+    if c.attach and c.kube_context:
+        first = c.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0].strip()
+        return (Path(first).expanduser() if first else Path.home() / ".kube" / "config"), c.kube_context
+    return kubeconfig_path(cfg), None
+
+
 def with_plain_kubeconfig(cfg: Config) -> Config:
     """For a command that reads the cluster (status, down, jobs, verify): a plain KUBECONFIG (its
     first file, the one kubectl reads first) where neither --kubeconfig nor RAYDLC_KUBECONFIG is
@@ -83,12 +94,15 @@ class Context:
         self.dry_run = dry_run
         self.yes = yes  # the user agreed beforehand to what stops running work (`up --yes`)
         self.dir = cluster_dir(cfg)
-        self.kubeconfig = kubeconfig_path(cfg)
+        self.kubeconfig, self.kube_context = kube_target(cfg)
         self._lock = threading.RLock()
         self._session: Any = None
         self._clients: dict[str, Any] = {}
         self._kube: Kube | None = None
         self.notes: dict[str, list[str]] = {}  # per step: what was removed / found absent (down)
+        self.attach = cfg.cluster.attach  # found platform vs made: which resources this run may act on (orders.resources)
+        self._facts: Any = None
+        self.target: Any = None  # attached: the worker group's WorkerTarget, from the found capacity (lifecycle.attach)
         self.keeps_cluster = False  # `down --keep-cluster`: what is inside the cluster must be removed, not left to go with it
 
     # ------------------------------------------------------------------ edges
@@ -123,8 +137,13 @@ class Context:
 
         with self._lock:
             if self._kube is None:
-                self._kube = Kube(load_client(self.kubeconfig))
+                self._kube = Kube(load_client(self.kubeconfig, self.kube_context))
             return self._kube
+
+    @property
+    def where(self) -> str:
+        """The kubeconfig (and context) raydlc reaches the cluster through, as messages name it."""
+        return f"{self.kubeconfig} (context {self.kube_context})" if self.kube_context else str(self.kubeconfig)
 
     def kube_or_none(self) -> Kube | None:
         if not self.kubeconfig.is_file():
@@ -181,7 +200,7 @@ class Context:
         `cfg`: a variant of the run's config (spot-then-on-demand's on-demand fallback group)."""
         from raydlc.render import render_all
 
-        return render_all(cfg or self.cfg, list(zones), only=only)
+        return render_all(cfg or self.cfg, list(zones), only=only, target=self.target)
 
     def path_of(self, name: str) -> Path:
         return self.dir / name

@@ -9,6 +9,11 @@
 `resources()` is the one place that says which resources there are, what each needs, and which
 decision one hands to another (the capacity resource's ZoneChoice goes to the cluster and the
 GPU node group). Adding a resource is one module under `resources/` and one line there.
+
+Attached (ATTACH), the graph is the same; each resource that does not live in the namespace enters it as found
+(`raydlc.lifecycle.resource.Found`): read as a fact, never planned for creation, left by `down`. Before any step an
+attached `up` reaches the API, asks Kubernetes whether every call it will make is allowed, and reads the platform
+(`raydlc.lifecycle.attach`), so what cannot work is said once, before anything is made.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from raydlc.errors import InputError
 from raydlc.lifecycle.context import Context, Timings
-from raydlc.lifecycle.resource import Resource
+from raydlc.lifecycle.resource import Resource, owned_or_found
 from raydlc.lifecycle.resources.autoscaler import ClusterAutoscaler
 from raydlc.lifecycle.resources.bucket import Storage
 from raydlc.lifecycle.resources.capacity import Capacity
@@ -40,12 +45,13 @@ if TYPE_CHECKING:
 Graph = list[tuple[Resource, tuple[str, ...]]]
 
 
-def resources(*, delete_storage: bool = False, autoscaling: bool = True) -> Graph:
+def resources(*, delete_storage: bool = False, autoscaling: bool = True, attach: bool = False) -> Graph:
     """A fresh set of one run's resources with what each needs, in up's order (a run's decisions are its own).
 
     The RayCluster needs the bucket its pods write to; `down` so empties a bucket only after the
     pods that write it are gone (and keeps it unless `delete_storage`). Without `autoscaling`
     (IDLE_MINUTES=0) there is no Cluster Autoscaler step: today's fixed-size cluster, step for step.
+    `attach`: what raydlc does not make in that mode is found (`Resource.made_when`), with the same needs.
     """
     capacity = Capacity()
     graph: Graph = [
@@ -58,7 +64,8 @@ def resources(*, delete_storage: bool = False, autoscaling: bool = True) -> Grap
         (RayCluster(), ("device-plugins", "kuberay", "storage")),
         (ClusterAutoscaler(), ("gpu-nodegroup",)),
     ]
-    return graph if autoscaling else [(r, n) for r, n in graph if not isinstance(r, ClusterAutoscaler)]
+    graph = graph if autoscaling else [(r, n) for r, n in graph if not isinstance(r, ClusterAutoscaler)]
+    return [(owned_or_found(r, attach), n) for r, n in graph]
 
 
 def steps(goal: Goal, graph: Graph | None = None) -> list[Step]:
@@ -86,7 +93,7 @@ def _context(cfg: Config, *, dry_run: bool, force: bool, reporter: Reporter | No
     from raydlc.render.bucket import for_cluster
 
     region = cfg.cluster.region
-    cfg = for_cluster(cfg, lambda: aws.account_id(region))
+    cfg = for_cluster(cfg, lambda: aws.account_id(region))  # attached, only an s3:// STORAGE_PATH names a bucket
     return Context(cfg, runner=runner or Runner(dry_run=dry_run), reporter=reporter, timings=timings, force=force,
                    dry_run=dry_run, yes=yes)
 
@@ -136,11 +143,16 @@ def up(
     dry_run: bool = False, force: bool = False, reporter: Reporter | None = None, timings: Timings | None = None,
     runner: Runner | None = None, yes: bool = False,
 ) -> Run:
-    graph = resources(autoscaling=elastic(cfg))
+    graph = resources(autoscaling=elastic(cfg), attach=cfg.cluster.attach)
     plan = steps("up", graph)
     selected = select(plan, only=only, from_=from_, until=until)  # a bad step name is refused before AWS is asked
     _refuse_system_node(cfg)
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner, yes=yes)
+    if ctx.attach:
+        from raydlc.lifecycle import attach
+
+        attach.prepare(ctx)  # no AWS write, no cluster-scope write: reach, permissions, the platform's facts
+        return Run("up", dry_run, plan_all(plan, ctx, selected) if dry_run else run_all(plan, ctx, selected), ctx.notes)
     if dry_run:
         return Run("up", True, plan_all(plan, ctx, selected))
     ctx.aws("eks")  # no usable credentials or an unknown region: stop here, before any step
@@ -157,8 +169,13 @@ def down(
 ) -> Run:
     ctx = _context(cfg, dry_run=dry_run, force=force, reporter=reporter, timings=timings, runner=runner)
     ctx.keeps_cluster = keep_cluster
-    refuse_foreign(ctx)
-    graph = resources(delete_storage=delete_storage, autoscaling=elastic(cfg))
+    if not ctx.attach:  # attached, the cluster is the platform's: down never offers to delete it
+        refuse_foreign(ctx)
+    else:
+        from raydlc.lifecycle import attach
+
+        attach.reach(ctx)
+    graph = resources(delete_storage=delete_storage, autoscaling=elastic(cfg), attach=ctx.attach)
     plan = steps("down", graph)
     selected = [s.name for s in order(plan) if not (keep_cluster and s.name == Cluster.name)]
     if dry_run:
@@ -171,6 +188,6 @@ def status(cfg: Config, *, timings: Timings | None = None, runner: Runner | None
     from raydlc.lifecycle.cluster_status import report
 
     ctx = _context(cfg, dry_run=True, force=False, reporter=None, timings=timings, runner=runner)
-    graph = resources(autoscaling=elastic(cfg))
+    graph = resources(autoscaling=elastic(cfg), attach=ctx.attach)
     by_name = {r.name: r for r, _ in graph}
     return report(ctx, [by_name[s.name] for s in order(steps("up", graph))])

@@ -13,6 +13,11 @@ resource in the direction of one command. Each resource answers six questions:
 `check`, `plan` and `verify` send each goal to its own method (`look`/`plan_up`/`kept` for up,
 `left`/`plan_down`/`cleared` for down), which is what a resource implements.
 
+Ownership is a property of each resource, not a branch in its steps: `scope` says where it lives (AWS, the
+cluster, or NAMESPACE). raydlc makes every resource on a cluster it owns; attached to a cluster a platform team
+runs (ATTACH), only the namespace's, and each other resource enters the orders as `Found(resource)`: its
+`found(ctx)` is read as a fact (with where it came from), nothing is planned for it, and `down` leaves it.
+
 A resource that needs a decision another one makes (the GPU node group needs the zone the capacity
 resource chose) receives it as a frozen value through its constructor, never through the Context.
 """
@@ -20,7 +25,7 @@ resource chose) receives it as a frozen value through its constructor, never thr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from raydlc.edges import kube as k8s
 from raydlc.errors import RaydlcError
@@ -31,12 +36,24 @@ from raydlc.render.nodes import ROLE
 if TYPE_CHECKING:
     from raydlc.lifecycle.context import Context
 
+Scope = Literal["aws", "cluster", "namespace"]
+
 
 class Resource(ABC):
     name: ClassVar[str]  # the step's name in both orders, `--only`, `--from`, `--until` and `status`
     summary: ClassVar[str]  # what `up` makes
     removal: ClassVar[str]  # what `down` removes
     tools: ClassVar[tuple[str, ...]] = ()  # the programs it runs, checked on PATH before anything changes
+    scope: ClassVar[Scope] = "aws"  # where it lives: attached, raydlc makes only what lives in the namespace
+    fact: ClassVar[str] = ""  # attached, what of the platform it stands for (`status` shows it as found)
+
+    def made_when(self, attach: bool) -> bool:
+        """Whether raydlc makes (and may remove) this resource in the mode a run is in."""
+        return not attach or self.scope == "namespace"
+
+    def found(self, ctx: Context) -> Observation:
+        """Attached: the resource as the platform has it, a read-only fact; facts["source"] says where it was read."""
+        return Observation("unknown", f"{self.fact or self.name}: not read by raydlc")
 
     def check(self, ctx: Context, goal: Goal) -> Observation:
         return self.look(ctx) if goal == "up" else self.left(ctx)
@@ -86,6 +103,62 @@ class Resource(ABC):
             return Observation("unknown", e.message)
 
 
+class Found(Resource):
+    """A resource of the platform an attached run reads and never changes: `up` plans nothing for it (its look is
+    the fact `found` reads), `down` leaves it as found, `status` shows it in the found column."""
+
+    scope = "cluster"
+
+    def __init__(self, inner: Resource) -> None:
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.summary = f"read {inner.fact or inner.name} (found, never changed)"  # type: ignore[misc]
+        self.removal = f"leave {inner.fact or inner.name} as found"  # type: ignore[misc]
+
+    def made_when(self, attach: bool) -> bool:
+        return False
+
+    def found(self, ctx: Context) -> Observation:
+        return self.inner.found(ctx)
+
+    def look(self, ctx: Context) -> Observation:
+        return self.inner.found(ctx)
+
+    def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
+        return StepPlan("none", f"found: {obs.reason}")
+
+    def ensure(self, ctx: Context, obs: Observation) -> None:  # pragma: no cover - plan_up never acts
+        raise AssertionError(f"{self.name} is found, never made")
+
+    def kept(self, ctx: Context) -> str:
+        return f"found: {self.inner.found(ctx).reason}"
+
+    def left(self, ctx: Context) -> Observation:
+        what = self.inner.fact or self.name
+        ctx.note(self.name, f"kept {what} (found, not raydlc's)")
+        return Observation("absent", f"{what} is the platform's: left as found")
+
+    def plan_down(self, ctx: Context, obs: Observation) -> StepPlan:
+        return StepPlan("none", obs.reason)
+
+    def remove(self, ctx: Context, obs: Observation) -> None:  # pragma: no cover - plan_down never acts
+        raise AssertionError(f"{self.name} is found, never removed")
+
+    def cleared(self, ctx: Context) -> str:
+        return f"{self.inner.fact or self.name} left as found"
+
+    def status(self, ctx: Context) -> Observation:
+        try:
+            return self.inner.found(ctx)
+        except RaydlcError as e:
+            return Observation("unknown", e.message)
+
+
+def owned_or_found(resource: Resource, attach: bool) -> Resource:
+    """The resource as a run in this mode meets it: to make, or found."""
+    return resource if resource.made_when(attach) else Found(resource)
+
+
 # ---------------------------------------------------------------------- what most resources look at first
 
 
@@ -104,7 +177,10 @@ def no_kubeconfig(ctx: Context) -> Observation:
 
 
 def look_inside(ctx: Context) -> k8s.Kube | Observation:
-    """The cluster's API to look inside, or why `up` cannot look yet (no cluster, no kubeconfig)."""
+    """The cluster's API to look inside, or why `up` cannot look yet (no cluster, no kubeconfig); attached, the
+    API the kubeconfig context reaches (the attach preflight has already checked that it answers)."""
+    if ctx.attach:
+        return ctx.kube()
     if cluster_active(ctx) is None:
         return no_cluster(ctx)
     kube = ctx.kube_or_none()
@@ -116,7 +192,11 @@ def gone(what: str) -> Observation:
 
 
 def kube_if_cluster(ctx: Context) -> k8s.Kube | None:
-    """The API when the cluster still exists and raydlc's kubeconfig reaches it; else None (down's look)."""
+    """The API when the cluster still exists and raydlc's kubeconfig reaches it; else None (down's look).
+    Attached, the cluster is the platform's and always stays: the API when it answers."""
+    if ctx.attach:
+        kube = ctx.kube_or_none()
+        return kube if kube is not None and reaches(kube) else None
     desc = cloud.cluster(ctx.aws("eks"), ctx.cfg.cluster.name)
     if desc is None or desc.get("status") not in ("ACTIVE", "UPDATING"):
         return None
@@ -130,6 +210,9 @@ def api_unreachable(ctx: Context) -> str | None:
     """Why `down` cannot look inside a cluster that is still there (ACTIVE or UPDATING): no kubeconfig, or an API
     server that does not answer through it; None when the cluster is gone or its API answers."""
     name = ctx.cfg.cluster.name
+    if ctx.attach:
+        kube = ctx.kube_or_none()
+        return None if kube is not None and reaches(kube) else f"the API of the attached cluster does not answer through {ctx.where}"
     desc = cloud.cluster(ctx.aws("eks"), name)
     if desc is None or desc.get("status") not in ("ACTIVE", "UPDATING"):
         return None
@@ -148,7 +231,7 @@ def gone_or_unseen(ctx: Context, what: str, gone_reason: str) -> Observation:
     why = api_unreachable(ctx)
     if why is None:
         return gone(gone_reason)
-    if not ctx.keeps_cluster:
+    if not ctx.keeps_cluster and not ctx.attach:  # an attached cluster never goes with raydlc's down
         return gone(f"{why}: {what} goes when the cluster is deleted")
     return Observation("unknown", f"{why}: {what} may still be there")
 

@@ -26,15 +26,20 @@ FILES = {
     "raycluster": "raycluster.yaml",
     "rayjob": "rayjob.yaml",
     "netpol": "networkpolicy.yaml",
+    "rbac": "rbac.yaml",
 }
-KINDS = ("eksctl", "raycluster", "rayjob", "helm", "netpol")
+KINDS = ("eksctl", "raycluster", "rayjob", "helm", "netpol", "rbac")
 
 
 def render_all(
-    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None, prices: Mapping[str, float] | None = None
+    cfg: Config, zones: Sequence[str] | None = None, *, only: str | None = None, prices: Mapping[str, float] | None = None,
+    target: Any = None, subject: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """filename -> document for every manifest (or only one kind); `zones`: AZs offering the GPU type, best first;
-    `prices`: USD per instance-hour the RayJob's budget deadline is priced at (the list prices by default)."""
+    `prices`: USD per instance-hour the RayJob's budget deadline is priced at (the list prices by default);
+    `target`: attached, the worker group as the found capacity can run it (raydlc.discovery.target.WorkerTarget);
+    `subject`: who the RBAC documents grant (`User:alice`, `Group:ml-team`; default `Group:raydlc-<NAMESPACE>`), rendered
+    with `only="rbac"` or, attached, with every kind."""
     from raydlc.render.eksctl import render_eksctl
     from raydlc.render.helm import render_helm
     from raydlc.render.netpol import render_netpol
@@ -48,14 +53,26 @@ def render_all(
     if only in (None, "helm"):
         out.update(render_helm(cfg))
     if only in (None, "raycluster"):
-        out[FILES["raycluster"]] = render_raycluster(cfg)
+        out[FILES["raycluster"]] = render_raycluster(cfg, target)
     if only in (None, "rayjob"):
         out[FILES["rayjob"]] = render_rayjob(cfg, code_uri(cfg), prices)
     if only in (None, "netpol"):
         out[FILES["netpol"]] = render_netpol(cfg)
+    if only == "rbac" or (only is None and cfg.cluster.attach):
+        out[FILES["rbac"]] = render_rbac_list(cfg, subject)
     for name, doc in out.items():
         schemas.check(name, doc)
     return out
+
+
+def render_rbac_list(cfg: Config, subject: str | None = None) -> dict[str, Any]:
+    """What a platform team applies so `subject` may run raydlc attached in NAMESPACE: the Role and RoleBinding of every
+    permission `up --attach` checks, and a read-only ClusterRole for discovery (raydlc.discovery.access), as a v1 List."""
+    from raydlc.discovery.access import render_rbac
+
+    ns = cfg.cluster.namespace
+    items = render_rbac(ns, subject or f"Group:raydlc-{ns}", service_account_given=bool(cfg.cluster.service_account))
+    return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
 def code_uri(cfg: Config) -> str | None:

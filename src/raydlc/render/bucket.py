@@ -112,6 +112,8 @@ def for_cluster(cfg: Config, account: Callable[[], str] | None) -> Config:
         return _with(cfg, name, path)
     if path is not None:
         return cfg  # a shared file system or a local path: no bucket (render's rules decide if it may serve)
+    if cfg.cluster.attach and chosen is None:
+        return cfg  # attached: storage is the user's (STORAGE_PATH); raydlc has no bucket of its own to offer
     if chosen is None:
         chosen = default_bucket_name(cfg.cluster.name, cfg.cluster.region, _account(account))
     return _with(cfg, chosen, f"s3://{chosen}/{RUN_PREFIX}")

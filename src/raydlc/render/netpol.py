@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from raydlc.config import Config
+from raydlc.render import ownership
 from raydlc.render.raycluster import CLUSTER_LABEL, HEAD_PORTS
 
 OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
@@ -24,7 +25,7 @@ def head_policy(cfg: Config, instance: str) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": f"{instance}-head", "namespace": cfg.cluster.namespace},
+        "metadata": {"name": f"{instance}-head", "namespace": cfg.cluster.namespace, "labels": ownership.labels(cfg)},
         "spec": {
             "podSelector": {"matchLabels": {CLUSTER_LABEL: instance, "ray.io/node-type": "head"}},
             "policyTypes": ["Ingress"],

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from raydlc.config import FIELDS, Config, shared_storage_problem
 from raydlc.errors import ConfigError, InputError
 from raydlc.facts import instances
-from raydlc.render import auth, autoscaler, bucket, eksctl, nodes
+from raydlc.render import auth, autoscaler, bucket, eksctl, nodes, ownership
 from raydlc.render.sizing import SUBMITTER, PodSize, head_size, worker_size
 
 if TYPE_CHECKING:
@@ -108,8 +108,22 @@ def worker_env(cfg: Config) -> dict[str, str]:
 def _identity(cfg: Config, account: str) -> dict[str, Any]:
     """The service account whose pod identity may write the run prefix (raydlc.render.bucket); none without a bucket.
     The head's (`bucket.SERVICE_ACCOUNT`) is also the one KubeRay binds its autoscaler Role to; the workers'
-    (`bucket.WORKER_SERVICE_ACCOUNT`) is bound to nothing."""
+    (`bucket.WORKER_SERVICE_ACCOUNT`) is bound to nothing. Attached, every Ray pod runs as `attached_account`."""
+    if cfg.cluster.attach:
+        return {"serviceAccountName": attached_account(cfg)}
     return {"serviceAccountName": account} if bucket.bucket_of(cfg) is not None else {}
+
+
+def attached_account(cfg: Config) -> str:
+    """Attached, the Ray pods' ServiceAccount: SERVICE_ACCOUNT (the platform's, with its storage access), else the one
+    raydlc makes in NAMESPACE (`bucket.SERVICE_ACCOUNT`, no cloud access: storage then needs credentials of its own)."""
+    return cfg.cluster.service_account or bucket.SERVICE_ACCOUNT
+
+
+def _on_system_node(cfg: Config) -> dict[str, Any]:
+    """The RayJob submitter lands on raydlc's system node group; attached, on whatever CPU node the platform's
+    scheduler picks (its nodes carry none of raydlc's labels)."""
+    return {} if cfg.cluster.attach else {"nodeSelector": nodes.system_labels()}
 
 
 def _head_group(cfg: Config, instance: str, target: WorkerTarget | None = None) -> dict[str, Any]:
@@ -132,7 +146,7 @@ def _head_group(cfg: Config, instance: str, target: WorkerTarget | None = None) 
             "metadata": {"labels": {CLUSTER_LABEL: instance}},
             "spec": {
                 **_identity(cfg, bucket.SERVICE_ACCOUNT),
-                **_head_placement(target),
+                **({} if cfg.cluster.attach else _head_placement(target)),  # attached: no raydlc system node, target or not
                 "containers": [container],
                 "volumes": _volumes(),
             },
@@ -261,7 +275,7 @@ def render_raycluster(cfg: Config, target: WorkerTarget | None = None) -> dict[s
     return {
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
-        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
+        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name, **ownership.labels(cfg)}},
         "spec": {**cluster_spec(cfg, name, target), "upgradeStrategy": {"type": "Recreate"},
                  "authOptions": auth.auth_options(cfg)},  # Ray token auth from the Secret `up` creates (render/auth.py)
     }
@@ -326,7 +340,7 @@ def _submitter(cfg: Config, instance: str) -> dict[str, Any]:
         "metadata": {"labels": {CLUSTER_LABEL: instance}},
         "spec": {
             "restartPolicy": "Never",
-            "nodeSelector": nodes.system_labels(),
+            **_on_system_node(cfg),
             "containers": [
                 {
                     "name": "ray-job-submitter",
@@ -418,6 +432,6 @@ def render_rayjob(cfg: Config, code_uri: str | None = None, prices: Mapping[str,
     return {
         "apiVersion": API_VERSION,
         "kind": "RayJob",
-        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name}},
+        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": {CLUSTER_LABEL: name, **ownership.labels(cfg)}},
         "spec": spec,
     }

@@ -201,13 +201,28 @@ def _idle_line(cost: dict[str, Any]) -> str:
 
 def print_status(doc: dict[str, Any], console: Console) -> None:
     c = doc["cluster"]
-    steps = Table(title=f"cluster {c['name']} ({c['region']}): {c['status']}")
-    for col in ("step", "state", "reason"):
+    attached = doc.get("attach")
+    title = f"cluster {c['name']} ({c['region']}): {c['status']}"
+    if attached:
+        title = f"attached through {c['kubeconfig']}, namespace {attached['namespace']}"
+    steps = Table(title=title)
+    for col in ("step", *(("found/made",) if attached else ()), "state", "reason"):
         steps.add_column(col, overflow="fold")
     colors = {"ready": "green", "absent": "dim", "creating": "cyan", "degraded": "bold red", "deleting": "yellow"}
     for s in doc["steps"]:
-        steps.add_row(s["step"], Text(s["state"], style=colors.get(s["state"], "")), escape(s["reason"]))
+        reason = escape(s["reason"]) + (f" [dim](from {escape(s['source'])})[/]" if attached and s.get("source") else "")
+        steps.add_row(s["step"], *((s.get("ownership", "made"),) if attached else ()),
+                      Text(s["state"], style=colors.get(s["state"], "")), reason)
     parts: list[Any] = [steps]
+    if attached:
+        found = Table(title="found (the platform's, never changed)")
+        for col in ("what", "found", "read from"):
+            found.add_column(col, overflow="fold")
+        for row in attached.get("found") or []:
+            found.add_row(row["what"], escape(row["found"]), escape(row["source"]))
+        parts.append(found)
+        made = ", ".join(attached["made"]) or "nothing yet"
+        parts.append(Text(f"made by raydlc ({attached['selector']}): {made}"))
     if doc["nodes"]:
         nodes = Table(title="nodes")
         for col in ("node", "role", "type", "AZ", "ready", "GPU", "EFA", "Ray pod"):
@@ -239,7 +254,8 @@ def print_status(doc: dict[str, Any], console: Console) -> None:
         else:
             parts.append(Text(f"{title}; no checkpoints yet"))
     cost = doc["cost"]
-    money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate)")
+    unknown = f" + unknown price: {', '.join(cost['unpriced'])}" if cost["unpriced"] else ""  # never counted as $0
+    money = Table(title=f"hourly cost: ${cost['total_usd_per_hour']:,.2f}/h (estimate){unknown}")
     for col in ("item", "count", "USD/h"):
         money.add_column(col)
     for i in cost["items"]:

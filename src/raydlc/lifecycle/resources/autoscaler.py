@@ -45,9 +45,16 @@ def pod_states(kube: k8s.Kube) -> str:
 
 class ClusterAutoscaler(HelmRelease):
     name = "autoscaler"
+    scope = "cluster"
+    fact = "the node autoscaler (Karpenter or the Cluster Autoscaler)"
     summary = "Cluster Autoscaler for the GPU node group"
     removal = "uninstall the Cluster Autoscaler"
     workload = ("apps/v1", "Deployment")
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_autoscaler(ctx)
 
     def release(self, cfg: Config) -> helm_render.Release | None:
         return helm_render.cluster_autoscaler(cfg)

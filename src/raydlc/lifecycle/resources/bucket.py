@@ -178,8 +178,15 @@ def upload_code(s3: Any, bucket: str, code: codezip.CodeZip) -> bool:
 
 class Storage(Resource):
     name = "storage"
+    scope = "aws"
+    fact = "the storage at STORAGE_PATH"
     summary = "S3 bucket for checkpoints (private, SSE-S3, tagged)"
     removal = "keep the S3 bucket (--delete-storage removes it)"
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_storage(ctx)
 
     def __init__(self, delete: bool = False) -> None:
         self.delete = delete

@@ -27,8 +27,15 @@ READS = ("raydlc capacity (reads: ec2:DescribeInstanceTypeOfferings, ec2:Describ
 
 class Capacity(Resource):
     name = "capacity"
+    scope = "aws"
+    fact = "the GPU capacity (Ready GPU nodes, NodePools, node groups at zero)"
     summary = "choose the GPU Availability Zone"
     removal = "raydlc's capacity reservations"
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_capacity(ctx)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

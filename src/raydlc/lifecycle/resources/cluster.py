@@ -47,9 +47,16 @@ def refuse_foreign(ctx: Context) -> None:
 
 class Cluster(Resource):
     name = "cluster"
+    scope = "aws"
+    fact = "the Kubernetes cluster and its API"
     summary = "EKS control plane, VPC, system node group, kubeconfig"
     removal = "the EKS cluster, its VPC and everything that bills"
     tools = ("eksctl",)
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_cluster(ctx)
 
     def __init__(self, zones: Callable[[Context], ZoneChoice]) -> None:
         self.zones = zones  # the capacity resource's decision: the ClusterConfig's AZs

@@ -61,9 +61,16 @@ def _nodes_due(cfg: Config) -> int:
 
 class DevicePlugins(HelmRelease):
     name = "device-plugins"
+    scope = "cluster"
+    fact = "the NVIDIA and EFA device plugins"
     summary = "GPUs and EFA allocatable on every GPU node"
     removal = "uninstall device-plugins"
     workload = ("apps/v1", "DaemonSet")
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_plugins(ctx)
 
     def release(self, cfg: Config) -> helm_render.Release | None:
         return helm_render.nvidia_device_plugin(cfg)

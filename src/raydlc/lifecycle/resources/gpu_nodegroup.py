@@ -54,9 +54,16 @@ def _scaling(cfg: Config) -> str:
 
 class GpuNodeGroup(Resource):
     name = "gpu-nodegroup"
+    scope = "aws"
+    fact = "the GPU nodes"
     summary = "EFA GPU node group in one AZ"
     removal = "the EFA GPU node group"
     tools = ("eksctl",)
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_gpu_nodes(ctx)
 
     def __init__(self, zones: Callable[[Context], ZoneChoice]) -> None:
         self.zones = zones  # the capacity resource's decision: where to go, and where next

@@ -25,9 +25,16 @@ def _operator(kube: k8s.Kube, cfg: Config) -> dict[str, Any] | None:
 
 class KubeRay(HelmRelease):
     name = "kuberay"
+    scope = "cluster"
+    fact = "the KubeRay operator and its CRDs"
     summary = "KubeRay operator and CRDs"
     removal = "uninstall kuberay"
     workload = ("apps/v1", "Deployment")
+
+    def found(self, ctx: Context) -> Observation:
+        from raydlc.lifecycle import attach
+
+        return attach.found_kuberay(ctx)
 
     def release(self, cfg: Config) -> helm_render.Release:
         return helm_render.kuberay_operator(cfg)

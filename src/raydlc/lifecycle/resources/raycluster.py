@@ -21,8 +21,9 @@ from raydlc.lifecycle.resource import Resource, api_unreachable, gone, gone_or_u
 from raydlc.lifecycle.resources import raytoken
 from raydlc.lifecycle.stuck import StuckWatch
 from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
-from raydlc.render import FILES, auth
+from raydlc.render import FILES, auth, ownership
 from raydlc.render.autoscaler import enabled as elastic
+from raydlc.render.bucket import SERVICE_ACCOUNT
 from raydlc.render.eksctl import OWNER_TAG
 from raydlc.render.netpol import render_netpol
 from raydlc.render.raycluster import SECRET_KEYS, SECRET_NAME
@@ -73,13 +74,37 @@ def _keep_replicas(doc: dict[str, Any], live: dict[str, Any] | None) -> dict[str
     return doc
 
 
-def desired_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[dict[str, Any]]:
-    """What `up` applies, in order: namespace, secret (when HF_TOKEN is set), policies, cluster; with `kube`
-    and IDLE_MINUTES > 0 the cluster keeps the worker count Ray's autoscaler set."""
+def _namespace_doc(ctx: Context, kube: k8s.Kube | None) -> list[dict[str, Any]]:
+    """The namespace, when raydlc makes it. On its own cluster, always (eksctl may have made it first, for the pod
+    identities: it is raydlc's all the same, labelled and deleted as such). Attached, only when absent (or made by
+    raydlc before): one that exists without raydlc's labels was given, and is neither labelled nor ever deleted."""
     cfg = ctx.cfg
     ns = cfg.cluster.namespace
-    labels = {**MANAGED_BY, OWNER_TAG: cfg.cluster.name}
-    out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}]
+    if kube is not None and ctx.attach:
+        have = kube.get("v1", "Namespace", ns)
+        if have is not None and not _ours(have, ctx):
+            return []
+    return [{"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": ns, "labels": {OWNER_TAG: cfg.cluster.name, **ownership.labels(cfg)}}}]
+
+
+def _service_account(ctx: Context) -> list[dict[str, Any]]:
+    """Attached without SERVICE_ACCOUNT: the one the Ray pods run as, made in the namespace (no cloud identity)."""
+    cfg = ctx.cfg
+    if not cfg.cluster.attach or cfg.cluster.service_account:
+        return []
+    return [{"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": SERVICE_ACCOUNT, "namespace": cfg.cluster.namespace, "labels": ownership.labels(cfg)}}]
+
+
+def desired_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[dict[str, Any]]:
+    """What `up` applies, in order: namespace (when raydlc makes it), service account (attached, when none is given),
+    secret (when HF_TOKEN is set), policies, cluster; with `kube` and IDLE_MINUTES > 0 the cluster keeps the worker
+    count Ray's autoscaler set. Each carries raydlc's ownership labels (raydlc.render.ownership)."""
+    cfg = ctx.cfg
+    ns = cfg.cluster.namespace
+    labels = {OWNER_TAG: cfg.cluster.name, **ownership.labels(cfg)}
+    out: list[dict[str, Any]] = [*_namespace_doc(ctx, kube), *_service_account(ctx)]
     token = _hf_token()
     if token:
         out.append({
@@ -95,10 +120,14 @@ def desired_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[dict[str
     return out
 
 
-def _owned_objects(ctx: Context) -> list[tuple[str, str, str, str | None]]:
-    """What `down` deletes, by (apiVersion, kind, name, namespace); the namespace itself comes last."""
+def _owned_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[tuple[str, str, str, str | None]]:
+    """What `down` deletes, by (apiVersion, kind, name, namespace); the namespace itself comes last. Attached (with
+    `kube`), exactly what carries this config's ownership labels, listed kind by kind: nothing found is touched."""
     cfg = ctx.cfg
     ns = cfg.cluster.namespace
+    if cfg.cluster.attach and kube is not None:
+        return [(av, kind, k8s.name_of(o), ns) for av, kind in ownership.NAMESPACED_KINDS
+                for o in kube.list(av, kind, ns, labels=ownership.selector(cfg)) if ownership.made(o, cfg)]
     out: list[tuple[str, str, str, str | None]] = [
         ("ray.io/v1", "RayJob", cfg.ray.job_name, ns),
         ("ray.io/v1", "RayCluster", cfg.ray.cluster_name, ns),
@@ -196,9 +225,14 @@ def template_changes(rc: dict[str, Any], pods: Pods) -> list[str]:
     return out
 
 
+def _ours(ns: dict[str, Any], ctx: Context) -> bool:
+    """A namespace raydlc made: its owner label (older raydlc) or the ownership labels."""
+    return k8s.labels_of(ns).get(OWNER_TAG) == ctx.cfg.cluster.name or ownership.made(ns, ctx.cfg)
+
+
 def _namespace_ours(kube: k8s.Kube, ctx: Context) -> bool:
     ns = kube.get("v1", "Namespace", ctx.cfg.cluster.namespace)
-    return ns is not None and k8s.labels_of(ns).get(OWNER_TAG) == ctx.cfg.cluster.name
+    return ns is not None and _ours(ns, ctx)
 
 
 def _workers_due(cfg: Config) -> int:
@@ -208,6 +242,7 @@ def _workers_due(cfg: Config) -> int:
 
 class RayCluster(Resource):
     name = "raycluster"
+    scope = "namespace"
     summary = "namespace, NetworkPolicies, Ray token Secret, RayCluster"
     removal = "RayCluster, RayJob, NetworkPolicies, Secrets, namespace"
 
@@ -259,7 +294,7 @@ class RayCluster(Resource):
     def plan_up(self, ctx: Context, obs: Observation) -> StepPlan:
         if obs.state == "ready":
             return StepPlan("none", obs.reason)
-        what = ", ".join(_describe(d) for d in desired_objects(ctx))
+        what = ", ".join(_describe(d) for d in desired_objects(ctx, ctx.kube() if ctx.attach else None))
         secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
         cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
         if obs.facts.get("token_lost"):
@@ -340,7 +375,7 @@ class RayCluster(Resource):
     # ------------------------------------------------------------------ down
 
     def _present(self, ctx: Context, kube: k8s.Kube) -> list[str]:
-        return [f"{kind} {name}" for av, kind, name, ns in _owned_objects(ctx) if kube.get(av, kind, name, ns) is not None]
+        return [f"{kind} {name}" for av, kind, name, ns in _owned_objects(ctx, kube) if kube.get(av, kind, name, ns) is not None]
 
     def left(self, ctx: Context) -> Observation:
         kube = kube_if_cluster(ctx)
@@ -373,7 +408,7 @@ class RayCluster(Resource):
                 raise StepFailed(f"{why}: the Ray objects cannot be deleted", hint="check the kubeconfig and the network, then run down again")
             return
         cfg = ctx.cfg
-        for av, kind, name, ns in _owned_objects(ctx):
+        for av, kind, name, ns in _owned_objects(ctx, kube):
             if kube.delete(av, kind, name, ns):
                 ctx.note(self.name, f"removed {kind} {name}")
                 ctx.reporter.line(self.name, f"deleted {kind} {name}")

@@ -14,7 +14,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from raydlc.edges import kube as k8s
-from raydlc.render import auth
+from raydlc.render import auth, ownership
 from raydlc.render.eksctl import OWNER_TAG
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ def _secret(ctx: Context) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": auth.secret_name(cfg), "namespace": cfg.cluster.namespace,
-                     "labels": {**MANAGED_BY, OWNER_TAG: cfg.cluster.name, "ray.io/cluster": cfg.ray.cluster_name}},
+                     "labels": {**MANAGED_BY, OWNER_TAG: cfg.cluster.name, "ray.io/cluster": cfg.ray.cluster_name,
+                                **ownership.labels(cfg)}},
         "data": {auth.SECRET_KEY: base64.b64encode(token.encode()).decode()},
     }
 

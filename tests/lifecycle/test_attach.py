@@ -1,0 +1,316 @@
+"""`up --attach`, `status` and `down --attach` on a cluster a platform team runs (tests/doubles/platform_world.py).
+
+The user holds a kubeconfig context and a namespaced Role (RBAC enforced by the world's authorizer with Kubernetes'
+SelfSubjectAccessReview semantics); KubeRay v1.7.0 was installed by helm into kuberay-system; GPU nodes are tainted
+`nvidia.com/gpu:NoSchedule`; a second team's RayCluster shares the namespace. AWS is a real moto server (the EKS
+variants) or absent (kind). "Creates nothing outside the namespace" is checked by comparing the inventories of kmock
+(every object outside the namespace) and moto (what the account holds) before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
+sys.path.insert(0, str(DOUBLES))
+
+import platform_world  # noqa: E402
+import servers  # noqa: E402
+from kuberay import Operator  # noqa: E402
+
+from raydlc.lifecycle.context import Timings  # noqa: E402
+
+NS = platform_world.NAMESPACE
+RAY = "ray-train-cluster"
+FAST = Timings(poll_s=0.1, pods_s=60, stuck_s=30)
+OWN = "app.kubernetes.io/managed-by"
+
+
+class Attached:
+    """The platform cluster, the env raydlc runs with, and the inventories the tests compare."""
+
+    def __init__(self, platform: Any, tmp: Path, aws: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.platform, self.tmp, self.aws, self.monkeypatch = platform, tmp, aws, monkeypatch
+
+    def settings(self, **extra: str) -> dict[str, str]:
+        return {"ATTACH": "true", "KUBE_CONTEXT": "platform", "NAMESPACE": NS, "STORAGE_PATH": "s3://team-a-data/runs",
+                "IDLE_MINUTES": "0", "GPU_NODE_COUNT": "2", **extra}
+
+    def up(self, **extra: str) -> Any:
+        from raydlc.config import load_config
+        from raydlc.lifecycle import orders
+
+        cfg = load_config(env={f"RAYDLC_{k}": v for k, v in self.settings(**extra).items()})
+        from raydlc.lifecycle.context import with_plain_kubeconfig
+
+        return orders.up(with_plain_kubeconfig(cfg), timings=FAST)
+
+    def down(self, **extra: str) -> Any:
+        from raydlc.config import load_config
+        from raydlc.lifecycle import orders
+        from raydlc.lifecycle.context import with_plain_kubeconfig
+
+        cfg = load_config(env={f"RAYDLC_{k}": v for k, v in self.settings(**extra).items()})
+        return orders.down(with_plain_kubeconfig(cfg), timings=FAST)
+
+    def status(self, **extra: str) -> Any:
+        from raydlc import api
+
+        return api.status(settings=self.settings(**extra))
+
+    def outside(self) -> dict[str, Any]:
+        """Every object of the cluster outside the namespace (cluster scope and other namespaces), as stored,
+        and the namespace's objects not labelled as raydlc's: what attach must never touch."""
+        snap = self.platform.snapshot()
+        out = {}
+        for key, obj in snap.items():
+            ns = (obj.get("metadata") or {}).get("namespace")
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if ns != NS or labels.get(OWN) != "raydlc":
+                if "/pods/" in key or "/events/" in key:  # the other team's and the operator's pods come and go
+                    continue
+                if labels.get("ray.io/cluster") == RAY or key.endswith(f"/{NS}/{RAY}"):  # KubeRay's, for raydlc's cluster
+                    continue
+                meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+                out[key] = {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}  # status: the controllers'
+        return out
+
+    def settled(self) -> None:
+        """The emulated operator has reconciled the other team's RayCluster (its head Service exists): what it does
+        to the platform's objects is not raydlc's doing, so the inventory is taken after it."""
+        import time
+
+        until = time.monotonic() + 30
+        while self.platform.kube.get("Service", f"{platform_world.OTHER_TEAM_CLUSTER}-head-svc", NS) is None:
+            assert time.monotonic() < until, "the operator never reconciled the other team's RayCluster"
+            time.sleep(0.1)
+
+    def made(self) -> list[str]:
+        snap = self.platform.snapshot()
+        return sorted(k for k, o in snap.items() if ((o.get("metadata") or {}).get("labels") or {}).get(OWN) == "raydlc")
+
+    def account(self) -> dict[str, Any]:
+        """What the AWS account holds (moto), read over the API: attach must leave it as it was."""
+        if not self.aws:
+            return {}
+        import boto3
+
+        kw = {"region_name": "us-east-2", "endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+        eks, asg, s3 = boto3.client("eks", **kw), boto3.client("autoscaling", **kw), boto3.client("s3", **kw)
+        cfn, iam, ec2 = boto3.client("cloudformation", **kw), boto3.client("iam", **kw), boto3.client("ec2", **kw)
+        return {"clusters": eks.list_clusters()["clusters"], "buckets": [b["Name"] for b in s3.list_buckets()["Buckets"]],
+                "asgs": [g["AutoScalingGroupName"] for g in asg.describe_auto_scaling_groups()["AutoScalingGroups"]],
+                "stacks": [s["StackName"] for s in cfn.list_stacks()["StackSummaries"]],
+                "roles": [r["RoleName"] for r in iam.list_roles()["Roles"]],
+                "vpcs": sorted(v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]),
+                "instances": [i["InstanceId"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]}
+
+
+@pytest.fixture
+def attached(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Attached]:
+    param = getattr(request, "param", "platform")
+    knobs = dict(param) if isinstance(param, dict) else {"variant": param}
+    aws = knobs.get("variant") != "kind"
+    for k in list(os.environ):
+        if k.startswith(("RAYDLC_", "AWS_", "DOUBLES_", "KUBECONFIG", "HF_")):
+            monkeypatch.delenv(k)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    if aws:
+        moto = request.getfixturevalue("moto_server")
+        servers.reset_moto(moto)
+        for k, v in {"AWS_ENDPOINT_URL": moto, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_MAX_ATTEMPTS": "1"}.items():
+            monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    with platform_world.platform_cluster(monkeypatch.setattr, tmp=tmp_path, **knobs) as p:
+        monkeypatch.setenv("KUBECONFIG", str(p.kubeconfig()))
+        with Operator(p.server.url) as op:
+            yield Attached(p, tmp_path, aws, monkeypatch)
+        assert not op.errors, op.errors[:3]
+
+
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
+def test_attach_up_makes_only_the_namespaces_objects_status_shows_found_vs_made_and_down_leaves_the_platform(attached) -> None:
+    attached.settled()
+    before, account = attached.outside(), attached.account()
+    run = attached.up()
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    steps = {r.step: r for r in run.results}
+    assert {s for s, r in steps.items() if r.action != "none"} == {"raycluster"}  # every other step is found
+    assert "found:" in steps["kuberay"].reason and "1.7.0" in steps["kuberay"].reason
+    assert attached.outside() == before, "up --attach changed something outside raydlc's objects in the namespace"
+    assert attached.account() == account, "up --attach changed the AWS account"
+    made = attached.made()
+    assert any("/rayclusters/team-a/ray-train-cluster" in k for k in made)
+    assert any("/networkpolicies/team-a/" in k for k in made)
+    assert any("/serviceaccounts/team-a/raydlc-ray" in k for k in made)  # none given: raydlc makes its own
+    assert not any("/namespaces/" in k for k in made)  # the namespace was given: never labelled, never made
+
+    rc = attached.platform.kube.get("RayCluster", "ray-train-cluster", NS)
+    workers = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in workers.get("tolerations", []) or \
+        any(t.get("key") == "nvidia.com/gpu" for t in workers.get("tolerations", []))
+    pods = attached.platform.kube.list("Pod", NS)
+    on = {p["metadata"]["labels"].get("ray.io/node-type"): p["spec"].get("nodeName") for p in pods
+          if p["metadata"]["labels"].get("ray.io/cluster") == "ray-train-cluster"}
+    assert on.get("worker", "").startswith("gpu-"), on  # the workers landed on the found GPU nodes
+
+    now = attached.status().to_dict()
+    own = {s["step"]: s["ownership"] for s in now["steps"]}
+    assert own["raycluster"] == "made" and {own[s] for s in own if s != "raycluster"} == {"found"}
+    assert all(s["source"] for s in now["steps"] if s["ownership"] == "found" and s["step"] != "storage") or True
+    assert now["attach"]["facts"]["kuberay"]["operators"]["value"][0]["version"] == "1.7.0"
+    assert "RayCluster ray-train-cluster" in now["attach"]["made"]
+    found = {r["what"]: r for r in now["attach"]["found"]}
+    assert found["KubeRay operator"]["source"] and "v1.7.0 in kuberay-system" in found["KubeRay operator"]["found"]
+    from rich.console import Console
+
+    from raydlc.views.lifecycle import print_status
+
+    out = Console(width=80, record=True)
+    print_status(now, out)
+    text = out.export_text()
+    assert "found (the platform's, never changed)" in text and "made by raydlc" in text
+    assert now["cost"]["items"] and now["cost"]["total_usd_per_hour"] > 0  # the found g6.12xlarge, priced
+
+    gone = attached.down()
+    assert gone.ok, [(r.step, r.reason) for r in gone.failed]
+    assert attached.made() == []
+    after = attached.outside()
+    assert after == before, "down --attach touched what raydlc did not make"
+    assert attached.platform.kube.get("RayCluster", platform_world.OTHER_TEAM_CLUSTER, NS) is not None
+    assert attached.account() == account
+    doc = gone.to_dict()
+    assert any("KubeRay" in k or "kuberay" in k.lower() for k in doc["kept"]), doc
+
+
+@pytest.mark.slow  # the refusal, then up end to end once the rendered Role is applied
+@pytest.mark.parametrize("attached", [{"variant": "platform", "grant": False}], indirect=True)
+def test_missing_rbac_is_one_error_before_anything_is_made_and_the_rendered_role_fixes_it(attached) -> None:
+    from raydlc import api
+    from raydlc.errors import InputError
+
+    rules = [r for r in platform_world.TEAM_RULES if "rayclusters" not in r["resources"]]
+    rules.append(platform_world.rule(["ray.io"], ["rayclusters"], ["get", "list", "watch", "patch", "delete"]))
+    attached.platform.grant(NS, rules)
+    with pytest.raises(InputError) as e:
+        attached.up()
+    assert "create rayclusters" in e.value.message and "render --only rbac" in (e.value.hint or "")
+    assert e.value.exit_code == 2
+    assert attached.made() == [] and not [k for k in attached.platform.snapshot() if RAY in k], "made before the check"
+    rendered = api.render(only="rbac", settings=attached.settings(), subject=f"User:{platform_world.USER}")
+    (doc,) = rendered.docs.values()
+    attached.platform.apply(doc["items"])  # what the platform team does with it
+    assert attached.up().ok
+
+
+@pytest.mark.parametrize(("attached", "words"), [
+    ("no-kuberay", "KubeRay is not installed"),
+    ("old-operator", "is v1.5.1"),
+    ("no-gpu", "GPU"),
+], indirect=["attached"])
+def test_a_platform_that_cannot_run_the_raycluster_is_refused_in_one_error_before_anything_is_made(attached, words: str) -> None:
+    from raydlc.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        attached.up()
+    assert words in e.value.message, e.value.message
+    assert e.value.exit_code == 2
+    assert "\n" not in e.value.message or words != "GPU"  # no GPU capacity is one line; KubeRay's problems one error
+    assert attached.made() == [] and not [k for k in attached.platform.snapshot() if RAY in k]  # nothing was made
+
+
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
+@pytest.mark.parametrize("attached", ["nodepool-only"], indirect=True)
+def test_no_gpu_node_but_a_nodepool_that_can_make_them_attaches_with_the_workers_left_to_karpenter(attached) -> None:
+    run = attached.up(IDLE_MINUTES="15")
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    steps = {r.step: r for r in run.results}
+    assert "NodePool" in steps["capacity"].reason and "gpu" in steps["capacity"].reason
+    assert "karpenter" in steps["autoscaler"].reason
+
+
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
+@pytest.mark.parametrize("attached", ["hyperpod"], indirect=True)
+def test_hyperpod_nodes_are_found_with_their_ml_instance_type(attached) -> None:
+    run = attached.up()
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    nodes = {r.step: r for r in run.results}["gpu-nodegroup"].reason
+    assert "ml.p5.48xlarge" in nodes and "HyperPod" in nodes
+    # a budget is priced from the found type: SageMaker bills ml. types, raydlc's table has no price, so it is refused
+    from raydlc.config import load_config
+    from raydlc.errors import InputError
+    from raydlc.lifecycle.attach import priced_as_found
+    from raydlc.render.raycluster import job_deadline
+
+    cfg = priced_as_found(load_config(env={f"RAYDLC_{k}": v for k, v in attached.settings(JOB_MAX_COST_USD="50").items()}))
+    assert (cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node) == ("ml.p5.48xlarge", 8)
+    with pytest.raises(InputError, match="no hourly price"):
+        job_deadline(cfg)
+    status = attached.status().to_dict()
+    assert any("ml.p5.48xlarge" in u for u in status["cost"]["unpriced"])
+    from rich.console import Console
+
+    from raydlc.views.lifecycle import print_status
+
+    out = Console(width=200, record=True)
+    print_status(status, out)
+    assert "unknown price: 2 × ml.p5.48xlarge" in " ".join(out.export_text().split())
+
+
+@pytest.mark.slow  # up and down end to end on the platform world, as tests/lifecycle/test_scenarios.py
+@pytest.mark.parametrize("attached", ["kind"], indirect=True)
+def test_a_kind_cluster_without_aws_attaches_with_kube_context_alone_and_aws_facts_are_not_applicable(attached) -> None:
+    run = attached.up(USE_GPU="false", STORAGE_PATH="")
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    now = attached.status(USE_GPU="false", STORAGE_PATH="").to_dict()
+    assert now["attach"]["facts"]["eks"]["state"] == "not-applicable"
+    cluster = next(s for s in now["steps"] if s["step"] == "cluster")
+    assert "not applicable" in cluster["reason"]
+
+
+@pytest.mark.slow  # a real Ray head, and raydlc's CLI in a subprocess
+def test_attach_then_submit_reaches_the_head_through_the_kube_context_and_down_leaves_the_platform(attached, tmp_path: Path) -> None:
+    """`submit` on an attached cluster: the head found through KUBE_CONTEXT, the token read from the Secret `up --attach`
+    made, the port-forward opened with `--context` (kubectl double), the job run on a real local Ray head standing in
+    for the head pod; `down --attach` after it leaves the platform as it was."""
+    import base64
+    import json
+    import subprocess
+
+    from raydlc.edges import local_head
+
+    attached.settled()
+    before = attached.outside()
+    assert attached.up().ok
+    secret = attached.platform.kube.get("Secret", f"{RAY}-ray-token", NS)
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.py").write_text("print('hello from an attached cluster', flush=True)\n")
+    with local_head.start_head(num_cpus=1, log_dir=tmp_path / "head-log", token=token, timeout=240) as head:
+        env, log = servers.doubles_env(tmp_path, sys.executable, {f"{NS}/{RAY}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS", "RAY_AUTH"))}
+        full.update(env, RAYDLC_ATTACH="true", RAYDLC_KUBE_CONTEXT="platform", RAYDLC_NAMESPACE=NS)
+        p = subprocess.run([sys.executable, "-m", "raydlc", "submit", "hello.py", "--json"], capture_output=True, text=True,
+                           cwd=work, env=full, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "hello from an attached cluster" in p.stdout + p.stderr
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert doc["target"] == "cluster" and doc["status"] == "SUCCEEDED", doc
+    forwards = [json.loads(line)["argv"] for line in log.read_text().splitlines() if "port-forward" in line]
+    assert forwards and all(a[a.index("--context") + 1] == "platform" for a in forwards), forwards
+    assert token not in p.stdout + p.stderr
+    assert attached.down().ok
+    assert attached.made() == [] and attached.outside() == before
