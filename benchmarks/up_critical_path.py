@@ -48,7 +48,6 @@ def main() -> None:
     from kuberay import Operator
 
     import raydlc.edges.aws
-
     from raydlc import lifecycle
     from raydlc.config import load_config
     from raydlc.lifecycle import Timings, orders
