@@ -16,6 +16,8 @@ from typer.core import TyperCommand
 
 from raydlc.cli.app import app, config_args, notice, report
 from raydlc.cli.options import JSON
+from raydlc.config.flags import named_settings, with_options
+from raydlc.config.flags import option as flags_option
 from raydlc.errors import InputError
 from raydlc.views.output import console, err_console
 
@@ -104,7 +106,11 @@ def _print_rendered(rendered: Any) -> None:
         notice(rendered.code.line)
 
 
+LIFECYCLE_OPTIONS = [flags_option("SKIP_PERMISSION_CHECK")]  # the settings up and down take as their own flags
+
+
 @app.command("up", cls=_NamesSteps)
+@with_options(LIFECYCLE_OPTIONS)
 def up(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each step, whether it would act and why, and the exact command; change nothing."),
@@ -115,12 +121,15 @@ def up(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="Where raydlc writes and reads the cluster's kubeconfig [KUBECONFIG]."),
     force: bool = typer.Option(False, "--force", help="Use an existing cluster that raydlc did not create."),
     yes: bool = typer.Option(False, "--yes", help="Recreate the Ray pods when their templates changed (stops running jobs) without asking."),
+    *,
+    named: dict[str, Any],
 ) -> None:
     """Create or resume the cluster: EKS, EFA GPU nodes, device plugins, KubeRay, the RayCluster."""
     from raydlc import api
     from raydlc.views import lifecycle as view
 
     args = config_args(ctx)
+    args["settings"] = {**args["settings"], **named_settings(LIFECYCLE_OPTIONS, named, caller="up")}
     run = lambda reporter: api.up(**args, only=only, from_=from_, until=until, dry_run=dry_run, force=force,
                                   kubeconfig=kubeconfig, reporter=reporter, yes=yes)
     raise typer.Exit(view.execute("up", run, json_=json_, dry_run=dry_run))
@@ -141,6 +150,7 @@ def status(
 
 
 @app.command("down")
+@with_options(LIFECYCLE_OPTIONS)
 def down(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be removed and how; change nothing."),
@@ -152,6 +162,8 @@ def down(
                                         "(kept otherwise, with its checkpoints)."),
     yes: bool = typer.Option(False, "--yes", help="Do not ask before --delete-storage deletes the checkpoints."),
     local: bool = typer.Option(False, "--local", help="End raydlc's local Ray head instead (by its recorded PID and process group)."),
+    *,
+    named: dict[str, Any],
 ) -> None:
     """Remove everything `up` made, in reverse, until AWS lists nothing of the cluster that bills."""
     from raydlc import api
@@ -168,6 +180,7 @@ def down(
     if delete_storage and not (yes or dry_run):
         _confirm_delete_storage()
     args = config_args(ctx)
+    args["settings"] = {**args["settings"], **named_settings(LIFECYCLE_OPTIONS, named, caller="down")}
     run = lambda reporter: api.down(**args, keep_cluster=keep_cluster, delete_storage=delete_storage, dry_run=dry_run,
                                     force=force, kubeconfig=kubeconfig, reporter=reporter)
     raise typer.Exit(view.execute("down", run, json_=json_, dry_run=dry_run))

@@ -167,6 +167,11 @@ class ClusterConfig(_Section):
         "KUBECONFIG", "kubeconfig raydlc writes for the cluster and uses; empty = ~/.raydlc/<name>-<region>/kubeconfig "
         "(~/.kube/config only when given)", default=None,
     )
+    skip_permission_check: bool = _env(
+        "SKIP_PERMISSION_CHECK", "do not ask IAM's policy simulator first whether the caller may do what up and down will "
+        "ask of AWS (for a caller whose permissions the simulator cannot see: SCPs, boundaries, conditions)", default=False,
+        flag=Flag("--skip-permission-check", "Do not check the caller's AWS permissions with IAM's policy simulator first"),
+    )
 
 
 class SystemNodesConfig(_Section):

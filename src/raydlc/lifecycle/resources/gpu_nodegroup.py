@@ -42,6 +42,8 @@ def attempts(cfg: Config, choice: ZoneChoice, tried: list[str]) -> list[tuple[st
     if not choice.chosen:
         zones = zones[:1]
     kind = cfg.gpu_nodes.capacity_type
+    if kind == "spot-then-on-demand" and choice.spot_quota_short:
+        return [(z, False) for z in zones]  # the Spot vCPU quota cannot hold the nodes: EC2 would refuse every launch
     if kind == "spot-then-on-demand":
         return [(z, True) for z in zones] + [(z, False) for z in zones]
     return [(z, kind == "spot") for z in zones]
@@ -140,7 +142,12 @@ class GpuNodeGroup(Resource):
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
         errors: list[str] = [f"{z}: a failed node group found there" for z in tried]
         plan = attempts(ctx.cfg, choice, tried)
+        if choice.spot_quota_short and plan:
+            ctx.reporter.line(self.name, "the Spot vCPU quota cannot hold the GPU nodes; On-Demand instead (spot-then-on-demand)")
+        spot_quota_hit = False
         for i, (az, spot) in enumerate(plan):
+            if spot and spot_quota_hit:
+                continue  # the Spot quota is the region's: no other AZ's Spot launch can pass it
             kind = "Spot" if spot else "On-Demand"
             if i > 0 and not spot and plan[i - 1][1]:
                 ctx.reporter.line(self.name, f"no Spot capacity; falling back to On-Demand: trying {az}")
@@ -161,11 +168,18 @@ class GpuNodeGroup(Resource):
             err = self._failure(ctx, ng, tool_error)
             errors.append(f"{az}{f' ({kind})' if eksctl.spot(ctx.cfg) else ''}: {err}")
             nodegroups.remove(ctx, self.name, ngname)
+            if spot and cloud.is_spot_quota_error(err) and ctx.cfg.gpu_nodes.capacity_type == "spot-then-on-demand":
+                spot_quota_hit = True
+                continue
             if not cloud.is_capacity_error(err):
                 break
         hint = ("run `raydlc capacity` and set GPU_AZ to a zone that has capacity, or retry later"
                 if any(cloud.is_capacity_error(e) for e in errors) else "see the error above; re-run `raydlc up` once fixed")
-        if ctx.cfg.gpu_nodes.capacity_type == "spot" and any(cloud.is_capacity_error(e) for e in errors):
+        if any(cloud.is_spot_quota_error(e) for e in errors) and ctx.cfg.gpu_nodes.capacity_type == "spot":
+            hint = ("the account's Spot vCPU quota for this instance family is below the GPU nodes' vCPUs: request more "
+                    "(`raydlc capacity` names the quota code), or GPU_CAPACITY_TYPE=spot-then-on-demand falls back to "
+                    "On-Demand nodes")
+        elif ctx.cfg.gpu_nodes.capacity_type == "spot" and any(cloud.is_capacity_error(e) for e in errors):
             hint += "; GPU_CAPACITY_TYPE=spot-then-on-demand falls back to On-Demand nodes"
         raise StepFailed(f"GPU node group {ngname} could not be created: {' | '.join(errors)}", hint=hint)
 
