@@ -42,9 +42,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
 
+    import awsstub
+    import eks_state
     import servers
     from kuberay import Operator
 
+    import raydlc.edges.aws
     from raydlc import lifecycle
     from raydlc.config import load_config
     from raydlc.lifecycle import Timings, orders
@@ -68,6 +71,9 @@ def main() -> None:
             DOUBLES_SCENARIO=str(scenario), DOUBLES_KUBE_URL=kube.url, DOUBLES_LOG=str(tmp / "calls.jsonl"),
         )
         cfg = load_config(env={})
+        # moto lacks ListAddons and ListPodIdentityAssociations: the answers the lifecycle tests register
+        # (tests/doubles/eks_state.py, from the state the eksctl double keeps beside the scenario file)
+        raydlc.edges.aws.client = awsstub.hooked(raydlc.edges.aws.client, eks_state.handlers(eks_state.path_for(scenario)))
         from raydlc import capacity
 
         servers.reset_moto(moto, warm_regions=(cfg.cluster.region,))  # moto builds its EC2 backend; not part of up

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What `up` needs from the caller's AWS identity, for docs/lifecycle.md: generated from raydlc.lifecycle.permissions.
+"""What `up` and `down` need from the caller's AWS identity, for docs/lifecycle.md: generated from raydlc.lifecycle.permissions.
 
     python scripts/iam_policy_doc.py           # print it
     python scripts/iam_policy_doc.py --write   # put it into docs/lifecycle.md, between its markers
@@ -28,11 +28,14 @@ PLACEHOLDERS = permissions.Names(
 
 
 def text() -> str:
-    rows = ["| statement | `up` step | actions | resources |", "|---|---|---|---|"]
+    rows = ["| statement | order: step | from | actions | resources |", "|---|---|---|---|---|"]
     for need in (*permissions.NEEDS, permissions.SELF_CHECK):
         actions = ", ".join(f"`{a}`" for a in need.actions)
         res = ", ".join(f"`{r}`" for r in permissions.resources(need, PLACEHOLDERS))
-        rows.append(f"| {need.sid} | {need.step or '(the check itself)'} | {actions} | {res} |")
+        if need.condition:
+            res += f" when `{need.condition[0]}` = `{need.condition[1]}`"
+        where = f"{'/'.join(need.orders)}: {need.step or '(the check itself)'}"
+        rows.append(f"| {need.sid} | {where} | {need.origin} | {actions} | {res} |")
     policy = json.dumps(permissions.minimal_policy(PLACEHOLDERS), indent=2)
     return "\n".join([*rows, "", "```json", policy, "```"])
 

@@ -293,3 +293,40 @@ def test_workers_have_their_own_service_account_with_storage_and_no_autoscaler_b
     assert pias[head_sa]["permissionPolicy"] == pias[worker_sa]["permissionPolicy"]
     assert pias[head_sa]["roleName"] != pias[worker_sa]["roleName"]
     assert pias[head_sa]["namespace"] == pias[worker_sa]["namespace"] == "ray-train"
+
+
+# --- spot-then-on-demand on an elastic cluster: two groups and the CA's priority expander ---
+
+
+def test_spot_then_on_demand_is_two_gpu_groups_from_zero_and_the_ca_takes_on_demand_when_spot_cannot_launch(
+        tmp_path: Path) -> None:
+    """Both groups at min 0, the same labels, taints and node-template tags; the chart's values turn the priority
+    expander on and the chart writes a priorities table that prefers the Spot group's ASG. The CA double expands the
+    Spot group first; once its launch failed (backed off) it expands the On-Demand twin, to the pods' nodes."""
+    import re
+
+    import cluster_autoscaler as cad
+
+    cfg, docs = docs_for(tmp_path, GPU_CAPACITY_TYPE="spot-then-on-demand", GPU_NODE_COUNT=2)
+    groups = {g["name"]: g for g in docs[FILES["eksctl"]]["managedNodeGroups"]}
+    spot, od = groups["gpu-workers"], groups[ca.fallback_group(cfg)]
+    assert spot.get("spot") is True and "spot" not in od
+    assert (spot["minSize"], od["minSize"], od["desiredCapacity"], od["maxSize"]) == (0, 0, 0, spot["maxSize"])
+    assert od["labels"] == spot["labels"] and od["tags"] == spot["tags"] and od["taints"] == spot["taints"]
+    values = docs["helm/cluster-autoscaler.values.yaml"]
+    table = cad.chart_priorities(values)
+    assert table is not None and set(table) == {ca.SPOT_PRIORITY, ca.ON_DEMAND_PRIORITY}
+    assert all(re.compile(r) for rs in table.values() for r in rs)
+    asg_spot = "eks-gpu-workers-12c5c3b1-8e6e-4f6a-9d1e-0a1b2c3d4e5f"
+    asg_od = f"eks-{ca.fallback_group(cfg)}-5d1e2f3a-1b2c-4d5e-8f9a-0b1c2d3e4f5a"
+    assert cad.expand([asg_spot, asg_od], table) == asg_spot
+    assert cad.expand([asg_spot, asg_od], table, backed_off=[asg_spot]) == asg_od
+    assert cad.expand(["eks-system-0b1c2d3e-1b2c-4d5e-8f9a-0b1c2d3e4f5a"], table) is None  # not a GPU option
+    target = cad.scale_up(target=0, max_size=od["maxSize"], nodes=[], pending_gpu_pods=[4, 4], asg_tags=od["tags"])
+    assert target == 2
+    # the fixed-size cluster keeps one GPU group (up's create-time fallback), and the chart gets no expander
+    _, docs0 = docs_for(tmp_path, GPU_CAPACITY_TYPE="spot-then-on-demand", IDLE_MINUTES=0)
+    assert [g["name"] for g in docs0[FILES["eksctl"]]["managedNodeGroups"]] == ["system", "gpu-workers"]
+    _, plain = docs_for(tmp_path, GPU_CAPACITY_TYPE="spot")
+    assert cad.chart_priorities(plain["helm/cluster-autoscaler.values.yaml"]) is None
+    assert len(plain[FILES["eksctl"]]["managedNodeGroups"]) == 2

@@ -225,6 +225,17 @@ def test_spot_nodes_are_judged_on_the_spot_quota_not_the_on_demand_one() -> None
     assert (both.quota.code, both.zones[0].verdict) == (G, "ready")
     assert cap.rank(no_od, region="r-1", instance_type="g6.12xlarge", count=2,
                     capacity_type="spot-then-on-demand").quota.code == G_SPOT
+    assert not both.spot_quota_short
+    # a Spot quota short of the nodes while On-Demand's holds them: spot-then-on-demand goes On-Demand at once
+    od_only = cap.rank(_signals(), region="r-1", instance_type="g6.12xlarge", count=2, capacity_type="spot-then-on-demand")
+    assert od_only.spot_quota_short and od_only.best_zone is not None and od_only.quota.code == G
+    from raydlc.capacity.choice import choose
+    from raydlc.config import load_config
+    from raydlc.lifecycle.resources.gpu_nodegroup import attempts
+
+    cfg = load_config(env={"RAYDLC_GPU_CAPACITY_TYPE": "spot-then-on-demand", "RAYDLC_REGION": "us-east-2"})
+    choice = choose(cfg, od_only)
+    assert choice.spot_quota_short and attempts(cfg, choice, []) and not any(spot for _, spot in attempts(cfg, choice, []))
     short = cap.rank(_signals(), region="r-1", instance_type="g6.12xlarge", count=2, capacity_type="spot")  # Spot quota 0
     assert short.best_zone is None and short.quota_request is not None and short.quota_request.quota_code == G_SPOT
     assert "offered; Spot G and VT quota 0 vCPUs" in short.zones[0].reason

@@ -13,6 +13,11 @@ Modelled on cluster-autoscaler 1.36.1 (this models its rules; it is not its code
   `addUpcomingNodesToClusterSnapshot` (each upcoming node enters the snapshot as the group's template node, so
   pending pods that fit on it trigger nothing); the rest of the pending GPU pods get new nodes, first fit, up to
   the group's maximum.
+- `expand`: expander/priority/priority.go with the readme's rules (the highest priority whose regexes match a
+  group's name wins, a group no regex matches is not an option) over the options that are not backed off:
+  clusterstate/clusterstate.go `RegisterFailedScaleUp` / `IsNodeGroupSafeToScaleUp` — a group whose scale-up failed
+  (on AWS: the ASG's launch failed, cloudprovider/aws `HandleInstanceCreationErrors` placeholder instances) is
+  backed off, so the next loop expands the next option.
 - `template_node`: cloudprovider/aws/aws_manager.go `buildNodeFromTemplate` — labels from the ASG's
   `node-template/label/` tags (`extractLabelsFromAsg`), extended resources from `node-template/resources/`.
 """
@@ -72,3 +77,39 @@ def scale_up(*, target: int, max_size: int, nodes: Sequence[Mapping[str, Any]], 
             added += 1
             free.append(per_new_node - want)
     return target + added
+
+
+def expand(options: Sequence[str], priorities: Mapping[int, Sequence[str]], backed_off: Sequence[str] = ()) -> str | None:
+    """The group the priority expander picks among `options` (ASG names that could take the pending pods), those
+    backed off after a failed scale-up left out; None when none is left."""
+    import re
+
+    live = [o for o in options if o not in backed_off]
+    for _priority, patterns in sorted(priorities.items(), key=lambda kv: -int(kv[0])):
+        matched = [o for o in live if any(re.search(p, o) for p in patterns)]
+        if matched:
+            return sorted(matched)[0]  # the CA picks at random among equals; one here
+    return None
+
+
+def chart_priorities(values: Mapping[str, Any]) -> dict[int, list[str]] | None:
+    """The `priorities` the chart (9.59.0 templates/priority-expander-configmap.yaml) writes into the
+    cluster-autoscaler-priority-expander ConfigMap from these values, parsed as the CA parses it; None when the chart
+    writes none (no `priority` in `extraArgs.expander`, or no expanderPriorities)."""
+    import json
+
+    import yaml
+
+    extra = values.get("extraArgs") or {}
+    if "expander" not in extra or "priority" not in str(extra["expander"]).split(","):
+        return None
+    table = values.get("expanderPriorities")
+    if not table:
+        return None
+    if isinstance(table, str):
+        text = table
+    else:
+        # `{{ $k | int }}:` then `toYaml $v` indented: a YAML list of the regexes (JSON strings are YAML too)
+        text = "\n".join(f"{int(k)}:\n" + "".join(f"  - {json.dumps(v)}\n" for v in regexes) for k, regexes in table.items())
+    parsed = yaml.safe_load(text)
+    return {int(k): [str(r) for r in v] for k, v in parsed.items()}

@@ -66,6 +66,7 @@ class World:
     reservations: list[dict[str, Any]] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
     simulations: list[dict[str, Any]] = field(default_factory=list)  # iam:SimulatePrincipalPolicy requests (iam_simulator)
+    operations: list[tuple[str, str]] | None = None  # (signing name, operation) of raydlc's AWS calls while recording
     region: str = REGION  # what `client` and `backend` read; `in_region` moves the test elsewhere
 
     def in_region(self, region: str) -> None:
@@ -136,6 +137,15 @@ class World:
             lambda az: "Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to "
                        "your request configuration. Please adjust your request and try again. Launching EC2 "
                        "instance failed.")
+
+    def spot_quota_exceeded(self) -> None:
+        """EC2 refuses every Spot launch past the account's Spot vCPU quota (error MaxSpotInstanceCountExceeded, which
+        EKS shows as the group's AsgInstanceLaunchFailures issue); the quota is the region's, so in every AZ.
+        moto has no failing create: flipped in its backend."""
+        self._fail_launches_in(
+            {"us-east-2a", "us-east-2b", "us-east-2c"}, lambda ng: ng.capacity_type == "SPOT", "{name} Spot quota exceeded in {az}",
+            lambda az: "Could not launch Spot Instances. MaxSpotInstanceCountExceeded - Max spot instance count exceeded. "
+                       "Launching EC2 instance failed.")
 
     def _fail_launches_in(self, zones: set[str], hit: Any, patch: str, message: Any) -> None:
         """Node groups in `zones` that `hit` selects end CREATE_FAILED with EKS's AsgInstanceLaunchFailures issue
@@ -347,6 +357,18 @@ def world(moto_server: str, kube_server: KubeServer, monkeypatch: pytest.MonkeyP
 
     hooks.update(iam_simulator.handlers(moto_iam, w.simulations))
     hooks.update(eks_state.handlers(eks_state.path_for(w.scenario_file)))  # add-ons and pod identities: moto has neither
+
+    def record(model: Any, params: dict[str, Any], **kw: Any) -> None:  # raydlc's clients' operations, while recording
+        if w.operations is None:
+            return
+        service, name = model.service_model.signing_name, model.name
+        if name == "DeleteObjects":  # authorised per key: s3:DeleteObjectVersion for a key with a VersionId
+            kinds = {"DeleteObjectVersion" if "VersionId" in o else "DeleteObject" for o in params["Delete"]["Objects"]}
+            w.operations.extend((service, k) for k in sorted(kinds))
+        else:
+            w.operations.append((service, name))
+
+    hooks["before-parameter-build"] = record
 
     monkeypatch.setattr(raydlc.edges.aws, "client", awsstub.hooked(make, hooks))
     with Operator(kube_server.url) as op:

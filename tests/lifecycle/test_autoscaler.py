@@ -155,3 +155,24 @@ def test_an_autoscaler_pod_that_cannot_start_fails_up_naming_its_state(elastic: 
     assert "the Cluster Autoscaler did not start: pod cluster-autoscaler-" in failed.reason
     assert "CrashLoopBackOff" in failed.reason
     assert by_step(run)["raycluster"].outcome == "done"  # the rest of the cluster is up; only this step failed
+
+
+def test_spot_then_on_demand_makes_the_spot_group_and_its_on_demand_twin_and_down_removes_both(elastic: Any) -> None:
+    """On an elastic cluster spot-then-on-demand is two GPU groups from 0 (raydlc.render.autoscaler): the Spot one
+    and an On-Demand twin at 0 that the Cluster Autoscaler's priority expander takes when Spot cannot launch."""
+    world = elastic
+    cfg = world.config(RAYDLC_GPU_CAPACITY_TYPE="spot-then-on-demand")
+    run = lifecycle.up(cfg, timings=FAST)
+    assert run.ok, _failed(run)
+    eks = world.client("eks")
+    spot = eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpu-workers")["nodegroup"]
+    twin = eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpu-workers-on-demand")["nodegroup"]
+    assert (spot["capacityType"], twin["capacityType"]) == ("SPOT", "ON_DEMAND")
+    assert (twin["scalingConfig"]["minSize"], twin["scalingConfig"]["desiredSize"]) == (0, 0)
+    assert twin["subnets"] == spot["subnets"]  # the same AZ: EFA's one
+    assert any("On-Demand group gpu-workers-on-demand" in n for n in run.notes["gpu-nodegroup"])
+    again = lifecycle.up(cfg, timings=FAST)
+    assert again.ok and by_step(again)["gpu-nodegroup"].action == "none", _failed(again)
+    down = lifecycle.down(cfg, keep_cluster=True, timings=FAST)
+    assert down.ok, _failed(down)
+    assert eks.list_nodegroups(clusterName=CLUSTER)["nodegroups"] == ["system"]

@@ -104,3 +104,81 @@ class _Lines(Reporter):
 
     def line(self, step: str, text: str) -> None:
         self.out.append(text)
+
+
+def _cfg(world: Any) -> Any:
+    from raydlc.render.bucket import for_cluster
+
+    return for_cluster(world.config(), lambda: "123456789012")
+
+
+def test_pass_role_scoped_to_eks_by_passed_to_service_passes_and_to_another_service_is_refused(world: Any) -> None:
+    """AWS's recommended PassRole statement (Condition iam:PassedToService) passes: the check gives the simulator the
+    context the real CreateCluster/CreateNodegroup/CreatePodIdentityAssociation requests carry."""
+    policy = _policy(world)
+    passing = [st for st in policy["Statement"] if "iam:PassRole" in st["Action"]]
+    assert passing and all(st["Condition"] == {"StringEquals": {"iam:PassedToService": "eks.amazonaws.com"}} for st in passing)
+    _as_user(world, "scoped", policy)
+    said: list[str] = []
+    permissions.check(aws.session("us-east-2"), _cfg(world), ["storage", "cluster", "gpu-nodegroup"], said.append)
+    assert said == ["IAM's policy simulator allows arn:aws:iam::123456789012:user/scoped every action up needs"]
+    entries = [{e["ContextKeyName"]: e["ContextKeyValues"] for e in s.get("ContextEntries", [])} for s in world.simulations
+               if "iam:PassRole" in s["ActionNames"]]
+    assert entries and all(e["iam:PassedToService"] == ["eks.amazonaws.com"] for e in entries)
+    for st in passing:
+        st["Condition"] = {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    world.client("iam").put_user_policy(UserName="scoped", PolicyName="up", PolicyDocument=json.dumps(policy))
+    with pytest.raises(InputError) as e:
+        permissions.check(aws.session("us-east-2"), _cfg(world), ["cluster"], said.append)
+    assert "iam:PassRole on arn:aws:iam::123456789012:role/eksctl-eks-cluster-*" in e.value.message
+    assert "--skip-permission-check" in (e.value.hint or "")
+
+
+def test_a_condition_the_check_cannot_supply_is_cannot_tell_not_denied(world: Any) -> None:
+    """A statement that asks for MFA (aws:MultiFactorAuthPresent, which the check cannot know for the real calls):
+    the simulator names the key in MissingContextValues; `up` says it cannot tell and goes on."""
+    policy = _policy(world)
+    for st in policy["Statement"]:
+        if st["Sid"] == "Bucket":
+            st["Condition"] = {"Bool": {"aws:MultiFactorAuthPresent": "true"}}
+    _as_user(world, "mfa", policy)
+    said: list[str] = []
+    permissions.check(aws.session("us-east-2"), _cfg(world), ["storage"], said.append)
+    (line,) = said
+    assert line.startswith("IAM's policy simulator cannot tell whether arn:aws:iam::123456789012:user/mfa may do ")
+    assert "s3:CreateBucket on arn:aws:s3:::" in line and "(its policy asks for aws:MultiFactorAuthPresent)" in line
+    assert "s3:ListBucket on" not in line  # another statement (DeleteBucket's) allows it without a condition
+    assert line.endswith("; going on")
+
+
+def test_skip_permission_check_is_a_flag_of_up_and_down(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    _as_user(world, "nothing", {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "iam:SimulatePrincipalPolicy", "Resource": "*"}]})
+    assert main(["up", "--only", "storage"]) == 2
+    assert "--skip-permission-check" in capsys.readouterr().err
+    world.simulations.clear()
+    said: list[str] = []
+    cfg = world.config(RAYDLC_SKIP_PERMISSION_CHECK="true")
+    permissions.check(aws.session("us-east-2"), cfg, ["storage"], said.append)
+    assert said == ["not checking the caller's permissions for up (SKIP_PERMISSION_CHECK)"] and world.simulations == []
+    from typer.testing import CliRunner
+
+    from raydlc.cli import app
+
+    for command in ("up", "down"):
+        assert "--skip-permission-check" in CliRunner().invoke(app, [command, "--help"], terminal_width=200).output
+
+
+def test_down_checks_its_own_needs_before_it_deletes_anything(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """An identity that may make the bucket but not delete it: `down --delete-storage` is refused naming
+    s3:DeleteBucket and s3:DeleteObjectVersion, and the bucket is still there."""
+    assert lifecycle.up(world.config(), only="storage").ok
+    (bucket,) = [b["Name"] for b in world.client("s3").list_buckets()["Buckets"]]
+    policy = _policy(world)
+    policy["Statement"] = [st for st in policy["Statement"] if st["Sid"] not in ("DeleteBucket", "DeleteObjects")]
+    _as_user(world, "maker", policy)
+    assert main(["down", "--delete-storage", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks" in err and "`down` needs" in err
+    assert f"s3:DeleteBucket on arn:aws:s3:::{bucket}" in err and f"s3:DeleteObjectVersion on arn:aws:s3:::{bucket}/*" in err
+    assert [b["Name"] for b in world.client("s3").list_buckets()["Buckets"]] == [bucket]

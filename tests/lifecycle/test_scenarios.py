@@ -730,6 +730,27 @@ def test_spot_alone_does_not_fall_back_and_says_how_to(world) -> None:
     assert [c[:2] for c in world.calls("eksctl")].count(["create", "nodegroup"]) >= 2
 
 
+def test_spot_quota_exceeded_goes_to_on_demand_at_once_under_spot_then_on_demand(world) -> None:
+    """MaxSpotInstanceCountExceeded is the region's Spot quota, not one AZ's capacity: one Spot try, then On-Demand."""
+    world.spot_quota_exceeded()
+    rec = Recorder()
+    run = lifecycle.up(world.config(RAYDLC_GPU_CAPACITY_TYPE="spot-then-on-demand"), timings=FAST, reporter=rec)
+    assert run.ok, [(r.step, r.reason) for r in run.failed]
+    assert len(world.patches) == 1 and world.patches[0].startswith("gpu-workers Spot quota exceeded in ")
+    ng = world.client("eks").describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpu-workers")["nodegroup"]
+    assert ng["capacityType"] == "ON_DEMAND"
+    assert any("MaxSpotInstanceCountExceeded" in n and "came up On-Demand" in n for n in run.notes["gpu-nodegroup"])
+
+
+def test_spot_quota_exceeded_under_spot_is_one_clear_error(world) -> None:
+    world.spot_quota_exceeded()
+    run = lifecycle.up(world.config(RAYDLC_GPU_CAPACITY_TYPE="spot"), timings=FAST)
+    gpu = by_step(run)["gpu-nodegroup"]
+    assert gpu.outcome == "failed" and "MaxSpotInstanceCountExceeded" in gpu.reason and "(On-Demand)" not in gpu.reason
+    assert "Spot vCPU quota" in (gpu.hint or "") and "spot-then-on-demand" in (gpu.hint or "")
+    assert [c[:2] for c in world.calls("eksctl")].count(["create", "nodegroup"]) == 1  # no other AZ is tried: same quota
+
+
 def test_status_shows_the_spot_price_beside_on_demand_and_prices_spot_nodes_at_it(world, capsys) -> None:
     """The GPU nodes are Spot: `status` prices them at the live Spot price (DescribeSpotPriceHistory) and shows
     the On-Demand list price beside it; the system node stays On-Demand."""

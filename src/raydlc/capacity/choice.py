@@ -50,6 +50,7 @@ class ZoneChoice:
     cluster_zones: tuple[str, ...] = ()
     hint: str | None = None
     refused: bool = False  # the zone the user set (GPU_AZ) can never hold the cluster: their input to change
+    spot_quota_short: bool = False  # spot-then-on-demand whose Spot vCPU quota cannot hold the nodes: On-Demand at once
 
     def zones_for(self, az: str) -> list[str]:
         """The ClusterConfig's AZs with `az` as the GPU node group's (it comes first)."""
@@ -95,4 +96,4 @@ def choose(cfg: Config, report: CapacityReport) -> ZoneChoice:
     retry = [z for z in candidates if z != az]
     pad = [z for z in [u.zone for u in usable] + others if z != az and z not in retry]
     extra = retry + pad[: max(0, MIN_CLUSTER_ZONES - 1 - len(retry))]
-    return ZoneChoice(az, candidates, reason, chosen, (az, *extra), hint)
+    return ZoneChoice(az, candidates, reason, chosen, (az, *extra), hint, spot_quota_short=report.spot_quota_short)

@@ -85,6 +85,9 @@ class CapacityReport:
     probe: ReservationResult | None = None
     capacity_type: str = "on-demand"  # GPU_CAPACITY_TYPE the zones were ranked for
     on_demand_usd_per_node_hour: float | None = None  # raydlc's table (raydlc.facts.prices); each zone has its Spot price
+    # spot-then-on-demand with a Spot vCPU quota below the nodes' vCPUs while On-Demand's holds them: `up` goes to
+    # On-Demand at once (EC2 would refuse the Spot launches with MaxSpotInstanceCountExceeded)
+    spot_quota_short: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -247,9 +250,16 @@ def rank(
 ) -> CapacityReport:
     """Signals to ordered AZs with a verdict each; pure, so every branch is testable offline."""
     q = _quota(signals, region=region, instance_type=instance_type, count=count)
-    if capacity_type == "spot" or (capacity_type == "spot-then-on-demand" and q.short):
-        # Spot nodes count against the Spot quota; spot-then-on-demand falls back to it when On-Demand is short
-        q = _quota(signals, region=region, instance_type=instance_type, count=count, spot=True)
+    spot_q = _quota(signals, region=region, instance_type=instance_type, count=count, spot=True)
+    spot_short = False
+    if capacity_type == "spot":
+        q = spot_q  # Spot nodes count against the Spot quota
+    elif capacity_type == "spot-then-on-demand":
+        # Spot first, under the Spot quota; a short one is a fallback to On-Demand when its quota holds the nodes,
+        # and when On-Demand is short, Spot's quota is the one that may still hold them
+        spot_short = spot_q.short and not q.short
+        if q.short:
+            q = spot_q
     subnets = signals.subnets.value
     reports = [_judge(z, signals, q, instance_type) for z in _zones(signals)]
     reports.sort(key=_order(capacity_type != "on-demand"))
@@ -260,7 +270,7 @@ def rank(
         instance=signals.facts.value, quota=q.report, spot_quota=_spot_quota(signals, instance_type), zones=reports, best_zone=best,
         quota_request=q.request, cluster=subnets if subnets is not None and subnets.cluster else None,
         checks=checks, unknown=signals.unknowns(), capacity_type=capacity_type,
-        on_demand_usd_per_node_hour=HOURLY_USD_US_EAST_1.get(instance_type),
+        on_demand_usd_per_node_hour=HOURLY_USD_US_EAST_1.get(instance_type), spot_quota_short=spot_short,
     )
 
 

@@ -24,10 +24,10 @@ _STEPS = "{steps}"  # in an option's help: the steps of `up`, in order
 ATTACH_OPTIONS = [option("ATTACH"), option("KUBE_CONTEXT")]  # up, status, down: a cluster someone else runs
 
 
-def _attach_args(ctx: typer.Context, named: dict[str, Any], caller: str) -> dict[str, Any]:
-    """The global --config/--set with --attach and --kube-context on top (a flag outranks --set, as everywhere)."""
+def _attach_args(ctx: typer.Context, named: dict[str, Any], caller: str, options: list[Any] = ATTACH_OPTIONS) -> dict[str, Any]:
+    """The global --config/--set with the command's own flags (--attach, --kube-context, …) on top (a flag outranks --set, as everywhere)."""
     args = config_args(ctx)
-    args["settings"] = {**args["settings"], **named_settings(ATTACH_OPTIONS, named, caller=caller)}
+    args["settings"] = {**args["settings"], **named_settings(options, named, caller=caller)}
     return args
 
 
@@ -114,8 +114,11 @@ def _print_rendered(rendered: Any) -> None:
         notice(rendered.code.line)
 
 
+LIFECYCLE_OPTIONS = [*ATTACH_OPTIONS, option("SKIP_PERMISSION_CHECK")]  # the settings up and down take as their own flags
+
+
 @app.command("up", cls=_NamesSteps)
-@with_options(ATTACH_OPTIONS)
+@with_options(LIFECYCLE_OPTIONS)
 def up(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each step, whether it would act and why, and the exact command; change nothing."),
@@ -136,7 +139,7 @@ def up(
     from raydlc import api
     from raydlc.views import lifecycle as view
 
-    args = _attach_args(ctx, named, "up")
+    args = _attach_args(ctx, named, "up", LIFECYCLE_OPTIONS)
     run = lambda reporter: api.up(**args, only=only, from_=from_, until=until, dry_run=dry_run, force=force,
                                   kubeconfig=kubeconfig, reporter=reporter, yes=yes)
     raise typer.Exit(view.execute("up", run, json_=json_, dry_run=dry_run))
@@ -160,7 +163,7 @@ def status(
 
 
 @app.command("down")
-@with_options(ATTACH_OPTIONS)
+@with_options(LIFECYCLE_OPTIONS)
 def down(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be removed and how; change nothing."),
@@ -192,7 +195,7 @@ def down(
         return
     if delete_storage and not (yes or dry_run):
         _confirm_delete_storage()
-    args = _attach_args(ctx, named, "down")
+    args = _attach_args(ctx, named, "down", LIFECYCLE_OPTIONS)
     run = lambda reporter: api.down(**args, keep_cluster=keep_cluster, delete_storage=delete_storage, dry_run=dry_run,
                                     force=force, kubeconfig=kubeconfig, reporter=reporter)
     raise typer.Exit(view.execute("down", run, json_=json_, dry_run=dry_run))

@@ -185,6 +185,11 @@ class ClusterConfig(_Section):
         "SERVICE_ACCOUNT", "with ATTACH: the ServiceAccount in NAMESPACE the Ray pods run as (the one the platform gave "
         "storage access); empty = raydlc makes its own, with no cloud access", default=None,
     )
+    skip_permission_check: bool = _env(
+        "SKIP_PERMISSION_CHECK", "do not ask IAM's policy simulator first whether the caller may do what up and down will "
+        "ask of AWS (for a caller whose permissions the simulator cannot see: SCPs, boundaries, conditions)", default=False,
+        flag=Flag("--skip-permission-check", "Do not check the caller's AWS permissions with IAM's policy simulator first"),
+    )
 
 
 class SystemNodesConfig(_Section):
@@ -211,8 +216,9 @@ class GpuNodesConfig(_Section):
     nodegroup_name: Name = _env("GPU_NODEGROUP_NAME", "name of the GPU node group", default="gpu-workers")
     capacity_type: Literal["on-demand", "spot", "spot-then-on-demand"] = _env(
         "GPU_CAPACITY_TYPE", "how the GPU nodes are bought: on-demand, spot (EKS managed Spot capacity; Ray drains a node "
-        "on its reclaim notice), or spot-then-on-demand (an on-demand group when Spot has no capacity); head and system "
-        "node stay on-demand", default="on-demand",
+        "on its reclaim notice), or spot-then-on-demand (an on-demand group when Spot has no capacity or quota: at `up`, "
+        "and with IDLE_MINUTES > 0 an On-Demand twin from 0 that the Cluster Autoscaler scales when Spot cannot launch); "
+        "head and system node stay on-demand", default="on-demand",
     )
     usd_per_node_hour: Annotated[float | None, Blank(), AtLeast(0, "dollars an hour")] = _env(
         "GPU_USD_PER_HOUR", "what one GPU node costs an hour as bought (JOB_MAX_COST_USD is kept at it): `submit` sets it "

@@ -26,7 +26,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -456,12 +456,52 @@ def caller_principal(sess: Any) -> tuple[str, str | None]:
     return caller, principal
 
 
-def simulate(sess: Any, principal: str, actions: list[str], resources: list[str]) -> dict[tuple[str, str], str]:
-    """IAM's policy simulator (iam:SimulatePrincipalPolicy) for `principal`: {(action, resource): decision}, decision
-    being `allowed`, `explicitDeny` or `implicitDeny`. AccessDeniedError when the caller may not simulate."""
+@dataclass(frozen=True)
+class Decision:
+    """IAM's policy simulator's answer for one action on one resource: `allowed`, `explicitDeny` or `implicitDeny`,
+    and the condition keys the matching policies needed but the request did not carry (MissingContextValues)."""
+
+    decision: str
+    missing_keys: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision == "allowed"
+
+    @property
+    def unknown(self) -> bool:
+        """Not allowed only for want of a condition key: the simulator cannot tell what the real call would get."""
+        return self.decision == "implicitDeny" and bool(self.missing_keys)
+
+
+def _context_entries(context: Mapping[str, Sequence[str] | bool]) -> list[dict[str, Any]]:
+    out = []
+    for key, value in context.items():
+        if isinstance(value, bool):
+            out.append({"ContextKeyName": key, "ContextKeyValues": [str(value).lower()], "ContextKeyType": "boolean"})
+        else:
+            values = list(value)
+            kind = "string" if len(values) == 1 else "stringList"
+            out.append({"ContextKeyName": key, "ContextKeyValues": values, "ContextKeyType": kind})
+    return out
+
+
+def simulate(sess: Any, principal: str, actions: list[str], resources: list[str],
+             context: Mapping[str, Sequence[str] | bool] | None = None) -> dict[tuple[str, str], Decision]:
+    """IAM's policy simulator (iam:SimulatePrincipalPolicy) for `principal`, with `context` as the real calls carry it
+    (ContextEntries: `iam:PassedToService`, `aws:RequestedRegion`, ...): {(action, resource): Decision}. IAM answers
+    one EvaluationResult per action with a ResourceSpecificResult per resource (older answers: one result per pair);
+    both are read. AccessDeniedError when the caller may not simulate."""
     iam = client(sess, "iam")
-    out: dict[tuple[str, str], str] = {}
+    out: dict[tuple[str, str], Decision] = {}
+    extra = {"ContextEntries": _context_entries(context)} if context else {}
     for result in paginate(iam, "simulate_principal_policy", "EvaluationResults", PolicySourceArn=principal,
-                           ActionNames=actions, ResourceArns=resources):
-        out[(result["EvalActionName"], result.get("EvalResourceName", "*"))] = result["EvalDecision"]
+                           ActionNames=actions, ResourceArns=resources, **extra):
+        action = result["EvalActionName"]
+        per_resource = result.get("ResourceSpecificResults") or []
+        for r in per_resource:
+            out[(action, r["EvalResourceName"])] = Decision(r["EvalResourceDecision"], tuple(r.get("MissingContextValues") or ()))
+        if not per_resource:
+            out[(action, result.get("EvalResourceName", "*"))] = Decision(
+                result["EvalDecision"], tuple(result.get("MissingContextValues") or ()))
     return out

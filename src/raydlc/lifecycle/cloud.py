@@ -166,6 +166,16 @@ def is_capacity_error(text: str) -> bool:
     return any(marker in text for marker in CAPACITY_ERRORS)
 
 
+# EC2's answer to a Spot launch beyond the account's Spot vCPU quota (EC2 API error codes: "MaxSpotInstanceCountExceeded:
+# You've reached the limit on the number of Spot Instances that you can launch"), which EKS shows in the node group's
+# AsgInstanceLaunchFailures issue. The quota is the region's, so no other AZ helps; On-Demand may.
+SPOT_QUOTA_ERRORS = ("MaxSpotInstanceCountExceeded",)
+
+
+def is_spot_quota_error(text: str) -> bool:
+    return any(marker in text for marker in SPOT_QUOTA_ERRORS)
+
+
 def _instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in aws.paginate(ec2, "describe_instances", "Reservations", Filters=filters):

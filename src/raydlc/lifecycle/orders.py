@@ -122,12 +122,13 @@ def _refuse_system_node(cfg: Config) -> None:
     sizing.head_size(cfg.system_nodes.instance_type, cfg.total_gpus, autoscaler.enabled(cfg))
 
 
-def _check_permissions(ctx: Context, selected: Sequence[str]) -> None:
+def _check_permissions(ctx: Context, selected: Sequence[str], order: str = "up") -> None:
     """The caller may do what the selected steps will ask of AWS (IAM's policy simulator): else one InputError naming
-    every missing action, before anything is made (raydlc.lifecycle.permissions)."""
+    every missing action, before anything is made or deleted (raydlc.lifecycle.permissions)."""
     from raydlc.lifecycle import permissions
 
-    permissions.check(ctx.aws_session(), ctx.cfg, selected, lambda text: ctx.reporter.line("capacity", text))
+    step = "capacity" if order == "up" else "cluster"
+    permissions.check(ctx.aws_session(), ctx.cfg, selected, lambda text: ctx.reporter.line(step, text), order)
 
 
 def _check_token(ctx: Context) -> None:
@@ -180,6 +181,7 @@ def down(
     selected = [s.name for s in order(plan) if not (keep_cluster and s.name == Cluster.name)]
     if dry_run:
         return Run("down", True, plan_all(plan, ctx, selected))
+    _check_permissions(ctx, [s for s in selected if delete_storage or s != Storage.name], "down")  # a kept bucket needs nothing
     _require_tools(ctx, graph, selected)
     return Run("down", False, run_all(plan, ctx, selected), ctx.notes)
 

@@ -36,57 +36,171 @@ class Names:
 @dataclass(frozen=True)
 class Need:
     sid: str
-    step: str  # the `up` step that needs it: the check asks only for the selected steps' needs
+    step: str  # the step that needs it: the check asks only for the selected steps' needs
     actions: tuple[str, ...]
     resources: tuple[str, ...]  # templates over Names' fields
+    # Where the need comes from: "raydlc" (raydlc's own boto3 calls: tests/lifecycle/test_permissions_derived.py
+    # records them), "eksctl" (eksctl v0.230.0's "Minimum IAM policies" page) or "cloudformation" (the resource handlers
+    # of the types eksctl's stacks hold, run with the caller's credentials: CFN_HANDLERS)
+    origin: str = "raydlc"
+    # A condition key the real request carries, with its value: the policy scopes the statement by it
+    # (StringEquals) and the simulator is given it as a ContextEntry
+    condition: tuple[str, str] | None = None
+    orders: tuple[str, ...] = ("up",)
 
 
-# eksctl's needs as its minimum-policies page lists them, narrowed to what `create cluster` with managed node groups,
-# add-ons, OIDC and pod identity associations calls (ec2/autoscaling/cloudformation/eks on "*", as the page has them).
+# The resource types eksctl v0.230.0's stacks hold for raydlc's ClusterConfig (new IPv4 VPC with one NAT gateway,
+# managed node groups with launch templates, EFA's placement group and security group, pod identity roles;
+# pkg/cfn/builder: vpc_ipv4.go, cluster.go, managed_nodegroup.go, managed_launch_template.go, nodegroup.go's EFA
+# security group, iam.go) and their handlers' permissions as each type's CloudFormation resource schema lists them
+# (`handlers.create/read.permissions` for `up`, `handlers.delete.permissions` for `down`; tests/doubles/FIDELITY.md
+# has one row per type). The IAM types' actions are granted on eksctl's roles (EksctlRoles), not here.
+CFN_HANDLERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    # type: (the step whose stack holds it, create+read permissions, delete permissions)
+    "AWS::EC2::VPC": ("cluster", ("ec2:CreateVpc", "ec2:DescribeVpcs", "ec2:ModifyVpcAttribute", "ec2:DescribeVpcAttribute",
+                                  "ec2:CreateTags", "ec2:DescribeSecurityGroups", "ec2:DescribeNetworkAcls"),
+                      ("ec2:DeleteVpc", "ec2:DescribeVpcs")),
+    "AWS::EC2::Subnet": ("cluster", ("ec2:CreateSubnet", "ec2:DescribeSubnets", "ec2:ModifySubnetAttribute", "ec2:CreateTags",
+                                     "ec2:DescribeNetworkAcls"), ("ec2:DeleteSubnet", "ec2:DescribeSubnets")),
+    "AWS::EC2::InternetGateway": ("cluster", ("ec2:CreateInternetGateway", "ec2:CreateTags", "ec2:DescribeInternetGateways"),
+                                  ("ec2:DeleteInternetGateway", "ec2:DescribeInternetGateways")),
+    "AWS::EC2::VPCGatewayAttachment": ("cluster", ("ec2:AttachInternetGateway", "ec2:DescribeInternetGateways"),
+                                       ("ec2:DetachInternetGateway", "ec2:DescribeInternetGateways")),
+    "AWS::EC2::RouteTable": ("cluster", ("ec2:CreateRouteTable", "ec2:CreateTags", "ec2:DescribeRouteTables"),
+                             ("ec2:DeleteRouteTable", "ec2:DescribeRouteTables")),
+    "AWS::EC2::Route": ("cluster", ("ec2:CreateRoute", "ec2:DescribeRouteTables"), ("ec2:DeleteRoute", "ec2:DescribeRouteTables")),
+    "AWS::EC2::SubnetRouteTableAssociation": ("cluster", ("ec2:AssociateRouteTable", "ec2:DescribeRouteTables", "ec2:DescribeSubnets"),
+                                              ("ec2:DisassociateRouteTable", "ec2:DescribeRouteTables")),
+    "AWS::EC2::NatGateway": ("cluster", ("ec2:CreateNatGateway", "ec2:CreateTags", "ec2:DescribeNatGateways"),
+                             ("ec2:DeleteNatGateway", "ec2:DescribeNatGateways")),
+    "AWS::EC2::EIP": ("cluster", ("ec2:AllocateAddress", "ec2:DescribeAddresses", "ec2:CreateTags"),
+                      ("ec2:ReleaseAddress", "ec2:DisassociateAddress", "ec2:DescribeAddresses")),
+    "AWS::EC2::SecurityGroup": ("cluster", ("ec2:CreateSecurityGroup", "ec2:DescribeSecurityGroups", "ec2:AuthorizeSecurityGroupEgress",
+                                            "ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupEgress", "ec2:CreateTags"),
+                                ("ec2:DeleteSecurityGroup", "ec2:DescribeSecurityGroups")),
+    "AWS::EC2::SecurityGroupIngress": ("cluster", ("ec2:AuthorizeSecurityGroupIngress", "ec2:DescribeSecurityGroupRules"),
+                                       ("ec2:RevokeSecurityGroupIngress", "ec2:DescribeSecurityGroupRules")),
+    "AWS::EC2::SecurityGroupEgress": ("cluster", ("ec2:AuthorizeSecurityGroupEgress", "ec2:DescribeSecurityGroupRules"),
+                                      ("ec2:RevokeSecurityGroupEgress", "ec2:DescribeSecurityGroupRules")),
+    "AWS::EKS::Cluster": ("cluster", ("eks:CreateCluster", "eks:DescribeCluster", "eks:TagResource", "iam:PassRole", "iam:GetRole",
+                                      "iam:CreateServiceLinkedRole", "ec2:DescribeSubnets", "ec2:DescribeVpcs"),
+                          ("eks:DeleteCluster", "eks:DescribeCluster")),
+    "AWS::EKS::Nodegroup": ("gpu-nodegroup", ("eks:CreateNodegroup", "eks:DescribeNodegroup", "eks:TagResource", "iam:GetRole",
+                                              "iam:PassRole", "iam:CreateServiceLinkedRole"),
+                            ("eks:DeleteNodegroup", "eks:DescribeNodegroup")),
+    "AWS::EC2::LaunchTemplate": ("gpu-nodegroup", ("ec2:CreateLaunchTemplate", "ec2:DescribeLaunchTemplates", "ec2:CreateTags"),
+                                 ("ec2:DeleteLaunchTemplate", "ec2:DescribeLaunchTemplates")),
+    "AWS::EC2::PlacementGroup": ("gpu-nodegroup", ("ec2:CreatePlacementGroup", "ec2:DescribePlacementGroups", "ec2:CreateTags"),
+                                 ("ec2:DeletePlacementGroup", "ec2:DescribePlacementGroups")),
+    "AWS::IAM::Role": ("cluster", ("iam:CreateRole", "iam:GetRole", "iam:PutRolePolicy", "iam:AttachRolePolicy", "iam:TagRole",
+                                   "iam:ListAttachedRolePolicies", "iam:ListRolePolicies", "iam:GetRolePolicy"),
+                       ("iam:DeleteRole", "iam:DetachRolePolicy", "iam:DeleteRolePolicy", "iam:ListAttachedRolePolicies",
+                        "iam:ListRolePolicies", "iam:ListInstanceProfilesForRole")),
+    "AWS::IAM::Policy": ("cluster", ("iam:PutRolePolicy", "iam:GetRolePolicy"), ("iam:DeleteRolePolicy", "iam:GetRolePolicy")),
+}
+
+
+# Granted by needs of their own, scoped by the condition key their requests carry (iam:PassedToService,
+# iam:AWSServiceName), on the roles they apply to
+_SCOPED = ("iam:PassRole", "iam:CreateServiceLinkedRole")
+
+
+def _handler_actions(step: str, service: str, delete: bool) -> tuple[str, ...]:
+    out: list[str] = []
+    for where, create, remove in CFN_HANDLERS.values():
+        for a in remove if delete else create:
+            if where == step and a.startswith(service + ":") and a not in out and a not in _SCOPED:
+                out.append(a)
+    return tuple(out)
+
+
+_ANY = ("*",)
+_EKSCTL_ROLES = ("arn:{partition}:iam::{account}:role/eksctl-{cluster}-*",)
+_TO_EKS = ("iam:PassedToService", "eks.amazonaws.com")
+_BUCKET = ("arn:{partition}:s3:::{bucket}",)
+_OBJECTS = ("arn:{partition}:s3:::{bucket}/*",)
+_EKS_SLR = "arn:{partition}:iam::{account}:role/aws-service-role/eks.amazonaws.com/AWSServiceRoleForAmazonEKS"
+_NODEGROUP_SLR = ("arn:{partition}:iam::{account}:role/aws-service-role/eks-nodegroup.amazonaws.com/"
+                  "AWSServiceRoleForAmazonEKSNodegroup",)
+
 NEEDS: tuple[Need, ...] = (
-    Need("CloudFormationStacks", "cluster", (
-        "cloudformation:CreateStack", "cloudformation:DescribeStacks", "cloudformation:DescribeStackEvents",
-        "cloudformation:DescribeStackResources", "cloudformation:ListStacks", "cloudformation:GetTemplate",
-        "cloudformation:UpdateTerminationProtection", "cloudformation:DeleteStack"), ("*",)),
-    Need("Network", "cluster", (
-        "ec2:CreateVpc", "ec2:CreateSubnet", "ec2:CreateInternetGateway", "ec2:AttachInternetGateway",
-        "ec2:CreateNatGateway", "ec2:AllocateAddress", "ec2:CreateRouteTable", "ec2:CreateRoute",
-        "ec2:AssociateRouteTable", "ec2:CreateSecurityGroup", "ec2:AuthorizeSecurityGroupIngress",
-        "ec2:AuthorizeSecurityGroupEgress", "ec2:CreateTags", "ec2:ModifyVpcAttribute", "ec2:ModifySubnetAttribute",
-        "ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeAvailabilityZones", "ec2:DescribeSecurityGroups"),
-        ("*",)),
-    Need("NodeGroups", "gpu-nodegroup", (
-        "ec2:RunInstances", "ec2:CreateLaunchTemplate", "ec2:CreatePlacementGroup", "ec2:DescribeInstanceTypes",
-        "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeImages", "ec2:DescribeLaunchTemplateVersions",
-        "autoscaling:DescribeAutoScalingGroups", "autoscaling:CreateOrUpdateTags"), ("*",)),
-    Need("Eks", "cluster", (
-        "eks:CreateCluster", "eks:DescribeCluster", "eks:CreateNodegroup", "eks:DescribeNodegroup", "eks:ListNodegroups",
-        "eks:CreateAddon", "eks:DescribeAddon", "eks:DescribeAddonVersions", "eks:ListAddons", "eks:TagResource",
-        "eks:CreatePodIdentityAssociation", "eks:ListPodIdentityAssociations", "eks:DescribePodIdentityAssociation"),
-        ("*",)),
-    Need("EksAmiParameters", "cluster", ("ssm:GetParameter", "ssm:GetParameters"),
-         ("arn:{partition}:ssm:{region}::parameter/aws/*",)),
-    Need("EksctlRoles", "cluster", (
-        "iam:CreateRole", "iam:GetRole", "iam:TagRole", "iam:PassRole", "iam:AttachRolePolicy", "iam:PutRolePolicy",
-        "iam:GetRolePolicy", "iam:ListAttachedRolePolicies", "iam:DeleteRole", "iam:DetachRolePolicy",
-        "iam:DeleteRolePolicy"), ("arn:{partition}:iam::{account}:role/eksctl-{cluster}-*",)),
-    Need("OidcProvider", "cluster", (
-        "iam:CreateOpenIDConnectProvider", "iam:GetOpenIDConnectProvider", "iam:TagOpenIDConnectProvider"),
-        ("arn:{partition}:iam::{account}:oidc-provider/*",)),
-    Need("PodIdentityRoles", "cluster", (
-        "iam:CreateRole", "iam:GetRole", "iam:TagRole", "iam:PutRolePolicy", "iam:GetRolePolicy", "iam:PassRole",
-        "iam:DeleteRole", "iam:DeleteRolePolicy"), ("{pod_role_arns}",)),
+    # -- raydlc's own calls (recorded: tests/lifecycle/test_permissions_derived.py)
+    Need("CapacityReads", "capacity", (
+        "ec2:DescribeAvailabilityZones", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+        "ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores", "ec2:DescribeSubnets", "ec2:DescribeInstances",
+        "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota"), _ANY),
+    Need("ClusterReads", "cluster", (
+        "cloudformation:DescribeStacks", "eks:DescribeCluster", "eks:DescribeNodegroup", "eks:ListAddons",
+        "eks:ListPodIdentityAssociations"), _ANY, orders=("up", "down")),
     Need("Bucket", "storage", (
         "s3:CreateBucket", "s3:ListBucket", "s3:GetBucketLocation", "s3:GetBucketTagging", "s3:PutBucketTagging",
-        "s3:PutBucketPublicAccessBlock", "s3:PutEncryptionConfiguration", "s3:PutLifecycleConfiguration"),
-        ("arn:{partition}:s3:::{bucket}",)),
+        "s3:PutBucketPublicAccessBlock", "s3:GetBucketPublicAccessBlock", "s3:PutEncryptionConfiguration",
+        "s3:GetEncryptionConfiguration", "s3:PutLifecycleConfiguration", "s3:GetLifecycleConfiguration"), _BUCKET),
     Need("CodeZips", "storage", ("s3:PutObject", "s3:GetObject"), ("arn:{partition}:s3:::{bucket}/code/*",)),
+    Need("DownReads", "cluster", (
+        "cloudformation:ListStacks", "ec2:DescribeAddresses", "ec2:DescribeCapacityReservations", "ec2:DescribeInstances",
+        "ec2:DescribeNatGateways", "ec2:DescribeVpcs"), _ANY, orders=("down",)),
+    Need("DownCapacityReservations", "gpu-nodegroup", ("ec2:CancelCapacityReservation",), _ANY, orders=("down",)),
+    Need("DeleteBucket", "storage", (
+        "s3:ListBucket", "s3:GetBucketTagging", "s3:ListBucketVersions", "s3:ListBucketMultipartUploads", "s3:DeleteBucket"),
+        _BUCKET, orders=("down",)),
+    Need("DeleteObjects", "storage", ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:AbortMultipartUpload"), _OBJECTS,
+         orders=("down",)),
+    # -- eksctl's own calls (its "Minimum IAM policies" page, v0.230.0), narrowed to what `create/delete cluster`,
+    #    managed node groups, add-ons, OIDC and pod identity associations call
+    Need("EksctlStacks", "cluster", (
+        "cloudformation:CreateStack", "cloudformation:DescribeStacks", "cloudformation:DescribeStackEvents",
+        "cloudformation:DescribeStackResources", "cloudformation:ListStacks", "cloudformation:GetTemplate",
+        "cloudformation:UpdateTerminationProtection"), _ANY, "eksctl"),
+    Need("EksctlReads", "cluster", (
+        "ec2:DescribeAvailabilityZones", "ec2:DescribeInstanceTypes", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeImages",
+        "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSubnets", "ec2:DescribeVpcs", "ec2:DescribeSecurityGroups",
+        "autoscaling:DescribeAutoScalingGroups", "autoscaling:CreateOrUpdateTags"), _ANY, "eksctl"),
+    Need("EksctlEks", "cluster", (
+        "eks:CreateAddon", "eks:DescribeAddon", "eks:DescribeAddonVersions", "eks:ListAddons", "eks:ListNodegroups",
+        "eks:CreatePodIdentityAssociation", "eks:ListPodIdentityAssociations", "eks:DescribePodIdentityAssociation",
+        "eks:TagResource"), _ANY, "eksctl"),
+    Need("EksAmiParameters", "cluster", ("ssm:GetParameter", "ssm:GetParameters"),
+         ("arn:{partition}:ssm:{region}::parameter/aws/*",), "eksctl"),
+    Need("EksctlRoles", "cluster", _handler_actions("cluster", "iam", delete=False), _EKSCTL_ROLES, "cloudformation"),
+    Need("EksctlPassRoles", "cluster", ("iam:PassRole",), _EKSCTL_ROLES, "eksctl", _TO_EKS),
+    Need("OidcProvider", "cluster", (
+        "iam:CreateOpenIDConnectProvider", "iam:GetOpenIDConnectProvider", "iam:TagOpenIDConnectProvider"),
+        ("arn:{partition}:iam::{account}:oidc-provider/*",), "eksctl"),
+    Need("PodIdentityRoles", "cluster", _handler_actions("cluster", "iam", delete=False), ("{pod_role_arns}",), "cloudformation"),
+    Need("PassPodIdentityRoles", "cluster", ("iam:PassRole",), ("{pod_role_arns}",), "eksctl", _TO_EKS),
+    Need("EksServiceLinkedRole", "cluster", ("iam:CreateServiceLinkedRole",), (_EKS_SLR,), "cloudformation",
+         ("iam:AWSServiceName", "eks.amazonaws.com")),
+    Need("EksNodegroupServiceLinkedRole", "gpu-nodegroup", ("iam:CreateServiceLinkedRole",), _NODEGROUP_SLR, "cloudformation",
+         ("iam:AWSServiceName", "eks-nodegroup.amazonaws.com")),
+    # -- CloudFormation's resource handlers for the stacks eksctl makes
+    Need("StackNetwork", "cluster", _handler_actions("cluster", "ec2", delete=False), _ANY, "cloudformation"),
+    Need("StackCluster", "cluster", _handler_actions("cluster", "eks", delete=False), _ANY, "cloudformation"),
+    Need("StackNodeGroups", "gpu-nodegroup", (
+        *_handler_actions("gpu-nodegroup", "eks", delete=False), *_handler_actions("gpu-nodegroup", "ec2", delete=False),
+        "ec2:RunInstances"), _ANY, "cloudformation"),
+    # -- down: eksctl's deletes and the handlers' delete permissions
+    Need("DeleteStacks", "cluster", (
+        "cloudformation:DeleteStack", "cloudformation:DescribeStacks", "cloudformation:ListStacks",
+        "cloudformation:DescribeStackEvents", "cloudformation:DescribeStackResources", "cloudformation:UpdateTerminationProtection",
+        "eks:ListNodegroups", "eks:DeleteAddon", "eks:ListAddons", "eks:DeletePodIdentityAssociation",
+        "eks:ListPodIdentityAssociations", "eks:DescribePodIdentityAssociation"), _ANY, "eksctl", orders=("down",)),
+    Need("DeleteNetwork", "cluster", _handler_actions("cluster", "ec2", delete=True), _ANY, "cloudformation", orders=("down",)),
+    Need("DeleteCluster", "cluster", _handler_actions("cluster", "eks", delete=True), _ANY, "cloudformation", orders=("down",)),
+    Need("DeleteNodeGroups", "gpu-nodegroup", (
+        *_handler_actions("gpu-nodegroup", "eks", delete=True), *_handler_actions("gpu-nodegroup", "ec2", delete=True)), _ANY,
+        "cloudformation", orders=("down",)),
+    Need("DeleteRoles", "cluster", (
+        "iam:GetRole", *_handler_actions("cluster", "iam", delete=True)), (*_EKSCTL_ROLES, "{pod_role_arns}"), "cloudformation",
+        orders=("down",)),
+    Need("DeleteOidcProvider", "cluster", ("iam:GetOpenIDConnectProvider", "iam:DeleteOpenIDConnectProvider"),
+         ("arn:{partition}:iam::{account}:oidc-provider/*",), "eksctl", orders=("down",)),
 )
 STEPS = frozenset(n.step for n in NEEDS)
 # Not needed by `up`, but what lets it check the rest first (IAM authorises SimulatePrincipalPolicy on the simulated
 # principal's ARN); without it `up` says so and goes on.
 SELF_CHECK = Need("CheckOwnPermissions", "", ("iam:SimulatePrincipalPolicy",),
-                  ("arn:{partition}:iam::{account}:user/*", "arn:{partition}:iam::{account}:role/*"))
+                  ("arn:{partition}:iam::{account}:user/*", "arn:{partition}:iam::{account}:role/*"), orders=("up", "down"))
 
 
 def resources(need: Need, names: Names) -> list[str]:
@@ -102,18 +216,32 @@ def resources(need: Need, names: Names) -> list[str]:
     return out
 
 
-def needs_for(steps: Sequence[str]) -> list[Need]:
-    return [n for n in NEEDS if n.step in steps]
+def needs_for(steps: Sequence[str], order: str = "up") -> list[Need]:
+    return [n for n in NEEDS if n.step in steps and order in n.orders]
 
 
 def minimal_policy(names: Names) -> dict[str, Any]:
-    """The policy to attach to an identity that runs `up` (and `down`): one statement per need."""
+    """The policy to attach to an identity that runs `up` and `down`: one statement per need, scoped by the condition
+    key its requests carry (`iam:PassedToService` on PassRole, as AWS recommends)."""
     statements = []
     for need in (*NEEDS, SELF_CHECK):
         res = resources(need, names)
         if res:
-            statements.append({"Sid": need.sid, "Effect": "Allow", "Action": list(need.actions), "Resource": res})
+            st: dict[str, Any] = {"Sid": need.sid, "Effect": "Allow", "Action": list(need.actions), "Resource": res}
+            if need.condition:
+                st["Condition"] = {"StringEquals": {need.condition[0]: need.condition[1]}}
+            statements.append(st)
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def context_of(need: Need, names: Names) -> dict[str, list[str] | bool]:
+    """The condition keys the real requests carry, as the simulator's ContextEntries: the region they are sent to (IAM
+    is global: us-east-1 in the commercial partition), HTTPS, and the need's own key."""
+    region = "us-east-1" if all(a.startswith("iam:") for a in need.actions) else names.region
+    out: dict[str, list[str] | bool] = {"aws:RequestedRegion": [region], "aws:SecureTransport": True}
+    if need.condition:
+        out[need.condition[0]] = [need.condition[1]]
+    return out
 
 
 def names_for(cfg: Any, account: str) -> Names:
@@ -127,19 +255,34 @@ def names_for(cfg: Any, account: str) -> Names:
     return Names(account, cfg.cluster.region, cfg.cluster.name, tuple(roles), found.name if found else None)
 
 
-def missing(decisions: dict[tuple[str, str], str], need: Need, names: Names) -> list[str]:
-    """`action on resource` for each pair the simulator did not allow."""
-    return [f"{a} on {r}" for a in need.actions for r in resources(need, names)
-            if decisions.get((a, r), "implicitDeny") != "allowed"]
+def missing(decisions: dict[tuple[str, str], Any], need: Need, names: Names) -> tuple[list[str], list[str]]:
+    """(`action on resource` the simulator did not allow, `action on resource (needs KEYS)` it cannot tell about:
+    not allowed only for want of a condition key the request would carry)."""
+    from raydlc.edges.aws import Decision
+
+    lacking, unknown = [], []
+    for a in need.actions:
+        for r in resources(need, names):
+            d = decisions.get((a, r), Decision("implicitDeny"))
+            if d.unknown:
+                unknown.append(f"{a} on {r} (its policy asks for {', '.join(d.missing_keys)})")
+            elif not d.allowed:
+                lacking.append(f"{a} on {r}")
+    return lacking, unknown
 
 
-def check(sess: Any, cfg: Any, steps: Sequence[str], say: Any) -> None:
-    """Simulate the selected steps' needs for the caller; InputError naming every missing action. A caller who may
-    not simulate (or that the simulator cannot take, e.g. root) gets one line through `say` and `up` goes on."""
+def check(sess: Any, cfg: Any, steps: Sequence[str], say: Any, order: str = "up") -> None:
+    """Simulate the selected steps' needs for the caller, before `order` (up or down) changes anything; InputError
+    naming every missing action. A caller who may not simulate (or that the simulator cannot take, e.g. root) gets one
+    line through `say` and the order goes on, as it does for what the simulator cannot tell (a condition key the
+    check cannot supply) and with SKIP_PERMISSION_CHECK."""
     from raydlc.edges import aws
 
-    wanted = needs_for(steps)
+    wanted = needs_for(steps, order)
     if not wanted:
+        return
+    if cfg.cluster.skip_permission_check:
+        say(f"not checking the caller's permissions for {order} (SKIP_PERMISSION_CHECK)")
         return
     caller, principal = aws.caller_principal(sess)
     if principal is None:
@@ -147,18 +290,26 @@ def check(sess: Any, cfg: Any, steps: Sequence[str], say: Any) -> None:
         return
     names = names_for(cfg, principal.split(":")[4])
     lacking: list[str] = []
+    unknown: list[str] = []
     try:
         for need in wanted:
             res = resources(need, names)
             if res:
-                lacking += missing(aws.simulate(sess, principal, list(need.actions), res), need, names)
+                no, cannot_tell = missing(aws.simulate(sess, principal, list(need.actions), res, context_of(need, names)), need, names)
+                lacking += no
+                unknown += cannot_tell
     except aws.AccessDeniedError:
-        say(f"{caller} may not run iam:SimulatePrincipalPolicy, so up cannot check its permissions first; going on")
+        say(f"{caller} may not run iam:SimulatePrincipalPolicy, so {order} cannot check its permissions first; going on")
         return
     if lacking:
         raise InputError(
-            f"{principal} lacks {len(lacking)} permission(s) `up` needs: " + "; ".join(lacking),
+            f"{principal} lacks {len(lacking)} permission(s) `{order}` needs: " + "; ".join(lacking),
             hint="attach the policy in docs/lifecycle.md (\"What up needs from your identity\") or ask your "
-            "administrator for these actions; nothing was created",
+            "administrator for these actions; nothing was changed. If IAM allows them by what its simulator cannot see "
+            "(an SCP, a boundary, a condition), run again with --skip-permission-check",
         )
-    say(f"IAM's policy simulator allows {principal} every action up needs")
+    if unknown:
+        say(f"IAM's policy simulator cannot tell whether {principal} may do {len(unknown)} thing(s) {order} needs: "
+            + "; ".join(unknown) + "; going on")
+        return
+    say(f"IAM's policy simulator allows {principal} every action {order} needs")

@@ -23,6 +23,14 @@ and `extractAllocatableResourcesFromAsg`). eksctl copies a managed node group's 
 carry only the taint's value, so raydlc writes the taint tag itself in the `tags`, which eksctl
 applies after (and over) its own.
 
+GPU_CAPACITY_TYPE=spot-then-on-demand on an elastic cluster is two GPU groups, both scaling from 0: the Spot one
+and an On-Demand twin (`fallback_group`), with the CA's `priority` expander preferring Spot (kubernetes/autoscaler
+cluster-autoscaler/expander/priority/readme.md: the highest priority whose regexes match a group's name wins; a group
+no regex matches is never expanded). When the Spot group cannot launch, the CA backs it off and expands the next
+option: the On-Demand group. The chart (9.59.0 templates/priority-expander-configmap.yaml) writes
+`expanderPriorities` into the `cluster-autoscaler-priority-expander` ConfigMap only when `extraArgs.expander` lists
+`priority`. On AWS a managed node group's ASG is named `eks-<node group>-<uuid>`, so each regex anchors the name.
+
 The CA's role (a pod identity, as the Ray pods' S3 role in raydlc.render.bucket) may read every
 ASG but change only those tagged `k8s.io/cluster-autoscaler/<cluster>=owned`: this cluster's.
 """
@@ -66,6 +74,26 @@ WRITE_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanc
 def enabled(cfg: Config) -> bool:
     """IDLE_MINUTES > 0: the GPU group scales between 0 and GPU_NODE_COUNT."""
     return cfg.gpu_nodes.idle_minutes > 0
+
+
+def two_groups(cfg: Config) -> bool:
+    """Spot then On-Demand as two GPU groups the CA chooses between (only where the CA runs: IDLE_MINUTES > 0)."""
+    return enabled(cfg) and cfg.gpu_nodes.capacity_type == "spot-then-on-demand"
+
+
+def fallback_group(cfg: Config) -> str:
+    """The On-Demand twin of the Spot GPU group."""
+    return f"{cfg.gpu_nodes.nodegroup_name}-on-demand"
+
+
+SPOT_PRIORITY, ON_DEMAND_PRIORITY = 50, 10
+
+
+def priorities(cfg: Config) -> dict[int, list[str]]:
+    """The priority expander's table: the Spot group's ASG first, the On-Demand twin's next."""
+    uuid = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    return {SPOT_PRIORITY: [f"^eks-{cfg.gpu_nodes.nodegroup_name}-{uuid}$"],
+            ON_DEMAND_PRIORITY: [f"^eks-{fallback_group(cfg)}-{uuid}$"]}
 
 
 def cluster_tag(cfg: Config) -> str:
@@ -117,7 +145,10 @@ def pod_identity(cfg: Config) -> dict[str, Any] | None:
 def args(cfg: Config) -> dict[str, Any]:
     """The CA's flags beyond the chart's (its `extraArgs`): the scale-down timing IDLE_MINUTES sets (module docstring)."""
     idle = cfg.gpu_nodes.idle_minutes
-    return {"scale-down-unneeded-time": f"{EMPTY_NODE_MINUTES}m", "scale-down-delay-after-add": f"{idle}m"}
+    out = {"scale-down-unneeded-time": f"{EMPTY_NODE_MINUTES}m", "scale-down-delay-after-add": f"{idle}m"}
+    if two_groups(cfg):
+        out["expander"] = "priority"
+    return out
 
 
 def values(cfg: Config) -> dict[str, Any]:
@@ -134,4 +165,5 @@ def values(cfg: Config) -> dict[str, Any]:
         "nodeSelector": nodes.system_labels(),
         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
         "resources": RESOURCES,
+        **({"expanderPriorities": priorities(cfg)} if two_groups(cfg) else {}),
     }

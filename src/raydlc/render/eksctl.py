@@ -138,6 +138,10 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
         gpu["taints"] = taints
     if autoscaler.enabled(cfg):
         _elastic(cfg, gpu)
+    groups = [system, gpu]
+    if autoscaler.two_groups(cfg):  # the On-Demand twin the CA expands when the Spot group cannot launch
+        groups.append({**gpu, "name": autoscaler.fallback_group(cfg), "desiredCapacity": 0, "spot": False})
+        groups[-1].pop("spot")
     iam: dict[str, Any] = {"withOIDC": True}
     associations = pod_identity_associations(cfg)
     if associations:
@@ -155,5 +159,5 @@ def render_eksctl(cfg: Config, zones: Sequence[str] | None = None) -> dict[str, 
         "vpc": {"nat": {"gateway": "Single"}},
         "iam": iam,
         "addons": [{"name": name, **ADDON_SETTINGS.get(name, {})} for name in CORE_ADDONS],
-        "managedNodeGroups": [system, gpu],
+        "managedNodeGroups": groups,
     }

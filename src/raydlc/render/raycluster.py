@@ -56,16 +56,29 @@ SPOT_NOTICE_S = 120  # EC2's Spot interruption notice: the instance goes two min
 # Ray Train (2.58) ends the attempt at the deadline: it tears the workers down and restarts them under
 # max_preemption_failures. A worker killed before that (the kubelet's SIGTERM after the hook: its node's death reads
 # as a failure, not a preemption) would be charged to MAX_FAILURES, so the deadline falls inside the hold.
-DRAIN_DEADLINE_S = 95  # what Ray is told: the node goes this long after the drain (the notice, less EKS's reaction)
+# `ray drain-node` counts its deadline from when it has started (Ray 2.58 scripts.py: `time.time_ns()` after its
+# imports and, with no --node-id, after connecting to find this node), not from the hook's start: its start-up is
+# taken off. Measured here (`ray drain-node --help`, this venv, Ray 2.58.0, a loaded 2-core machine): 4.3-4.7 s
+# warm, 24 s with a cold page cache; in the pod the Ray node process has already read Ray's files, so the warm
+# figure holds, with threefold margin. The hook cannot read the Spot notice's own time (the IMDS
+# spot/instance-action needs a token and hop limit 2 from the pod; not assumed), so the margin to the instance's
+# end is stated: the hook starts within EKS's reaction to the notice (120 s - SPOT_GRACE_S = 10 s at most, or the
+# kubelet's SIGKILL falls after the instance is gone).
+DRAIN_CLI_START_S = 15  # what `ray drain-node`'s start-up may take before it counts the deadline
 DRAIN_HOLD_S = 100  # the preStop hook keeps the Ray node alive at most this long for the checkpoint, then returns
-TRAIN_WORKER = "ray::RayTrainWorker"  # the process title of a Ray Train v2 worker actor (ray.train.v2._internal.execution.worker_group.worker)
+DRAIN_DEADLINE_S = DRAIN_HOLD_S - DRAIN_CLI_START_S - 5  # what Ray is told: inside the hold, 5 s for Train's poll
+# The process title of a Ray Train v2 worker actor (ray.train.v2._internal.execution.worker_group.worker); pgrep -f
+# excludes only itself, so a plain pattern would match the hook's own `/bin/sh -c "...pattern..."` forever: the
+# bracket makes a regex that cannot match its own text.
+TRAIN_WORKER = "ray::RayTrainWorker"
+TRAIN_WORKER_PATTERN = "[r]ay::RayTrainWorker"
 SPOT_GRACE_S = 110  # the GPU worker pod's terminationGracePeriodSeconds: the hold and the kubelet's SIGTERM, inside the notice
 DRAIN_REASON = "DRAIN_NODE_REASON_PREEMPTION"
 # The hold ends early once no Ray Train worker runs here (the attempt ended after its checkpoint, or the node was
 # idle: Ray's autoscaler removing an idle worker pod need not wait); without pgrep it holds the whole window.
 DRAIN_RAY = (f"ray drain-node --reason={DRAIN_REASON} --reason-message='EKS is draining this Spot node' "
              f"--deadline-remaining-seconds={DRAIN_DEADLINE_S} || echo 'raydlc: ray drain-node failed' >&2; "
-             f"t=0; while [ $t -lt {DRAIN_HOLD_S} ] && {{ ! command -v pgrep >/dev/null || pgrep -f '{TRAIN_WORKER}' >/dev/null; }}; "
+             f"t=0; while [ $t -lt {DRAIN_HOLD_S} ] && {{ ! command -v pgrep >/dev/null || pgrep -f '{TRAIN_WORKER_PATTERN}' >/dev/null; }}; "
              f"do sleep 1; t=$((t+1)); done")
 
 

@@ -19,6 +19,7 @@ from raydlc.lifecycle.resource import Resource, cluster_active, gone, kube_if_cl
 from raydlc.lifecycle.types import Observation, StepFailed, StepPlan
 from raydlc.render import FILES, eksctl
 from raydlc.render.autoscaler import enabled as elastic
+from raydlc.render.autoscaler import fallback_group, two_groups
 from raydlc.render.nodes import GPU_ROLE, ROLE
 
 if TYPE_CHECKING:
@@ -42,9 +43,16 @@ def attempts(cfg: Config, choice: ZoneChoice, tried: list[str]) -> list[tuple[st
     if not choice.chosen:
         zones = zones[:1]
     kind = cfg.gpu_nodes.capacity_type
+    if kind == "spot-then-on-demand" and choice.spot_quota_short:
+        return [(z, False) for z in zones]  # the Spot vCPU quota cannot hold the nodes: EC2 would refuse every launch
     if kind == "spot-then-on-demand":
         return [(z, True) for z in zones] + [(z, False) for z in zones]
     return [(z, kind == "spot") for z in zones]
+
+
+def _names(cfg: Config) -> list[str]:
+    """The GPU node groups: the one, or the Spot one and its On-Demand twin."""
+    return [cfg.gpu_nodes.nodegroup_name, *([fallback_group(cfg)] if two_groups(cfg) else [])]
 
 
 def _scaling(cfg: Config) -> str:
@@ -92,6 +100,11 @@ class GpuNodeGroup(Resource):
             return Observation("creating", f"node group {ngname} is {status}")
         if status == "DELETING":
             return Observation("deleting", f"node group {ngname} is DELETING")
+        if two_groups(cfg) and status == "ACTIVE":
+            twin = nodegroups.describe(ctx, fallback_group(cfg))
+            if twin is None or twin.get("status") != "ACTIVE":
+                return Observation("absent", f"the On-Demand group {fallback_group(cfg)} the Cluster Autoscaler falls back to "
+                                             f"is {twin.get('status') if twin else 'absent'}")
         kube = ctx.kube_or_none()
         if kube is None:
             return no_kubeconfig(ctx)
@@ -122,6 +135,29 @@ class GpuNodeGroup(Resource):
         return StepPlan("replace" if obs.facts else "create", obs.reason, tuple(cmds))
 
     def ensure(self, ctx: Context, obs: Observation) -> None:
+        self._ensure_main(ctx)
+        if two_groups(ctx.cfg):
+            self._ensure_twin(ctx)
+
+    def _ensure_twin(self, ctx: Context) -> None:
+        """The On-Demand group at 0 beside the Spot one, in its AZ: the Cluster Autoscaler's fallback (priority
+        expander) when the Spot group cannot launch (raydlc.render.autoscaler)."""
+        cfg, twin = ctx.cfg, fallback_group(ctx.cfg)
+        ng = nodegroups.describe(ctx, twin)
+        if ng is not None and ng.get("status") in nodegroups.BUSY:
+            ng = nodegroups.wait_settled(ctx, self.name, twin)
+        if ng is not None and ng.get("status") == "ACTIVE":
+            return
+        nodegroups.remove(ctx, self.name, twin)
+        main = nodegroups.describe(ctx, cfg.gpu_nodes.nodegroup_name) or {}
+        az = nodegroups.zone_of(ctx, main) or self.zones(ctx).zone
+        docs = ctx.documents("eksctl", self.zones(ctx).zones_for(az) if az else ())
+        ctx.write({FILES["eksctl"]: docs[FILES["eksctl"]]})
+        ctx.tool(self.name, commands.create_nodegroup(ctx, twin), timeout=ctx.timings.nodegroup_s)
+        nodegroups.wait_active(ctx, self.name, twin)
+        ctx.note(self.name, f"On-Demand group {twin} (0 nodes) beside the Spot one: the Cluster Autoscaler's fallback")
+
+    def _ensure_main(self, ctx: Context) -> None:
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
         choice = self.zones(ctx)
         ng = nodegroups.describe(ctx, ngname)
@@ -147,7 +183,12 @@ class GpuNodeGroup(Resource):
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
         errors: list[str] = [f"{z}: a failed node group found there" for z in tried]
         plan = attempts(ctx.cfg, choice, tried)
+        if choice.spot_quota_short and plan:
+            ctx.reporter.line(self.name, "the Spot vCPU quota cannot hold the GPU nodes; On-Demand instead (spot-then-on-demand)")
+        spot_quota_hit = False
         for i, (az, spot) in enumerate(plan):
+            if spot and spot_quota_hit:
+                continue  # the Spot quota is the region's: no other AZ's Spot launch can pass it
             kind = "Spot" if spot else "On-Demand"
             if i > 0 and not spot and plan[i - 1][1]:
                 ctx.reporter.line(self.name, f"no Spot capacity; falling back to On-Demand: trying {az}")
@@ -168,11 +209,18 @@ class GpuNodeGroup(Resource):
             err = self._failure(ctx, ng, tool_error)
             errors.append(f"{az}{f' ({kind})' if eksctl.spot(ctx.cfg) else ''}: {err}")
             nodegroups.remove(ctx, self.name, ngname)
+            if spot and cloud.is_spot_quota_error(err) and ctx.cfg.gpu_nodes.capacity_type == "spot-then-on-demand":
+                spot_quota_hit = True
+                continue
             if not cloud.is_capacity_error(err):
                 break
         hint = ("run `raydlc capacity` and set GPU_AZ to a zone that has capacity, or retry later"
                 if any(cloud.is_capacity_error(e) for e in errors) else "see the error above; re-run `raydlc up` once fixed")
-        if ctx.cfg.gpu_nodes.capacity_type == "spot" and any(cloud.is_capacity_error(e) for e in errors):
+        if any(cloud.is_spot_quota_error(e) for e in errors) and ctx.cfg.gpu_nodes.capacity_type == "spot":
+            hint = ("the account's Spot vCPU quota for this instance family is below the GPU nodes' vCPUs: request more "
+                    "(`raydlc capacity` names the quota code), or GPU_CAPACITY_TYPE=spot-then-on-demand falls back to "
+                    "On-Demand nodes")
+        elif ctx.cfg.gpu_nodes.capacity_type == "spot" and any(cloud.is_capacity_error(e) for e in errors):
             hint += "; GPU_CAPACITY_TYPE=spot-then-on-demand falls back to On-Demand nodes"
         raise StepFailed(f"GPU node group {ngname} could not be created: {' | '.join(errors)}", hint=hint)
 
@@ -201,6 +249,10 @@ class GpuNodeGroup(Resource):
 
     def left(self, ctx: Context) -> Observation:
         ngname = ctx.cfg.gpu_nodes.nodegroup_name
+        twin = fallback_group(ctx.cfg)
+        if two_groups(ctx.cfg) and (nodegroups.stack(ctx, twin) or (cloud.cluster(ctx.aws("eks"), ctx.cfg.cluster.name)
+                                                                     and nodegroups.describe(ctx, twin))):
+            return Observation("ready", f"node group {twin} exists", {"nodegroup": True})
         ng = nodegroups.describe(ctx, ngname) if cloud.cluster(ctx.aws("eks"), ctx.cfg.cluster.name) else None
         st = nodegroups.stack(ctx, ngname)
         if ng is None and st is None:
@@ -217,16 +269,18 @@ class GpuNodeGroup(Resource):
         return StepPlan("delete", obs.reason, (f"cloudformation:DeleteStack {obs.facts['stack']}",))
 
     def remove(self, ctx: Context, obs: Observation) -> None:
-        nodegroups.remove(ctx, self.name, ctx.cfg.gpu_nodes.nodegroup_name, stacks=None)
+        for ngname in _names(ctx.cfg):
+            nodegroups.remove(ctx, self.name, ngname, stacks=None)
 
     def cleared(self, ctx: Context) -> str:
         cfg = ctx.cfg
         name, ngname = cfg.cluster.name, cfg.gpu_nodes.nodegroup_name
-        if cloud.cluster(ctx.aws("eks"), name) and nodegroups.describe(ctx, ngname) is not None:
-            raise StepFailed(f"node group {ngname} still exists")
-        if nodegroups.stack(ctx, ngname) is not None:
-            raise StepFailed(f"stack {cloud.nodegroup_stack(name, ngname)} still exists")
-        left = [i["InstanceId"] for i in cloud.instances(ctx.aws("ec2"), name) if cloud.tag(i, "eks:nodegroup-name") == ngname]
+        for each in _names(cfg):
+            if cloud.cluster(ctx.aws("eks"), name) and nodegroups.describe(ctx, each) is not None:
+                raise StepFailed(f"node group {each} still exists")
+            if nodegroups.stack(ctx, each) is not None:
+                raise StepFailed(f"stack {cloud.nodegroup_stack(name, each)} still exists")
+        left = [i["InstanceId"] for i in cloud.instances(ctx.aws("ec2"), name) if cloud.tag(i, "eks:nodegroup-name") in _names(cfg)]
         if left:
             raise StepFailed(f"instances of node group {ngname} still run: {', '.join(left)}",
                              hint=f"aws ec2 terminate-instances --instance-ids {' '.join(left)} --region {cfg.cluster.region}")
