@@ -242,11 +242,12 @@ def timed_steps(ph: Phase, t: Any, ids: Any, *, warmup: int, steps: int) -> tupl
     import torch
 
     from raydlc.train import loop as product
+    from raydlc.train.schedule import lr_at
 
     losses, times = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        out = product.train_step(t, [(ids, ids)], product.lr_at(i + 1, t.settings.learning_rate, t.settings.warmup_steps))
+        out = product.train_step(t, [(ids, ids)], lr_at(i + 1, t.settings))
         if ph.cuda:
             torch.cuda.synchronize()
         if i >= warmup:

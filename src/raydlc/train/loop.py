@@ -44,11 +44,6 @@ if TYPE_CHECKING:
 PROGRESS_EVERY_S = 1.0  # rank 0 posts progress at most this often, and at every report and eval
 
 
-def lr_at(step: int, base: float, warmup: int) -> float:
-    """Linear warmup, then constant: independent of the total steps, so --resume with more steps is exact."""
-    return base * min(1.0, step / warmup) if warmup > 0 else base
-
-
 def batch_fingerprint(indices: np.ndarray) -> str:
     """A short digest of a global batch's block indices; equal digests mean the same data order."""
     return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:16]
@@ -772,9 +767,10 @@ def reported_nodes(session: Any) -> list[str]:
 def run_step(t: Trainer, run: RunSpec, data: RankData, step: int, *, rank: int, world: int) -> tuple[float, str, StepOutput]:
     """One optimizer step on this rank's rows of the step's global batch: its learning rate, the batch's fingerprint, its outputs."""
     from raydlc.data.order import global_batch, rank_slice, train_rows
+    from raydlc.train.schedule import lr_at
 
     s = run.train
-    lr = lr_at(step, s.learning_rate, s.warmup_steps)
+    lr = lr_at(step, s)
     gidx = global_batch(step, data.view.n_train, run.global_batch, s.seed)
     ids, labels = data.rows.take(train_rows(rank_slice(gidx, rank, world), data.held))
     return lr, batch_fingerprint(gidx), train_step(t, micro_batches(ids, labels, np.arange(len(ids)), s.batch_size, t.device), lr)
