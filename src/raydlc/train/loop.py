@@ -669,7 +669,7 @@ def budget_stop(clock: Any, step: int, history: list[dict[str, Any]], *, checkpo
     return stopped
 
 
-def check_finite(history: list[dict[str, Any]], limit: int) -> None:
+def check_finite(history: list[dict[str, Any]], limit: int, checkpoint_every: int = 0) -> None:
     """Raise when the last `limit` steps read were all skipped (a non-finite loss or gradient norm).
 
     Called at each read, so on a GPU the run notices at the read after the limit (up to
@@ -683,8 +683,21 @@ def check_finite(history: list[dict[str, Any]], limit: int) -> None:
     if len(run) >= limit:
         raise TrainError(
             f"{len(run)} steps in a row had a non-finite loss or gradient norm (steps {run[0]} to {run[-1]}): the run stops at step {run[-1]}",
-            hint="the weights are those of the last finite step; lower LEARNING_RATE or MAX_GRAD_NORM, check the data, or --resume from the last checkpoint",
+            hint=f"{resume_advice(run[0], checkpoint_every)}; lower LEARNING_RATE or MAX_GRAD_NORM, or check the data",
         )
+
+
+def resume_advice(first_bad: int, checkpoint_every: int) -> str:
+    """Which checkpoint to resume from after non-finite steps from `first_bad` on: step `first_bad - 1`'s update made the
+    weights that blew up (it was finite itself), so the newest safe checkpoint is one of step `first_bad - 2` or earlier."""
+    from raydlc.train.checkpoint import dir_name
+
+    safe = first_bad - 2
+    newest = safe - safe % checkpoint_every if checkpoint_every > 0 and safe > 0 else 0
+    if newest <= 0:
+        return f"no checkpoint before step {first_bad - 1} holds weights known to be good: start again rather than resume"
+    return (f"the weights after step {first_bad - 1} are already suspect (its update led to the non-finite step {first_bad}): "
+            f"resume with RESUME_FROM=<run dir>/{dir_name(newest)} (step {newest}) or an earlier checkpoint, not a later one")
 
 
 # ---- the loop ----------------------------------------------------------------------------------
@@ -820,7 +833,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
             continue
         first_new = len(history)
         history.extend(unread.read(tokens_per_step=run.global_batch * s.seq_len, device=device))
-        check_finite(history, s.max_nonfinite_steps)
+        check_finite(history, s.max_nonfinite_steps, s.checkpoint_every)
         unread = None
         if due.validate:
             history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
