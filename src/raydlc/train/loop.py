@@ -534,6 +534,7 @@ class Saver:
         self.slowest_s = 0.0
         self.last_step: int | None = None  # the step of the last checkpoint this attempt handed to Ray
         self._waited = 0.0
+        self.staging: Any = None  # the run's cached (on a GPU pinned) host copy (train.checkpoint.stager), made at the first save
 
     def save(self, t: Trainer, *, step: int, history: list[dict[str, Any]], metrics: dict[str, Any], beat: Any) -> None:
         """Collective: finish the previous save, then start this one."""
@@ -544,7 +545,9 @@ class Saver:
         began = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=f"raydlc-ckpt-r{self.rank}-"))
         extra = {"history": list(history)} if self.rank == 0 else {}  # the run's records, stored once: every rank restores rank 0's
-        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group)
+        if self.staging is None:
+            self.staging = ckpt.stager(cuda=t.device.type == "cuda")
+        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group, staging=self.staging)
         self.pending = Pending(step, staging, digests, metrics)
         self._waited = time.perf_counter() - began
 
@@ -571,8 +574,9 @@ class Saver:
 
     def abandon(self) -> None:
         """Drop the pending save unreported (a reclaim deadline too short to finish it): its writer thread runs
-        on into a staging directory nothing reads; the restart resumes from the last checkpoint reported."""
-        self.pending = None
+        on into a staging directory nothing reads; the restart resumes from the last checkpoint reported.
+        Its host copy goes with it (a later save stages afresh), so no save reuses a buffer still being written."""
+        self.pending, self.staging = None, None
 
 def settle(watch: Any, saver: Saver, t: Trainer, beat: Any, start_step: int) -> None:
     """Collective, on the notice's step only: whether the checkpoint of this step fits in the reclaim window
