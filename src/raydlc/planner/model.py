@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from raydlc.errors import InputError
 from raydlc.facts import instances
+from raydlc.facts.mfu import MFU, MfuFact
 from raydlc.facts.models import LORA_DEFAULT_TARGETS, ModelSpec
 
 Policy = Literal["bf16-mixed", "pure-bf16", "fp32"]
@@ -75,12 +76,12 @@ PRECISION: dict[str, PrecisionBytes] = {
 class Assumptions:
     """The figures that are judgement, not arithmetic; every plan reports the ones it used."""
 
-    mfu: float = 0.40  # achieved fraction of the GPU's dense bf16 peak, compiled (each block with torch.compile)
+    mfu: float = 0.40  # compiled MFU of a GPU family facts.mfu has no row for (torchtitan's H100 figure)
     # Compiled over eager: torchtitan's published Llama-3-8B table on H100 (+15.7 % tokens/s with
     # per-block torch.compile); an eager run's MFU is `mfu / compile_speedup`.
     compile_speedup: float = 1.157
-    # Per GPU (key of facts.instances.GPUS): a measured compiled MFU replaces `mfu` for that GPU.
-    # Empty: no GPU measured yet, every family assumes `mfu`.
+    # Per GPU (key of facts.instances.GPUS): a measured compiled MFU replaces facts.mfu's figure for that GPU.
+    # Empty: every family takes facts.mfu's (assumed, each with its source: the L4 ~0.22, H100 0.40).
     mfu_by_gpu: dict[str, float] = field(default_factory=dict)
     efa_efficiency: float = 0.85  # NCCL over EFA (aws-ofi-nccl), fraction of the node's line rate
     tcp_efficiency: float = 0.40  # NCCL's socket transport over the same ENA link
@@ -96,8 +97,19 @@ class Assumptions:
 
     def mfu_for(self, gpu: str, compiled: bool = True) -> float:
         """The MFU assumed on `gpu`, compiled or eager."""
-        base = self.mfu_by_gpu.get(gpu, self.mfu)
+        base = self.mfu_by_gpu.get(gpu, self.family_mfu(gpu).compiled)
         return base if compiled else base / self.compile_speedup
+
+    def family_mfu(self, gpu: str) -> MfuFact:
+        """facts.mfu's figure for `gpu` (its kind and source); a family without one takes `mfu`."""
+        return MFU.get(gpu) or MfuFact(self.mfu, "assumed", "the planner's default MFU (torchtitan's H100 figure), not scaled for this GPU")
+
+    def mfu_source(self, gpu: str) -> dict[str, str]:
+        """Whether `gpu`'s MFU is measured or assumed, and from what."""
+        if gpu in self.mfu_by_gpu:
+            return {"kind": "measured", "source": "a measurement passed to the planner (Assumptions.mfu_by_gpu)"}
+        fact = self.family_mfu(gpu)
+        return {"kind": fact.kind, "source": fact.source}
 
     def stated(self, gpu: str, compiled: bool) -> dict[str, Any]:
         """What a plan says it assumed: the MFU per GPU family with and without compile, which one
@@ -105,8 +117,9 @@ class Assumptions:
         return {
             "mfu_used": round(self.mfu_for(gpu, compiled), 4),
             "mfu_depends_on": f"compile={'on' if compiled else 'off'} (an eager run is assumed {self.compile_speedup:g}x slower in compute) and the GPU ({gpu})",
+            "mfu_source": self.mfu_source(gpu),
             "mfu_by_gpu": {g: {"compiled": round(self.mfu_for(g, True), 4), "eager": round(self.mfu_for(g, False), 4),
-                               "source": "measured" if g in self.mfu_by_gpu else "assumed"} for g in instances.GPUS},
+                               "source": self.mfu_source(g)["kind"], "from": self.mfu_source(g)["source"]} for g in instances.GPUS},
             "link_efficiency": {"efa": self.efa_efficiency, "tcp": self.tcp_efficiency,
                                 "pcie_gbytes_s": self.pcie_gbytes_s, "nvlink_gbytes_s": self.nvlink_gbytes_s},
         }
