@@ -403,6 +403,10 @@ class TrainConfig(_Section):
         "LORA_TARGETS", "projections LoRA adapts, comma-separated (q_proj,v_proj); empty = the family's attention and MLP projections "
         "(all seven)", default=None,
     )
+    lora_rslora: bool = _env(
+        "LORA_RSLORA", "rank-stabilised LoRA: the update scaled by alpha / sqrt(rank) instead of alpha / rank (peft's use_rslora; for rank 64 and above)",
+        default=False, flag=Flag("--lora-rslora", "Scale the LoRA update by alpha / sqrt(rank) (rsLoRA)"),
+    )
     lora_merge: bool = _env(
         "LORA_MERGE", "with LORA_RANK > 0, export a merged Hugging Face model (W + scaling x B A) beside the adapter", default=True,
         flag=Flag("--merge/--no-merge", "Export the LoRA-merged model beside the adapter"),
@@ -456,7 +460,8 @@ class TrainConfig(_Section):
 
         targets = self.lora_targets_list or next(iter(LORA_DEFAULT_TARGETS.values()))  # every family's default is the same seven
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
-        return {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
+        meta = {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
+        return meta | ({"lora_rslora": True} if self.lora_rslora else {})  # absent when off: earlier checkpoints still match
 
     def updated(self, **changes: Any) -> TrainConfig:
         """A copy with `changes` applied and everything validated again (model_copy checks nothing)."""

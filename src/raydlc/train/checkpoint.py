@@ -244,7 +244,9 @@ def lora_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
     rank_then, rank_now = int(saved.get("lora_rank", 0)), int(now.get("lora_rank", 0))
     if rank_then != rank_now:
         return [f"lora_rank: checkpoint {rank_then}, now {rank_now}"]
-    return [f"{k}: checkpoint {saved.get(k)}, now {now[k]}" for k in ("lora_alpha", "lora_targets") if k in now and saved.get(k) != now[k]]
+    found = [f"{k}: checkpoint {saved.get(k)}, now {now[k]}" for k in ("lora_alpha", "lora_targets") if k in now and saved.get(k) != now[k]]
+    rs_then, rs_now = bool(saved.get("lora_rslora", False)), bool(now.get("lora_rslora", False))  # absent: off
+    return found + ([f"lora_rslora: checkpoint {rs_then}, now {rs_now}"] if rs_then != rs_now else [])
 
 
 def _save_extra(directory: Path, *, step: int, rank: int, extra: dict[str, Any]) -> None:
@@ -401,7 +403,8 @@ def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dty
     from raydlc.train import lora_export
 
     lora_export.write(out_dir, sd, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"],
-                      base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged)
+                      base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged,
+                      rslora=bool(lora.get("rslora", False)))
 
 
 def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any, dtype: torch.dtype | None = None) -> None:

@@ -278,6 +278,7 @@ def add_lora(model: nn.Module, settings: TrainConfig, *, bf16: bool) -> nn.Modul
     return with_lora(
         model, rank=settings.lora_rank, alpha=default_alpha(settings.lora_rank, settings.lora_alpha), dropout=settings.lora_dropout,
         targets=targets_of(model.config, settings.lora_targets_list), seed=settings.seed, base_dtype=torch.bfloat16 if bf16 else None,
+        rslora=settings.lora_rslora,
     )
 
 
@@ -647,7 +648,7 @@ def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | Non
     if s.lora_rank == 0:
         return None
     return {"rank": s.lora_rank, "alpha": default_alpha(s.lora_rank, s.lora_alpha), "dropout": s.lora_dropout,
-            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge}
+            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge, "rslora": s.lora_rslora}
 
 
 # ---- stopping: the budget ------------------------------------------------------------------------
