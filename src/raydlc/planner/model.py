@@ -168,6 +168,7 @@ class Workload:
     compile: bool = True  # each block torch.compile'd (the GPU default); the assumed MFU depends on it
     lora_rank: int = 0  # 0 = full fine-tuning; else LoRA adapters of this rank on a frozen base
     lora_targets: tuple[str, ...] = ()  # the projections LoRA adapts; () = the family's (facts.models.LORA_DEFAULT_TARGETS)
+    lora_dropout: float = 0.0  # LoRA's dropout on the adapters' input; above 0 it saves masks (`lora_dropout_bytes`)
 
     def __post_init__(self) -> None:
         if self.lora_rank < 0:
@@ -324,9 +325,19 @@ def activation_parts(w: Workload) -> dict[str, int]:
     kv = spec.num_kv_heads * spec.head_dim
     # LoRA keeps what full fine-tuning keeps (a projection's input is saved for A's gradient instead of
     # the base weight's), plus each adapter's rank-wide bf16 intermediate x @ A, saved for B's gradient.
-    block = 20 * h + 4 * kv + 8 * i + (2 * w.lora_rank * len(w.targets) if w.lora else 0)
+    block = 20 * h + 4 * kv + 8 * i + (2 * w.lora_rank * len(w.targets) + lora_dropout_bytes(w) if w.lora else 0)
     per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h
     return {"saved": per_token * tokens, "recompute": block * tokens if checkpointing else 0}
+
+
+def lora_dropout_bytes(w: Workload) -> int:
+    """Per token and block, what LoRA's dropout (p > 0) saves beside the adapters: each adapted projection's dropout
+    keeps its mask over that projection's input, and down_proj's one more byte per element. Measured on CPU with
+    saved_tensors_hooks (bf16 base, fp32 adapters, all seven targets): 6h + 2i bytes more than p = 0."""
+    if not w.lora or w.lora_dropout <= 0:
+        return 0
+    h, i = w.spec.hidden_size, w.spec.intermediate_size
+    return sum(2 * i if t == "down_proj" else h for t in w.targets)
 
 
 def activation_bytes(w: Workload) -> int:
