@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One prepared check for the GPU machine (one H200, its own image: torch, transformers; no ray, no pydantic).
+# One prepared check for the GPU machine (one H100 80 GB or one H200; its own image: torch, transformers; no ray, no pydantic).
 #
 #   benchmarks/gpu_check.sh [--dry-run] [--gpu KEY] [--python PY] [--wheels DIR] OUTDIR
 #
 # Runs benchmarks/gpu_check_phases.py once per phase under torchrun on one GPU (the product's loop
-# code: TorchrunSession, build, train_step; no Ray), in order of value: nccl, throughput, memory,
-# l4, precision, lora. Each phase has its own timeout (TIMEOUT_*_S below, together at most 480 s) and
-# writes each row the moment it has it, so a phase cut short keeps the rows before it.
+# code: TorchrunSession, build, train_step; no Ray), in order of value: nccl (only with 2 or more GPUs),
+# throughput (the 7B compiled row first), memory, l4, precision, lora. Each phase has its own timeout
+# (TIMEOUT_*_S below, together at most 360 s, so a rerun fits the machine's 15 minutes) and writes
+# each row the moment it has it, so a phase cut short keeps the rows before it. First the shapes are
+# planned for the GPU (the `fit` rows): every one must fit its memory, or nothing runs.
 # OUTDIR gets at most 4 files, no folders: summary.md (the table, measured beside the planner),
 # results.json (every row), log.txt (every phase's output), nvidia-smi.txt (not in a dry run).
 #
@@ -14,24 +16,25 @@
 # benchmarks/wheels, made by benchmarks/fetch_wheels.sh) when the Python lacks it: unpacked into a
 # throwaway folder put on PYTHONPATH; nothing else is installed, nothing is fetched.
 # --dry-run runs every phase at toy size on the CPU (gloo): the same code paths, no GPU.
-# --gpu names the GPU the planner plans for (a key of raydlc.facts.instances.GPUS; default h200).
+# --gpu names the GPU the planner plans for (a key of raydlc.facts.instances.GPUS: h100, h200, l4, ...);
+# default auto: the GPU torch sees (its name), or h100 in a dry run.
 set -uo pipefail
 
 TIMEOUT_NVIDIA_SMI_S=10
-TIMEOUT_NCCL_S=30
-TIMEOUT_THROUGHPUT_S=200
-TIMEOUT_MEMORY_S=60
-TIMEOUT_L4_S=50
-TIMEOUT_PRECISION_S=80
-TIMEOUT_LORA_S=50
+TIMEOUT_NCCL_S=20
+TIMEOUT_THROUGHPUT_S=160
+TIMEOUT_MEMORY_S=40
+TIMEOUT_L4_S=40
+TIMEOUT_PRECISION_S=60
+TIMEOUT_LORA_S=40
 PHASES=(nccl:$TIMEOUT_NCCL_S throughput:$TIMEOUT_THROUGHPUT_S memory:$TIMEOUT_MEMORY_S l4:$TIMEOUT_L4_S precision:$TIMEOUT_PRECISION_S lora:$TIMEOUT_LORA_S)
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 fail() { echo "error: $1" >&2; [ $# -gt 1 ] && echo "  hint: $2" >&2; exit "${3:-2}"; }
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DRY_RUN=0
-GPU=h200
+GPU=auto
 PY="${PYTHON:-python3}"
 WHEELS="$ROOT/benchmarks/wheels"
 OUTDIR=""
@@ -72,8 +75,17 @@ if ! "$PY" -c "import pydantic" 2>/dev/null; then
 fi
 "$PY" -c "import raydlc.planner, raydlc.train.loop, torch, transformers" >>"$LOG" 2>&1 \
   || fail "'$PY' cannot import the loop's code (see $LOG)" "it needs torch, transformers, numpy, pyyaml and pydantic (the wheels)" 1
+if [ "$GPU" = auto ] && [ "$DRY_RUN" = 1 ]; then
+  GPU=h100  # the GPU machine's default: a dry run plans for it
+elif [ "$GPU" = auto ]; then
+  GPU="$("$PY" benchmarks/gpu_check_phases.py detect --out "$OUTDIR" 2>>"$LOG" | tail -1)"
+  [ -n "$GPU" ] || fail "this machine's GPU is not one raydlc knows (see $LOG)" "pass --gpu with a key of raydlc.facts.instances.GPUS"
+fi
 "$PY" -c "import sys; from raydlc.facts.instances import GPUS; sys.exit(sys.argv[1] not in GPUS)" "$GPU" \
   || fail "unknown GPU '$GPU'" "pass --gpu with a key of raydlc.facts.instances.GPUS"
+echo "planning for GPU $GPU" | tee -a "$LOG"
+"$PY" benchmarks/gpu_check_phases.py fit --gpu "$GPU" --out "$OUTDIR" >>"$LOG" 2>&1 \
+  || { "$PY" benchmarks/gpu_check_phases.py table --out "$OUTDIR"; fail "a shape planned for $GPU does not fit its memory (the fit rows)" "see $OUTDIR/summary.md" 1; }
 "$PY" -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cuda', torch.cuda.is_available())" | tee -a "$LOG"
 
 TOY=()

@@ -135,24 +135,30 @@ def layers_that_fit(model: str, gpu: str, *, seq: int, headroom: float = 0.8) ->
     return 1
 
 
-def planned(model: str, gpu: str, *, seq: int, micro_batch: int | None = None, fp32: bool = False, lora_rank: int = 0) -> dict[str, Any]:
+def planned(model: str, gpu: str, *, seq: int, micro_batch: int | None = None, fp32: bool = False, lora_rank: int = 0,
+            compile: bool = True) -> dict[str, Any]:
     """The planner on one GPU: its micro-batch (unless given), step time, tokens/s, MFU and per-term bytes
-    (LoRA on a frozen base when `lora_rank` > 0)."""
+    (LoRA on a frozen base when `lora_rank` > 0), for a compiled or an eager run: an eager row is compared
+    with the eager prediction (the planner's MFU / its compile factor), never the compiled one."""
     from raydlc import planner
     from raydlc.facts.models import get_spec
+    from raydlc.planner.model import flops_per_step
 
     spec = get_spec(model)
     layout = planner.layout_for(1, 1, gpu=gpu, network_gbps=100)
     policy = "fp32" if fp32 else "bf16-mixed"
     if micro_batch is None:
-        auto = planner.plan(planner.Workload(spec, seq_len=seq, grad_accum="auto", policy=policy, lora_rank=lora_rank), layout)
+        auto = planner.plan(planner.Workload(spec, seq_len=seq, grad_accum="auto", policy=policy, lora_rank=lora_rank, compile=compile), layout)
         micro_batch = auto.micro_batch
-    p = planner.plan(planner.Workload(spec, seq_len=seq, micro_batch=micro_batch, grad_accum=1, policy=policy, lora_rank=lora_rank), layout)
+    w = planner.Workload(spec, seq_len=seq, micro_batch=micro_batch, grad_accum=1, policy=policy, lora_rank=lora_rank, compile=compile)
+    p = planner.plan(w, layout)
+    w = w.at(activation_checkpointing=p.activation_checkpointing)
     return {
         "micro_batch": micro_batch, "fits": p.fits, "step_time_s": p.step_time_s["estimate"],
-        "tokens_per_s": p.step_time_s["tokens_per_s"], "mfu": p.assumptions["mfu"], "bytes": dict(p.per_gpu_bytes),
+        "tokens_per_s": p.step_time_s["tokens_per_s"], "mfu": p.assumptions["mfu_used"], "bytes": dict(p.per_gpu_bytes),
         "capacity_bytes": p.gpu_memory_bytes, "params": spec.param_count(), "layers": spec.num_layers,
-        "adapter_params": spec.lora_params(lora_rank, None) if lora_rank else 0,
+        "adapter_params": spec.lora_params(lora_rank, None) if lora_rank else 0, "compile": compile,
+        "flops_per_token": flops_per_step(w) / w.tokens,  # the planner's formula: 6N (8N recomputed) + attention + the head again
     }
 
 
@@ -242,11 +248,12 @@ def timed_steps(ph: Phase, t: Any, ids: Any, *, warmup: int, steps: int) -> tupl
     import torch
 
     from raydlc.train import loop as product
+    from raydlc.train.schedule import lr_at
 
     losses, times = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        out = product.train_step(t, [(ids, ids)], product.lr_at(i + 1, t.settings.learning_rate, t.settings.warmup_steps))
+        out = product.train_step(t, [(ids, ids)], lr_at(i + 1, t.settings))
         if ph.cuda:
             torch.cuda.synchronize()
         if i >= warmup:
@@ -264,6 +271,9 @@ def phase_nccl(ph: Phase) -> None:
     import torch.distributed as dist
 
     backend = dist.get_backend()
+    if dist.get_world_size() < 2:  # a collective over one rank moves nothing: no figure, only a reason
+        ph.row("collectives", "skipped", note=f"world {dist.get_world_size()} on {backend}: NCCL is measured with 2 or more GPUs")
+        return
     ph.row("process group", "ok", note=f"backend {backend}, world {dist.get_world_size()}, device {ph.device}")
     n = 1 << (24 if ph.cuda else 12)
     for op in ("all_reduce", "reduce_scatter"):
@@ -289,13 +299,19 @@ def phase_nccl(ph: Phase) -> None:
             ph.guarded(name, one)
 
 
+def throughput_order(size: Size) -> list[tuple[str, bool]]:
+    """(model, compiled) in order of value: the 7B compiled first (the row the planner's cluster plans rest on), then the
+    eager rows, then the other compiled ones. The dry run compiles one toy model: the code path, not the figure."""
+    if size.toy:
+        return [(size.models[0], True), *((m, False) for m in size.models)]
+    return [(size.models[-1], True), *((m, False) for m in size.models), *((m, True) for m in size.models[:-1])]
+
+
 def phase_throughput(ph: Phase) -> None:
-    """tokens/s and MFU, eager then compiled, per model, at the planner's micro-batch; peak memory beside the planner's terms."""
-    for compile in (False, True):
-        # The dry run compiles one toy model: the code path, not the figure (each CPU compile costs ~20 s on 2 cores).
-        for model in ph.size.models[:1] if compile and ph.size.toy else ph.size.models:
-            name = f"{model} {'compiled' if compile else 'eager'}"
-            ph.guarded(name, lambda model=model, compile=compile, name=name: _throughput_row(ph, model, compile, name))
+    """tokens/s and MFU per model, at the planner's micro-batch (throughput_order); peak memory beside the planner's terms."""
+    for model, compile in throughput_order(ph.size):
+        name = f"{model} {'compiled' if compile else 'eager'}"
+        ph.guarded(name, lambda model=model, compile=compile, name=name: _throughput_row(ph, model, compile, name))
 
 
 def _throughput_row(ph: Phase, model: str, compile: bool, name: str) -> None:
@@ -305,16 +321,18 @@ def _throughput_row(ph: Phase, model: str, compile: bool, name: str) -> None:
     step = sorted(times)[len(times) // 2]
     tps = mb * ph.size.seq / step
     peak = GPUS[ph.size.gpu].bf16_tflops * 1e12
-    mfu = 6 * p["params"] * tps / peak
+    mfu_6n = 6 * p["params"] * tps / peak
+    mfu = p["flops_per_token"] * tps / peak  # the planner's own count, so measured and planned MFU are the same quantity
     mem = memory(ph.cuda)
     b = p["bytes"]
     planned_gib = (b["total"] - b["overhead"]) / GIB
     del t
     note = (f"mb {mb} x seq {ph.size.seq}, {p['layers']} layers, median of {len(times)} steps {step:.3f}s (planner {p['step_time_s']:.3f}s); "
-            f"MFU {mfu:.1%} (planner {p['mfu']:.0%}); loss {losses[0]:.3f}->{losses[-1]:.3f}")
+            f"MFU {mfu:.1%} by the planner's FLOPs, {mfu_6n:.1%} at 6N (planner {'compiled' if compile else 'eager'} {p['mfu']:.1%}); "
+            f"loss {losses[0]:.3f}->{losses[-1]:.3f}")
     if ph.size.toy:
         note += "; toy: MFU against the GPU's peak means nothing on a CPU"
-    ph.row(name, "ok", measured=round(tps, 1), planned=p["tokens_per_s"], unit=" tok/s", mfu=mfu, mfu_planned=p["mfu"],
+    ph.row(name, "ok", measured=round(tps, 1), planned=p["tokens_per_s"], unit=" tok/s", mfu=mfu, mfu_6n=mfu_6n, mfu_planned=p["mfu"],
            compile=compile, micro_batch=mb, seq=ph.size.seq, step_s=step, step_times_s=times, losses=losses, note=note,
            planned_bytes=b, planned_without_overhead_gib=planned_gib, **mem)
     if mem["peak_allocated_gib"] is not None:
@@ -334,10 +352,10 @@ def _at_planned_micro_batch(
     """(plan, micro-batch, trainer, step times, losses) at the planner's micro-batch (2 on a toy).
 
     A micro-batch that does not fit is a finding (its `oom` row); then half of it is measured."""
-    p = planned(model, ph.size.gpu, seq=ph.size.seq, lora_rank=lora_rank)
+    p = planned(model, ph.size.gpu, seq=ph.size.seq, lora_rank=lora_rank, compile=compile)
     mb = p["micro_batch"] if not ph.size.toy else 2
     if ph.size.toy:
-        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=lora_rank)
+        p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=lora_rank, compile=compile)
     try:
         return (p, mb, *_measured(ph, model, mb, compile, lora_rank=lora_rank))
     except Exception as e:
@@ -346,7 +364,7 @@ def _at_planned_micro_batch(
         ph.row(f"{name} at the planner's micro-batch {mb}", "oom", note=f"out of memory: {str(e).splitlines()[0][:150]}", micro_batch=mb)
     release(ph.cuda)
     mb //= 2
-    p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=lora_rank)
+    p = planned(model, ph.size.gpu, seq=ph.size.seq, micro_batch=mb, lora_rank=lora_rank, compile=compile)
     return (p, mb, *_measured(ph, model, mb, compile, lora_rank=lora_rank))
 
 
@@ -553,18 +571,62 @@ def full_row(out: Path, name: str) -> dict[str, Any] | None:
     return next((r for r in _load(out)["rows"] if r.get("name") == name and r.get("status") == "ok"), None)
 
 
+def plan_fit(gpu: str, out: Path) -> bool:
+    """The real (not toy) shapes the phases would run on `gpu`, planned: a row per throughput and LoRA shape with its
+    planned bytes at the planner's micro-batch against the GPU's memory. Pure planner, no device: the dry run proves with
+    it that a plan sized for, say, an 80 GB H100 fits 80 GB. True when every shape fits."""
+    from raydlc.facts.instances import GPUS
+
+    size = size_for(False, gpu)
+    register_shapes(False, gpu)
+    cap = GPUS[gpu].memory_gib * GIB
+    ok = True
+    shapes = [(m, c, 0) for m, c in throughput_order(size)] + [(size.models[-1], False, LORA_RANK)]
+    for model, compile, rank in shapes:
+        p = planned(model, gpu, seq=size.seq, compile=compile, lora_rank=rank)
+        total = p["bytes"]["total"]
+        fits = bool(p["fits"]) and total <= cap
+        ok &= fits
+        kind = f"LoRA r{rank}" if rank else ("compiled" if compile else "eager")
+        add_row(out, {"phase": "fit", "name": f"{model} {kind}", "status": "ok" if fits else "too big", "gpu": gpu, "toy": False,
+                      "measured": round(total / GIB, 2), "planned": round(cap / GIB, 2), "unit": " GiB", "micro_batch": p["micro_batch"],
+                      "layers": p["layers"], "note": f"planned total at micro-batch {p['micro_batch']} vs {GPUS[gpu].name}'s {cap / GIB:.1f} GiB"})
+    return ok
+
+
+def detect_gpu() -> str | None:
+    """The key of facts.instances.GPUS for this machine's GPU 0 (its name; its memory printed beside), or None."""
+    import torch
+
+    from raydlc.facts.instances import GPUS, gpu_for_device_name
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    model = gpu_for_device_name(props.name)
+    key = next((k for k, g in GPUS.items() if g is model), None)
+    print(f"GPU 0: {props.name}, {props.total_memory / GIB:.1f} GiB, {torch.cuda.device_count()} GPU(s): {key or 'unknown'}", file=sys.stderr)
+    return key
+
+
 RUN = {"nccl": phase_nccl, "throughput": phase_throughput, "memory": phase_memory, "l4": phase_l4, "precision": phase_precision,
        "lora": phase_lora}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phase", choices=(*PHASES, "table"))
+    ap.add_argument("phase", choices=(*PHASES, "table", "fit", "detect"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--toy", action="store_true", help="the CPU dry run: tiny shapes, gloo")
-    ap.add_argument("--gpu", default="h200", help="the GPU the planner plans for (a key of raydlc.facts.instances.GPUS)")
+    ap.add_argument("--gpu", default="h100", help="the GPU the planner plans for (a key of raydlc.facts.instances.GPUS)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.phase == "detect":
+        key = detect_gpu()
+        print(key or "")
+        return 0 if key else 1
+    if a.phase == "fit":
+        return 0 if plan_fit(a.gpu, a.out) else 1
     if a.phase == "table":
         doc = _load(a.out)
         write_table(a.out, doc)

@@ -452,6 +452,7 @@ def raydlc_loop(
 
     from raydlc.train import loop as product
     from raydlc.train.layout import plan_mesh
+    from raydlc.train.schedule import lr_at
 
     device = torch.device(cfg.device, torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     settings = product_settings(spec, cfg, batch=batch, seq=seq, compile=compile, ac=ac)
@@ -466,7 +467,7 @@ def raydlc_loop(
                 assert_finite("raydlc", torch.stack(losses).float().tolist())
             losses.clear()
             clock.mark()
-        out = product.train_step(t, [(ids, ids)], product.lr_at(step + 1, settings.learning_rate, settings.warmup_steps))
+        out = product.train_step(t, [(ids, ids)], lr_at(step + 1, settings))
         losses.append(torch.where(out.skipped, torch.full_like(out.loss, float("nan")), out.loss))
         if step >= warmup:
             clock.mark()

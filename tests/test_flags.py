@@ -29,7 +29,7 @@ def test_raydlc_train_has_one_option_per_flagged_setting_with_its_name_and_help(
     assert got["out"].type_descriptor.annotation is str and got["out"].metavar == "PATH|URI" and got["resume"].is_flag and got["bf16"].secondary_opts == ["--fp32"]
     # Every training setting the flags name is a train field with its env name; the rest stay env/--set/YAML only.
     assert {o.env for o in opts} <= {f.env for f in FIELDS.values() if f.section == "train"}
-    assert {"WARMUP_STEPS", "USE_GPU", "COMPILE"}.isdisjoint({o.env for o in opts})
+    assert {"WEIGHT_DECAY", "USE_GPU", "COMPILE"}.isdisjoint({o.env for o in opts})
 
 
 def test_the_job_entrypoint_parses_the_same_flags_into_the_settings() -> None:
@@ -58,7 +58,7 @@ def test_a_command_can_name_a_setting_its_own_way() -> None:
     assert {"model", "nodes", "seq_len", "micro_batch", "grad_accum", "sync", "max_global_batch", "instance_type"} <= set(plan)
     assert plan["nodes"].help == "GPU nodes [GPU_NODE_COUNT]." and plan["micro_batch"].opts == ["--micro-batch"]
     with pytest.raises(KeyError, match="has no flag"):
-        flags.option("WARMUP_STEPS")
+        flags.option("WEIGHT_DECAY")
 
 
 def test_kinds_follow_the_field_types() -> None:

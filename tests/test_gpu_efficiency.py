@@ -17,6 +17,7 @@ import pytest
 from raydlc.errors import InputError, TrainError
 from raydlc.facts.instances import GPUS, gpu_for_device_name
 from raydlc.facts.models import SPECS
+from raydlc.train.schedule import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_efficiency.py"
@@ -224,5 +225,5 @@ def test_raydlc_rows_time_the_products_own_step_with_the_products_settings(bench
     used, defaults = calls[0][0], TrainConfig()
     assert (used.weight_decay, used.max_grad_norm, used.warmup_steps, used.seed) == (defaults.weight_decay, defaults.max_grad_norm, defaults.warmup_steps, defaults.seed)
     assert used.activation_checkpointing and used.bf16 and not used.compile
-    assert [lr for _, lr in calls] == [product.lr_at(i, cfg.lr, defaults.warmup_steps) for i in range(1, 6)]
+    assert [lr for _, lr in calls] == [lr_at(i, used) for i in range(1, 6)]
     assert r.activation_checkpointing and len(r.losses) == 4 and all(math.isfinite(x) for x in r.losses)

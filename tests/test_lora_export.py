@@ -283,3 +283,28 @@ print(json.dumps({{"has_peft": has_peft, "loaded": sorted(m for m in sys.modules
     assert got == {"has_peft": False, "loaded": []}
     assert "peft" in D.refused(guard)  # the guard did hide an installed peft
     assert sorted(p.name for p in (tmp_path / "out" / "adapter").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_rslora_scales_by_alpha_over_sqrt_rank_in_the_layer_the_export_and_peft(tmp_path: Path) -> None:
+    """LORA_RSLORA (issue 46): the layer's scaling is alpha / sqrt(r); the export says `use_rslora`, so peft scales the
+    same, and the merged model folds the adapters in at that scale."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+
+    from raydlc.train.lora import LoRALinear, lora_scaling
+
+    assert lora_scaling(16, 32.0, rslora=True) == 8.0 and lora_scaling(16, 32.0) == 2.0
+    assert LoRALinear(torch.nn.Linear(8, 8), rank=4, alpha=8.0, dropout=0.0, rslora=True).scaling == 4.0
+    model, state = trained_state("qwen2")
+    adapters = X.split(state)[1]
+    out = tmp_path / "export"
+    write(out, state, config=model.config, rslora=True)
+    reference = hand_logits(model, adapters, ids(), ALPHA / math.sqrt(RANK))
+    tuned = peft.PeftModel.from_pretrained(base("qwen2"), str(out / "adapter"))
+    assert tuned.peft_config["default"].use_rslora is True
+    with torch.no_grad():
+        assert (tuned(ids()).logits - reference).abs().max().item() < 1e-5
+    merged_model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (merged_model(ids()).logits - reference).abs().max().item() < 1e-4

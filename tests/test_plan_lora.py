@@ -136,3 +136,41 @@ def test_cli_plans_32b_lora_on_two_g6_nodes(clean_env: object, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "2 x 4 L4" in out and "LoRA rank 16" in out and "134,217,728 adapter parameters" in out
     assert "recommended: fsdp" in out and "tokens/s" in out and "nothing fits" not in out
+
+
+@pytest.mark.parametrize("intermediate", [512, 1024])
+def test_lora_dropout_s_saved_bytes_are_what_the_planner_counts(intermediate: int) -> None:
+    """Issue 46: LoRA's dropout (p > 0) saves its masks; the planner's `lora_dropout_bytes` is the difference autograd
+    keeps per token and block (saved_tensors_hooks over one decoder block, bf16 base, fp32 adapters)."""
+    import torch
+
+    from raydlc.facts.models import ModelSpec
+    from raydlc.planner.model import lora_dropout_bytes
+    from raydlc.train.lora import with_lora
+    from raydlc.train.model import build_model
+
+    spec = ModelSpec("t", 256, 1, 4, 2, intermediate, 300, True, max_position_embeddings=512)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def saved_per_token(p: float) -> float:
+        m = build_model(spec, seed=0)
+        with_lora(m, rank=8, alpha=16, dropout=p, targets=targets, seed=0, base_dtype=torch.bfloat16)
+        m.train()
+        ids = torch.randint(0, 300, (2, 64), generator=torch.Generator().manual_seed(0))
+        x = m.model.embed_tokens(ids)
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            m.model.layers[0](x, position_embeddings=m.model.rotary_emb(x, torch.arange(64)[None]))
+        return sum(seen.values()) / ids.numel()
+
+    measured = saved_per_token(0.1) - saved_per_token(0.0)
+    w = planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets, lora_dropout=0.1)
+    assert lora_dropout_bytes(w) == measured == 6 * 256 + 2 * intermediate
+    assert lora_dropout_bytes(planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets)) == 0  # p = 0 saves no mask
+    more = planner.activation_parts(w)["saved"] - planner.activation_parts(planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets))["saved"]
+    assert more == measured * w.tokens * spec.num_layers

@@ -135,7 +135,7 @@ def test_a_head_in_its_own_process_is_joined_by_address_and_streams_progress(tmp
     seen = json.loads((run_dir / "run.json").read_text())["train"]  # written by rank 0 from the spec it validated
     assert (seen["warmup_steps"], seen["weight_decay"], seen["steps"]) == (2, 0.01, 4)
     lrs = [rec["lr"] for rec in M.read_jsonl(run_dir / "metrics.jsonl") if "loss" in rec]
-    assert lrs == [1e-3, 2e-3, 2e-3, 2e-3]  # WARMUP_STEPS=2 took effect inside the workers
+    assert lrs == pytest.approx([1e-3, 2e-3, 1e-3, 0.0])  # WARMUP_STEPS=2 took effect inside the workers, then the cosine decay
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)  # the head and everything it started are gone
 

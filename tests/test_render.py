@@ -24,7 +24,7 @@ from kubernetes_validate.utils import all_versions
 
 import raydlc
 from raydlc import schemas
-from raydlc.config import Config, load_config
+from raydlc.config import Config, load_config, with_cluster_defaults
 from raydlc.errors import InputError
 from raydlc.facts import instances
 from raydlc.render import FILES, codezip, render_all, to_yaml, write
@@ -489,15 +489,16 @@ def test_rayjob_carries_guardrails_and_the_training_settings(empty_dir: Path) ->
     assert env["RAYDLC_STEPS"] == "11" and env["RAYDLC_LEARNING_RATE"] == "3e-05"
     assert (env["RAYDLC_WEIGHT_DECAY"], env["RAYDLC_BF16"], env["RAYDLC_HSDP_REPLICAS"]) == ("0.1", "true", "2")
     assert env["RAYDLC_NUM_WORKERS"] == "8"
-    # Every non-default training setting travels, and nothing else but USE_GPU and the deadline: the job has the same
-    # defaults, on the cluster an empty USE_GPU is true (GPU workers scaled to zero show no GPU when the job starts), and
-    # the job's driver stops itself at the RayJob's activeDeadlineSeconds (KubeRay v1.7.0 only marks the RayJob Failed).
+    # Every non-default training setting travels, the cluster defaults resolved (as `submit --builtin` sends them), and
+    # nothing else but USE_GPU and the deadline: the job has the same defaults, on the cluster an empty USE_GPU is true
+    # (GPU workers scaled to zero show no GPU when the job starts), and the job's driver stops itself at the RayJob's
+    # activeDeadlineSeconds (KubeRay v1.7.0 only marks the RayJob Failed).
     assert sorted(env) == sorted(["RAYDLC_STEPS", "RAYDLC_LEARNING_RATE", "RAYDLC_WEIGHT_DECAY", "RAYDLC_BF16",
                                   "RAYDLC_HSDP_REPLICAS", "RAYDLC_NUM_WORKERS", "RAYDLC_STORAGE_PATH", "RAYDLC_USE_GPU",
-                                  "RAYDLC_JOB_DEADLINE_S"])
+                                  "RAYDLC_JOB_DEADLINE_S", "RAYDLC_SEQ_LEN", "RAYDLC_GRAD_ACCUM"])
     assert env["RAYDLC_USE_GPU"] == "true" and env["RAYDLC_JOB_DEADLINE_S"] == "900" == str(job["activeDeadlineSeconds"])
     reloaded = load_config(env=env, cwd=empty_dir)
-    assert reloaded.train == cfg.train.model_copy(update={"num_workers": cfg.num_workers, "use_gpu": True})
+    assert reloaded.train == with_cluster_defaults(cfg).train.model_copy(update={"num_workers": cfg.num_workers, "use_gpu": True})
     assert reloaded.ray.job_deadline_s == 900 and reloaded.origin("JOB_DEADLINE_S") != "default"
     cpu = render_all(make_config({"USE_GPU": "false"}, empty_dir), ZONES, only="rayjob")[FILES["rayjob"]]["spec"]
     assert yaml.safe_load(cpu["runtimeEnvYAML"])["env_vars"]["RAYDLC_USE_GPU"] == "false"  # a setting given is kept

@@ -209,6 +209,31 @@ def test_an_async_save_holds_the_weights_of_its_start_while_training_goes_on(gro
     assert all(torch.equal(at_save[k], v) for k, v in full(other).items())
 
 
+def test_a_run_s_cached_stager_reuses_its_host_copy_and_each_save_holds_its_own_steps_weights(group: None, tmp_path: Path) -> None:
+    """Issue 46: the run's stager keeps one host copy across saves (no fresh allocation per save); the second save
+    copies the new weights into it, and the first checkpoint, written before, keeps the weights of its own step."""
+    model, opt = trained(seed=6)
+    ckpt_group, staging = dist.new_group(backend="gloo"), C.stager(cuda=False)
+    saved_at: dict[int, dict[str, torch.Tensor]] = {}
+    for step in (1, 2):
+        saved_at[step] = full(model)
+        d = tmp_path / C.dir_name(step)
+        C.seal(d, C.start(d, model, opt, step=step, rank=0, extra={}, group=ckpt_group, staging=staging).result(timeout=120),
+               step=step, rank=0, world_size=1, meta={})
+        if step == 1:
+            cached = {id(v) for v in staging._state_dict_stager._cached_storage_mapping.values()}
+            assert cached  # the host copy the next save reuses
+            x = torch.randint(0, SMALL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(11))
+            model(input_ids=x, labels=x).loss.backward()
+            opt.step()
+    assert {id(v) for v in staging._state_dict_stager._cached_storage_mapping.values()} == cached  # the same buffers, refilled
+    assert any(not torch.equal(saved_at[1][k], saved_at[2][k]) for k in saved_at[1])
+    for step in (1, 2):
+        other, other_opt = trained(seed=5)
+        C.load(tmp_path / C.dir_name(step), other, other_opt, rank=0)
+        assert all(torch.equal(saved_at[step][k], v) for k, v in full(other).items())
+
+
 def test_prune_keeps_the_newest_complete_checkpoints_and_any_still_arriving(tmp_path: Path) -> None:
     for step in (2, 4, 6, 8):
         (tmp_path / C.dir_name(step)).mkdir()

@@ -102,6 +102,18 @@ def test_max_nonfinite_steps_in_a_row_stop_the_run_naming_the_step(monkeypatch: 
     assert [r["skipped"] for r in done["history"] if "loss" in r] == [False, True, True, False, False, False, False, False]
 
 
+def test_the_stop_names_the_checkpoint_to_resume_from() -> None:
+    from raydlc.train.loop import check_finite, resume_advice
+
+    bad = [{"step": i, "loss": 1.0, "skipped": False} for i in range(1, 12)] + [{"step": i, "loss": float("nan"), "skipped": True} for i in (12, 13)]
+    with pytest.raises(TrainError) as e:
+        check_finite(bad, 2, checkpoint_every=5)
+    # step 11's update made step 12's weights: checkpoint_000010 holds step 10's, the newest one before it
+    assert "RESUME_FROM=<run dir>/checkpoint_000010 (step 10)" in (e.value.hint or "") and "not a later one" in (e.value.hint or "")
+    assert "RESUME_FROM" not in resume_advice(12, 0) and "start again" in resume_advice(12, 0)  # no checkpoints taken
+    assert "checkpoint_000005" in resume_advice(11, 5) and "start again" in resume_advice(6, 5)  # step 5 made step 6's weights
+
+
 def test_skipped_in_a_row_counts_the_tail_across_eval_records() -> None:
     recs = [{"step": 1, "loss": 1.0, "skipped": False}, {"step": 2, "loss": float("nan"), "skipped": True}, {"step": 2, "eval_loss": 1.0},
             {"step": 3, "loss": float("nan"), "skipped": True}]

@@ -107,7 +107,7 @@ def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool, 
         spec, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync, policy=policy,
         activation_checkpointing=activation_checkpointing, max_global_batch=t.max_global_batch,
         loss_chunk=t.loss_chunk, reduce_dtype=_reduce(t.reduce_dtype) if policy != "pure-bf16" or "REDUCE_DTYPE" in given else None,
-        compile=planner.planned_compile(t.compile), lora_rank=t.lora_rank, lora_targets=t.lora_targets_list,
+        compile=planner.planned_compile(t.compile), lora_rank=t.lora_rank, lora_targets=t.lora_targets_list, lora_dropout=t.lora_dropout,
     )
 
 

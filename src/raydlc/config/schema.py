@@ -361,7 +361,22 @@ class TrainConfig(_Section):
     sharding: Literal["fsdp", "hsdp", "auto"] = _env(
         "SHARDING", "FSDP over all ranks, HSDP (shard in node), or the planner's choice", default="auto", flag=Flag("--sharding", "fsdp | hsdp | auto")
     )
-    warmup_steps: NonNegative = _env("WARMUP_STEPS", "linear learning-rate warm-up steps, then constant", default=20)
+    warmup_steps: NonNegative = _env(
+        "WARMUP_STEPS", "linear learning-rate warm-up steps, then LR_SCHEDULE's decay", default=20,
+        flag=Flag("--warmup-steps", "Linear learning-rate warm-up steps"),
+    )
+    warmup_ratio: Annotated[float | None, AtLeast(0), Below(1)] = _env(
+        "WARMUP_RATIO", "warm-up as a share of STEPS (rounded up); set, it replaces WARMUP_STEPS", default=None,
+        flag=Flag("--warmup-ratio", "Warm-up as a share of STEPS; replaces --warmup-steps"),
+    )
+    lr_schedule: Literal["cosine", "linear", "constant"] = _env(
+        "LR_SCHEDULE", "learning rate after warm-up: cosine or linear decay to LEARNING_RATE x MIN_LR_RATIO at STEPS, or constant", default="cosine",
+        flag=Flag("--lr-schedule", "Learning rate after warm-up: cosine | linear | constant"),
+    )
+    min_lr_ratio: Annotated[float, AtLeast(0), Below(1, why="1 is LR_SCHEDULE=constant")] = _env(
+        "MIN_LR_RATIO", "the decayed learning rate at STEPS, as a share of LEARNING_RATE", default=0.0,
+        flag=Flag("--min-lr-ratio", "Final learning rate as a share of --lr"),
+    )
     weight_decay: Annotated[float, AtLeast(0)] = _env("WEIGHT_DECAY", "AdamW weight decay", default=0.0)
     max_grad_norm: Annotated[float, Above(0)] = _env("MAX_GRAD_NORM", "clip the global gradient norm to this", default=1.0)
     max_nonfinite_steps: Count = _env(
@@ -411,6 +426,10 @@ class TrainConfig(_Section):
                                                        "gate_proj, up_proj, down_proj")] = _env(
         "LORA_TARGETS", "projections LoRA adapts, comma-separated (q_proj,v_proj); empty = the family's attention and MLP projections "
         "(all seven)", default=None,
+    )
+    lora_rslora: bool = _env(
+        "LORA_RSLORA", "rank-stabilised LoRA: the update scaled by alpha / sqrt(rank) instead of alpha / rank (peft's use_rslora; for rank 64 and above)",
+        default=False, flag=Flag("--lora-rslora", "Scale the LoRA update by alpha / sqrt(rank) (rsLoRA)"),
     )
     lora_merge: bool = _env(
         "LORA_MERGE", "with LORA_RANK > 0, export a merged Hugging Face model (W + scaling x B A) beside the adapter", default=True,
@@ -465,7 +484,8 @@ class TrainConfig(_Section):
 
         targets = self.lora_targets_list or next(iter(LORA_DEFAULT_TARGETS.values()))  # every family's default is the same seven
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
-        return {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
+        meta = {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
+        return meta | ({"lora_rslora": True} if self.lora_rslora else {})  # absent when off: earlier checkpoints still match
 
     def updated(self, **changes: Any) -> TrainConfig:
         """A copy with `changes` applied and everything validated again (model_copy checks nothing)."""

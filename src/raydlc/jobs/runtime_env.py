@@ -333,15 +333,12 @@ def build(
 def builtin_env(cfg: Config, target: TargetKind) -> dict[str, str]:
     """The config's training settings as the RAYDLC_* variables `python -m raydlc.train` reads; on a cluster
     USE_GPU left empty is true: a GPU group scaled to zero has no GPU yet, and the job must ask for them."""
-    from raydlc.config import with_cluster_defaults, with_local_defaults
-    from raydlc.render.raycluster import job_env
+    from raydlc.config import with_local_defaults
+    from raydlc.render.raycluster import cluster_job_env, job_env
 
     if target == "local":
         return absolute_local_paths(job_env(with_local_defaults(cfg)))
-    env = job_env(with_cluster_defaults(cfg) if target == "cluster" else cfg)
-    if target == "cluster" and cfg.train.use_gpu is None:  # "when the Ray cluster has GPUs": the cluster's workers are GPU nodes, even while at zero
-        env.setdefault("RAYDLC_USE_GPU", "true")
-    return env
+    return cluster_job_env(cfg) if target == "cluster" else job_env(cfg)  # --address: a head raydlc did not make, as given
 
 
 def image_versions(cfg: Config, target: TargetKind) -> dict[str, str]:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from raydlc.errors import InputError
 from raydlc.facts import instances
+from raydlc.facts.mfu import MFU, MfuFact
 from raydlc.facts.models import LORA_DEFAULT_TARGETS, ModelSpec
 
 Policy = Literal["bf16-mixed", "pure-bf16", "fp32"]
@@ -75,12 +76,12 @@ PRECISION: dict[str, PrecisionBytes] = {
 class Assumptions:
     """The figures that are judgement, not arithmetic; every plan reports the ones it used."""
 
-    mfu: float = 0.40  # achieved fraction of the GPU's dense bf16 peak, compiled (each block with torch.compile)
+    mfu: float = 0.40  # compiled MFU of a GPU family facts.mfu has no row for (torchtitan's H100 figure)
     # Compiled over eager: torchtitan's published Llama-3-8B table on H100 (+15.7 % tokens/s with
     # per-block torch.compile); an eager run's MFU is `mfu / compile_speedup`.
     compile_speedup: float = 1.157
-    # Per GPU (key of facts.instances.GPUS): a measured compiled MFU replaces `mfu` for that GPU.
-    # Empty: no GPU measured yet, every family assumes `mfu`.
+    # Per GPU (key of facts.instances.GPUS): a measured compiled MFU replaces facts.mfu's figure for that GPU.
+    # Empty: every family takes facts.mfu's (assumed, each with its source: the L4 ~0.22, H100 0.40).
     mfu_by_gpu: dict[str, float] = field(default_factory=dict)
     efa_efficiency: float = 0.85  # NCCL over EFA (aws-ofi-nccl), fraction of the node's line rate
     tcp_efficiency: float = 0.40  # NCCL's socket transport over the same ENA link
@@ -96,8 +97,19 @@ class Assumptions:
 
     def mfu_for(self, gpu: str, compiled: bool = True) -> float:
         """The MFU assumed on `gpu`, compiled or eager."""
-        base = self.mfu_by_gpu.get(gpu, self.mfu)
+        base = self.mfu_by_gpu.get(gpu, self.family_mfu(gpu).compiled)
         return base if compiled else base / self.compile_speedup
+
+    def family_mfu(self, gpu: str) -> MfuFact:
+        """facts.mfu's figure for `gpu` (its kind and source); a family without one takes `mfu`."""
+        return MFU.get(gpu) or MfuFact(self.mfu, "assumed", "the planner's default MFU (torchtitan's H100 figure), not scaled for this GPU")
+
+    def mfu_source(self, gpu: str) -> dict[str, str]:
+        """Whether `gpu`'s MFU is measured or assumed, and from what."""
+        if gpu in self.mfu_by_gpu:
+            return {"kind": "measured", "source": "a measurement passed to the planner (Assumptions.mfu_by_gpu)"}
+        fact = self.family_mfu(gpu)
+        return {"kind": fact.kind, "source": fact.source}
 
     def stated(self, gpu: str, compiled: bool) -> dict[str, Any]:
         """What a plan says it assumed: the MFU per GPU family with and without compile, which one
@@ -105,8 +117,9 @@ class Assumptions:
         return {
             "mfu_used": round(self.mfu_for(gpu, compiled), 4),
             "mfu_depends_on": f"compile={'on' if compiled else 'off'} (an eager run is assumed {self.compile_speedup:g}x slower in compute) and the GPU ({gpu})",
+            "mfu_source": self.mfu_source(gpu),
             "mfu_by_gpu": {g: {"compiled": round(self.mfu_for(g, True), 4), "eager": round(self.mfu_for(g, False), 4),
-                               "source": "measured" if g in self.mfu_by_gpu else "assumed"} for g in instances.GPUS},
+                               "source": self.mfu_source(g)["kind"], "from": self.mfu_source(g)["source"]} for g in instances.GPUS},
             "link_efficiency": {"efa": self.efa_efficiency, "tcp": self.tcp_efficiency,
                                 "pcie_gbytes_s": self.pcie_gbytes_s, "nvlink_gbytes_s": self.nvlink_gbytes_s},
         }
@@ -155,6 +168,7 @@ class Workload:
     compile: bool = True  # each block torch.compile'd (the GPU default); the assumed MFU depends on it
     lora_rank: int = 0  # 0 = full fine-tuning; else LoRA adapters of this rank on a frozen base
     lora_targets: tuple[str, ...] = ()  # the projections LoRA adapts; () = the family's (facts.models.LORA_DEFAULT_TARGETS)
+    lora_dropout: float = 0.0  # LoRA's dropout on the adapters' input; above 0 it saves masks (`lora_dropout_bytes`)
 
     def __post_init__(self) -> None:
         if self.lora_rank < 0:
@@ -311,9 +325,19 @@ def activation_parts(w: Workload) -> dict[str, int]:
     kv = spec.num_kv_heads * spec.head_dim
     # LoRA keeps what full fine-tuning keeps (a projection's input is saved for A's gradient instead of
     # the base weight's), plus each adapter's rank-wide bf16 intermediate x @ A, saved for B's gradient.
-    block = 20 * h + 4 * kv + 8 * i + (2 * w.lora_rank * len(w.targets) if w.lora else 0)
+    block = 20 * h + 4 * kv + 8 * i + (2 * w.lora_rank * len(w.targets) + lora_dropout_bytes(w) if w.lora else 0)
     per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h
     return {"saved": per_token * tokens, "recompute": block * tokens if checkpointing else 0}
+
+
+def lora_dropout_bytes(w: Workload) -> int:
+    """Per token and block, what LoRA's dropout (p > 0) saves beside the adapters: each adapted projection's dropout
+    keeps its mask over that projection's input, and down_proj's one more byte per element. Measured on CPU with
+    saved_tensors_hooks (bf16 base, fp32 adapters, all seven targets): 6h + 2i bytes more than p = 0."""
+    if not w.lora or w.lora_dropout <= 0:
+        return 0
+    h, i = w.spec.hidden_size, w.spec.intermediate_size
+    return sum(2 * i if t == "down_proj" else h for t in w.targets)
 
 
 def activation_bytes(w: Workload) -> int:

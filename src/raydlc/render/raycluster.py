@@ -312,6 +312,19 @@ def job_env(cfg: Config) -> dict[str, str]:
     return env
 
 
+def cluster_job_env(cfg: Config) -> dict[str, str]:
+    """The one place that decides a cluster run's settings, for every path that starts one (the Jobs API's
+    `submit --builtin`, the RayJob `render`/`submit --rayjob` write): the config with the cluster defaults
+    (`with_cluster_defaults`: SEQ_LEN, GRAD_ACCUM auto, LoRA's rate) resolved, as RAYDLC_* variables.
+    USE_GPU left empty is true: a GPU group scaled to zero has no GPU when the job starts, so the job must ask for them."""
+    from raydlc.config import with_cluster_defaults
+
+    env = job_env(with_cluster_defaults(cfg))
+    if cfg.train.use_gpu is None:
+        env[FIELDS["USE_GPU"].env_var] = "true"
+    return env
+
+
 def storage_env(cfg: Config) -> dict[str, str]:
     """Where runs write, on the head (the driver of every job submitted to the cluster)."""
     env: dict[str, str] = {}
@@ -334,13 +347,9 @@ def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
 
     It is written as JSON (which is YAML) because KubeRay reads runtimeEnvYAML with a YAML 1.2
     parser: an unquoted `2e-05` would reach Ray as a float, and Ray rejects non-string env_vars.
-    USE_GPU left empty is true, as for `submit` on the cluster: the job runs on GPU workers, and a group
-    scaled to zero has no GPU when the job starts, so the job must ask for them.
+    The settings are `cluster_job_env`'s, the same `submit --builtin` sends to the cluster.
     """
-    variables = job_env(cfg)
-    if cfg.train.use_gpu is None:
-        variables[FIELDS["USE_GPU"].env_var] = "true"
-    env: dict[str, Any] = {"env_vars": variables}
+    env: dict[str, Any] = {"env_vars": cluster_job_env(cfg)}
     if code_uri:
         env["py_modules"] = [code_uri]
     return env

@@ -44,11 +44,6 @@ if TYPE_CHECKING:
 PROGRESS_EVERY_S = 1.0  # rank 0 posts progress at most this often, and at every report and eval
 
 
-def lr_at(step: int, base: float, warmup: int) -> float:
-    """Linear warmup, then constant: independent of the total steps, so --resume with more steps is exact."""
-    return base * min(1.0, step / warmup) if warmup > 0 else base
-
-
 def batch_fingerprint(indices: np.ndarray) -> str:
     """A short digest of a global batch's block indices; equal digests mean the same data order."""
     return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:16]
@@ -283,6 +278,7 @@ def add_lora(model: nn.Module, settings: TrainConfig, *, bf16: bool) -> nn.Modul
     return with_lora(
         model, rank=settings.lora_rank, alpha=default_alpha(settings.lora_rank, settings.lora_alpha), dropout=settings.lora_dropout,
         targets=targets_of(model.config, settings.lora_targets_list), seed=settings.seed, base_dtype=torch.bfloat16 if bf16 else None,
+        rslora=settings.lora_rslora,
     )
 
 
@@ -539,6 +535,7 @@ class Saver:
         self.slowest_s = 0.0
         self.last_step: int | None = None  # the step of the last checkpoint this attempt handed to Ray
         self._waited = 0.0
+        self.staging: Any = None  # the run's cached (on a GPU pinned) host copy (train.checkpoint.stager), made at the first save
 
     def save(self, t: Trainer, *, step: int, history: list[dict[str, Any]], metrics: dict[str, Any], beat: Any) -> None:
         """Collective: finish the previous save, then start this one."""
@@ -549,7 +546,9 @@ class Saver:
         began = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=f"raydlc-ckpt-r{self.rank}-"))
         extra = {"history": list(history)} if self.rank == 0 else {}  # the run's records, stored once: every rank restores rank 0's
-        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group)
+        if self.staging is None:
+            self.staging = ckpt.stager(cuda=t.device.type == "cuda")
+        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group, staging=self.staging)
         self.pending = Pending(step, staging, digests, metrics)
         self._waited = time.perf_counter() - began
 
@@ -576,8 +575,9 @@ class Saver:
 
     def abandon(self) -> None:
         """Drop the pending save unreported (a reclaim deadline too short to finish it): its writer thread runs
-        on into a staging directory nothing reads; the restart resumes from the last checkpoint reported."""
-        self.pending = None
+        on into a staging directory nothing reads; the restart resumes from the last checkpoint reported.
+        Its host copy goes with it (a later save stages afresh), so no save reuses a buffer still being written."""
+        self.pending, self.staging = None, None
 
 def settle(watch: Any, saver: Saver, t: Trainer, beat: Any, start_step: int) -> None:
     """Collective, on the notice's step only: whether the checkpoint of this step fits in the reclaim window
@@ -648,7 +648,7 @@ def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | Non
     if s.lora_rank == 0:
         return None
     return {"rank": s.lora_rank, "alpha": default_alpha(s.lora_rank, s.lora_alpha), "dropout": s.lora_dropout,
-            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge}
+            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge, "rslora": s.lora_rslora}
 
 
 # ---- stopping: the budget ------------------------------------------------------------------------
@@ -674,7 +674,7 @@ def budget_stop(clock: Any, step: int, history: list[dict[str, Any]], *, checkpo
     return stopped
 
 
-def check_finite(history: list[dict[str, Any]], limit: int) -> None:
+def check_finite(history: list[dict[str, Any]], limit: int, checkpoint_every: int = 0) -> None:
     """Raise when the last `limit` steps read were all skipped (a non-finite loss or gradient norm).
 
     Called at each read, so on a GPU the run notices at the read after the limit (up to
@@ -688,8 +688,21 @@ def check_finite(history: list[dict[str, Any]], limit: int) -> None:
     if len(run) >= limit:
         raise TrainError(
             f"{len(run)} steps in a row had a non-finite loss or gradient norm (steps {run[0]} to {run[-1]}): the run stops at step {run[-1]}",
-            hint="the weights are those of the last finite step; lower LEARNING_RATE or MAX_GRAD_NORM, check the data, or --resume from the last checkpoint",
+            hint=f"{resume_advice(run[0], checkpoint_every)}; lower LEARNING_RATE or MAX_GRAD_NORM, or check the data",
         )
+
+
+def resume_advice(first_bad: int, checkpoint_every: int) -> str:
+    """Which checkpoint to resume from after non-finite steps from `first_bad` on: step `first_bad - 1`'s update made the
+    weights that blew up (it was finite itself), so the newest safe checkpoint is one of step `first_bad - 2` or earlier."""
+    from raydlc.train.checkpoint import dir_name
+
+    safe = first_bad - 2
+    newest = safe - safe % checkpoint_every if checkpoint_every > 0 and safe > 0 else 0
+    if newest <= 0:
+        return f"no checkpoint before step {first_bad - 1} holds weights known to be good: start again rather than resume"
+    return (f"the weights after step {first_bad - 1} are already suspect (its update led to the non-finite step {first_bad}): "
+            f"resume with RESUME_FROM=<run dir>/{dir_name(newest)} (step {newest}) or an earlier checkpoint, not a later one")
 
 
 # ---- the loop ----------------------------------------------------------------------------------
@@ -772,9 +785,10 @@ def reported_nodes(session: Any) -> list[str]:
 def run_step(t: Trainer, run: RunSpec, data: RankData, step: int, *, rank: int, world: int) -> tuple[float, str, StepOutput]:
     """One optimizer step on this rank's rows of the step's global batch: its learning rate, the batch's fingerprint, its outputs."""
     from raydlc.data.order import global_batch, rank_slice, train_rows
+    from raydlc.train.schedule import lr_at
 
     s = run.train
-    lr = lr_at(step, s.learning_rate, s.warmup_steps)
+    lr = lr_at(step, s)
     gidx = global_batch(step, data.view.n_train, run.global_batch, s.seed)
     ids, labels = data.rows.take(train_rows(rank_slice(gidx, rank, world), data.held))
     return lr, batch_fingerprint(gidx), train_step(t, micro_batches(ids, labels, np.arange(len(ids)), s.batch_size, t.device), lr)
@@ -824,7 +838,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
             continue
         first_new = len(history)
         history.extend(unread.read(tokens_per_step=run.global_batch * s.seq_len, device=device))
-        check_finite(history, s.max_nonfinite_steps)
+        check_finite(history, s.max_nonfinite_steps, s.checkpoint_every)
         unread = None
         if due.validate:
             history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})

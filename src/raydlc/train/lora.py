@@ -48,10 +48,16 @@ def default_alpha(rank: int, alpha: float | None) -> float:
     return float(alpha) if alpha is not None else 2.0 * rank
 
 
-class LoRALinear(nn.Linear):
-    """y = x W^T + b + (alpha / r) * B(A(dropout(x))): the frozen base plus a trained low-rank update."""
+def lora_scaling(rank: int, alpha: float, rslora: bool = False) -> float:
+    """The update's scale: alpha / r, or with rsLoRA (LORA_RSLORA; Kalajdzievski 2023, peft's `use_rslora`) alpha / sqrt(r),
+    which keeps the update's size from shrinking as the rank grows (rank 64 and above)."""
+    return alpha / (math.sqrt(rank) if rslora else rank)
 
-    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float) -> None:
+
+class LoRALinear(nn.Linear):
+    """y = x W^T + b + scaling * B(A(dropout(x))): the frozen base plus a trained low-rank update (`lora_scaling`)."""
+
+    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float, rslora: bool = False) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: the base's own Parameters are reused, not allocated
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
@@ -60,7 +66,7 @@ class LoRALinear(nn.Linear):
         self.lora_A = nn.Linear(self.in_features, rank, bias=False, device=device, dtype=torch.float32)
         self.lora_B = nn.Linear(rank, self.out_features, bias=False, device=device, dtype=torch.float32)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.rank, self.scaling = rank, alpha / rank
+        self.rank, self.scaling = rank, lora_scaling(rank, alpha, rslora)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
@@ -72,7 +78,7 @@ class LoRALinear(nn.Linear):
         return f"{super().extra_repr()}, rank={self.rank}, scaling={self.scaling:g}"
 
 
-def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int) -> list[str]:
+def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int, rslora: bool = False) -> list[str]:
     """Replace every nn.Linear whose attribute name is in `targets` with a LoRALinear (on any device,
     meta included), freeze every other parameter, and return the replaced modules' names.
 
@@ -84,7 +90,7 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, tar
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
             if child_name in wanted and isinstance(child, nn.Linear) and not isinstance(child, LoRALinear):
-                setattr(parent, child_name, LoRALinear(child, rank=rank, alpha=alpha, dropout=dropout))
+                setattr(parent, child_name, LoRALinear(child, rank=rank, alpha=alpha, dropout=dropout, rslora=rslora))
                 replaced.append(f"{parent_name}.{child_name}" if parent_name else child_name)
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter_key(name))
@@ -138,14 +144,14 @@ def targets_of(config: Any, chosen: Sequence[str] = ()) -> tuple[str, ...]:
 
 
 def with_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int,
-              base_dtype: torch.dtype | None = None) -> nn.Module:
+              base_dtype: torch.dtype | None = None, rslora: bool = False) -> nn.Module:
     """The builder's step before `fully_shard`: the frozen base's parameters stored in `base_dtype`
     (bf16 compute: never upcast, half the bytes of fp32 master weights), then the fp32 adapters.
     Buffers (RoPE's frequencies) keep their dtype."""
     if base_dtype is not None:
         for p in model.parameters():
             p.data = p.data.to(base_dtype)
-    if not apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed):
+    if not apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed, rslora=rslora):
         from raydlc.errors import TrainError
 
         raise TrainError(f"LORA_TARGETS {','.join(targets)}: no linear layer of the model has one of these names, so nothing would train",

@@ -15,6 +15,7 @@ failure leaves nothing behind and a rewrite (a restart that finishes again) repl
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -99,9 +100,11 @@ def peft_adapter_state(adapters: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in adapters.items()}
 
 
-def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], base_model: str | None) -> dict[str, Any]:
-    """peft's LoraConfig as saved (`PeftConfigMixin.save_pretrained`): plain LoRA on a causal LM, the fields peft
-    0.17+ reads; those left out take LoraConfig's defaults, which are what raydlc trains (no DoRA, no rsLoRA, no bias)."""
+def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], base_model: str | None,
+                   rslora: bool = False) -> dict[str, Any]:
+    """peft's LoraConfig as saved (`PeftConfigMixin.save_pretrained`): LoRA (rsLoRA with `rslora`: peft's `use_rslora`,
+    scaling alpha / sqrt(r)) on a causal LM, the fields peft 0.17+ reads; those left out take LoraConfig's defaults,
+    which are what raydlc trains (no DoRA, no bias)."""
     _check_hyper(rank=rank, alpha=alpha, dropout=dropout, targets=targets)
     return {
         "peft_type": "LORA",
@@ -115,7 +118,7 @@ def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence
         "target_modules": sorted(set(targets)),
         "bias": "none",
         "fan_in_fan_out": False,
-        "use_rslora": False,
+        "use_rslora": bool(rslora),
         "use_dora": False,
         "lora_bias": False,
         "init_lora_weights": True,
@@ -162,16 +165,16 @@ def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequenc
 
 
 def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float, dropout: float, targets: Sequence[str],
-          base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None]) -> None:
+          base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None], rslora: bool = False) -> None:
     """`out_dir/adapter/` (peft's two files) and, if `merge`, the merged weights handed to `save_merged(weights, folder)`,
     which writes the HF model and tokenizer into that folder (it is `out_dir` once renamed).
 
     Everything is checked and merged before the disk is touched; the files go into a folder beside `out_dir` that
     is renamed into place at the end, so on any error (here or in `save_merged`) nothing is left.
     """
-    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_model)
+    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_model, rslora=rslora)
     tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets))
-    weights = merged(state, scaling=alpha / rank) if merge else None
+    weights = merged(state, scaling=alpha / (math.sqrt(rank) if rslora else rank)) if merge else None
     _refuse_foreign(out_dir)
     with _staged(out_dir) as folder:
         _write_adapter(folder / ADAPTER_DIR, tensors, config)

@@ -25,21 +25,39 @@ def plot(records: Sequence[dict[str, Any]], path: Path, *, title: str = "raydlc 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in records if "loss" in r]
-    evals = [r for r in records if "eval_loss" in r]
+    lines = series(records)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="train loss", linewidth=1)
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
+    ax.plot(*lines["train loss"], label="train loss", linewidth=1)
+    if lines["eval loss"][0]:
+        ax.plot(*lines["eval loss"], "o-", label="eval loss")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    handles, labels = ax.get_legend_handles_labels()
+    if lines["learning rate"][0]:  # the schedule (warm-up, then its decay) on its own axis, so a loss bend can be read against it
+        lr_ax = ax.twinx()
+        lr_ax.plot(*lines["learning rate"], color="tab:gray", linestyle="--", linewidth=1, label="learning rate")
+        lr_ax.set_ylabel("learning rate")
+        more_h, more_l = lr_ax.get_legend_handles_labels()
+        handles, labels = handles + more_h, labels + more_l
+    ax.legend(handles, labels)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """What the plot draws, by label: (steps, values) of the train loss, the eval loss and each step's learning rate."""
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_loss" in r]
+    lrs = [r for r in steps if "lr" in r]
+    return {
+        "train loss": ([r["step"] for r in steps], [r["loss"] for r in steps]),
+        "eval loss": ([r["step"] for r in evals], [r["eval_loss"] for r in evals]),
+        "learning rate": ([r["step"] for r in lrs], [r["lr"] for r in lrs]),
+    }
 
 
 def _have_matplotlib() -> bool:

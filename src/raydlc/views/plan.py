@@ -50,6 +50,9 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
         step.add_row(label, *(fn(s) for s in p.strategies.values()))
     console.print(step)
     print_recommendation(p.recommendation, console)
+    if (src := p.assumptions.get("mfu_source")) is not None:
+        console.print(f"MFU {p.assumptions['mfu_used']:g} on {lay['gpu_name']} ({'compiled' if p.assumptions.get('compile') else 'eager'}), "
+                      f"[italic]{src['kind']}[/]: {src['source']}", highlight=False)
     prices = getattr(p, "prices", None)
     if prices:
         from raydlc.capacity.prices import GpuPrices
