@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from raydlc import storage
 from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.edges import poll, ray_runtime
-from raydlc.errors import TrainError
+from raydlc.errors import InputError, TrainError
 from raydlc.jobs.restarts import Fold, fold
 from raydlc.train import ending
 from raydlc.train.prepare import Checked, check, prepare
@@ -55,7 +55,14 @@ def absolute_paths(train: TrainConfig, cwd: Path | None = None) -> TrainConfig:
         if not value or storage.is_uri(value):
             return value
         p = base / Path(value).expanduser()
-        return str(p.resolve()) if p.exists() or not must_exist else value
+        try:
+            return str(p.resolve()) if p.exists() or not must_exist else value
+        except RuntimeError:  # pathlib's "Symlink loop" (Python < 3.13; later ones raise OSError ELOOP)
+            raise InputError(f"{value}: is a symlink loop (too many levels of symbolic links)", hint="pass a real path") from None
+        except OSError as e:
+            from raydlc.edges.files import os_error
+
+            raise os_error(e, value) from None
 
     changes = {
         "model_id": local(train.model_id, must_exist=True), "data": local(train.data, must_exist=True),
@@ -93,7 +100,7 @@ def run(
     started = time.time()  # a budget's clock: the run occupies its nodes from here
     if prepared is None and checked is None and train.num_workers > 0:
         checked = check(train, where)  # before Ray starts
-    with ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
+    with _swept(where), ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         if not where.local and train.use_gpu and train.num_workers > 0:  # GPU workers that may be at zero come when asked for
             ray_runtime.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
         resources = ray_runtime.cluster_resources()
@@ -109,6 +116,19 @@ def run(
         summary = _fit(spec, p, where, on_progress)
         summary = summary if checked is None else {**summary, "preflight": checked}
         return ending.finish(spec, summary)  # evaluation, model card, trackers: the run's end (train.ending)
+
+
+@contextlib.contextmanager
+def _swept(where: RunTarget) -> Any:
+    """A local run's workers share this machine's temp directory: once its Ray is down, the staging
+    folders its workers left (a save or export cut by Ctrl-C or a failure) go (train.checkpoint.sweep_staging)."""
+    try:
+        yield
+    finally:
+        if where.local:
+            from raydlc.train.checkpoint import sweep_staging
+
+            sweep_staging(wait_s=1.0)
 
 
 def _preflight(spec: RunSpec, where: RunTarget, storage_path: str) -> dict[str, Any]:
@@ -319,6 +339,15 @@ class _Follower:
             ray.get(controller.abort.remote(), timeout=120)
 
 
+def _resumed(p: Prepared, steps: Any) -> dict[str, Any]:
+    """Which steps this invocation trained (`201–300`), and the run it continued (the checkpoint's run folder):
+    a resumed run's first loss is from before the resume, so the summary says where this part began."""
+    first = (p.resume_step or 0) + 1
+    ran = f"{first}–{int(steps)}" if isinstance(steps, (int, float)) and int(steps) >= first else "none"
+    run = p.resume_from.rstrip("/").rsplit("/", 2)[-2] if p.resume_from and "/" in p.resume_from.rstrip("/") else None
+    return {"steps_run": ran, "resumed_from_run": run}
+
+
 def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, Any]:
     """From Ray Train's result (the metrics reported with the last checkpoint), not from a file."""
     last = dict(result.metrics or {})
@@ -357,6 +386,7 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "dataset_reused": p.dataset_reused,
         "eval_sequences": p.n_eval,
         "resumed_from": p.resume_from,
+        **_resumed(p, s.get("steps")),
         "run_name": spec.run_name,
         "run_dir": run_dir,
         "checkpoint": ckpt,

@@ -97,6 +97,7 @@ def prepare(
     p = Prepared(
         c.builtin, c.model, data, info, c.root, train.run_name or new_run_name(), c.resume_from, data.n_train, data.n_eval, data.digest,
         c.manifest.meta if c.manifest is not None and c.resume_from is not None else None, made.reused,
+        c.manifest.step if c.manifest is not None and c.resume_from is not None else None,
     )
     R.check_data(train if workers is None else train.updated(num_workers=c.world), p)
     return p
@@ -133,10 +134,21 @@ def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manif
     from raydlc.train import checkpoint as C
 
     if train.resume_from:
-        return (*C.verified(train.resume_from), ())
+        path, manifest = C.verified(train.resume_from)
+        _check_left(train, path, manifest)
+        return path, manifest, ()
     if not train.resume:
         return None, None, ()
-    found = C.newest_intact(root)
+    found = C.newest_intact(root, run=train.run_name)
     if found is None:
-        raise CheckpointError(f"--resume: no checkpoint under {root}", hint="run once without --resume, or pass --out where the earlier run wrote")
+        where = f"in run {train.run_name} under {root}" if train.run_name else f"under {root}"
+        raise CheckpointError(f"--resume: no checkpoint {where}", hint="run once without --resume, or pass --out (and --run-name) where the earlier run wrote")
+    _check_left(train, found.path, found.manifest)
     return found.path, found.manifest, tuple(f"--resume passes over {why}" for why in found.skipped)
+
+
+def _check_left(train: TrainConfig, path: str, manifest: Manifest) -> None:
+    """A checkpoint past STEPS leaves nothing to train: said, not run as if it had trained."""
+    if manifest.step > train.steps:
+        raise InputError(f"checkpoint {path} is at step {manifest.step}, past --steps {train.steps}: nothing to train",
+                         hint=f"pass --steps above {manifest.step} to train on from it")
