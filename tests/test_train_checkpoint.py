@@ -200,7 +200,7 @@ def test_a_checkpoint_carrying_a_pickle_runs_nothing(saved: tuple[Path, dict], t
 
 def test_a_manifest_listing_files_raydlc_never_writes_is_refused(saved: tuple[Path, dict], tmp_path: Path) -> None:
     d = _foreign(saved[0], tmp_path / "other", "model.pkl", b"anything")
-    with pytest.raises(CheckpointError, match="not written by raydlc: its manifest lists model.pkl"):
+    with pytest.raises(CheckpointError, match=r"not written by raydlc: its manifest lists model\.pkl"):
         C.verify(d)
 
 

@@ -128,9 +128,6 @@ def train(
         from raydlc.edges.files import check_output_dir
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
-    emit = on_progress or (lambda record: None)
-    if (note := _lora_base_note(request)) is not None:
-        emit({"stage": "notice", "text": note})
     from raydlc.train import runfolder
 
     root = storage.resolve(out)
@@ -138,6 +135,9 @@ def train(
     name = request.run_name or (runfolder.newest_run(root) if request.resume else None) or new_run_name()
     request = request.model_copy(update={"run_name": name})  # named now: Ctrl-C can say what it kept
     claim = runfolder.claim(root, name, resume=request.resume, overwrite=request.overwrite)  # nothing of another run is lost
+    emit = on_progress or (lambda record: None)
+    if (note := _lora_base_note(request)) is not None:
+        emit({"stage": "notice", "text": note})
     checked = None
     with interrupts.watch() as sigint:
         try:

@@ -83,13 +83,9 @@ class _ManifestDoc(records.Record):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
-def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
-    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`.
-    Without `hashes` only names and sizes are checked: enough to tell a save cut short."""
-    d = Path(directory)
+def read_manifest(d: Path) -> Manifest:
+    """The manifest of checkpoint `d`, its files not yet checked (`verify` does)."""
     hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
-    if not d.is_dir():
-        raise CheckpointError(f"checkpoint {d} does not exist or is not a directory", hint=hint)
     mpath = d / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {d} is partial: it has no {MANIFEST} (the save did not complete)", hint=hint)
@@ -97,7 +93,17 @@ def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
         doc = records.read_json(mpath, _ManifestDoc)
     except records.RecordError as e:
         raise CheckpointError(f"checkpoint {d}: unreadable manifest {MANIFEST}: {e}", hint=hint) from e
-    m = Manifest(doc.step, doc.world_size, {k: f.model_dump() for k, f in doc.files.items()}, dict(doc.meta))
+    return Manifest(doc.step, doc.world_size, {k: f.model_dump() for k, f in doc.files.items()}, dict(doc.meta))
+
+
+def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
+    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`.
+    Without `hashes` only names and sizes are checked: enough to tell a save cut short."""
+    d = Path(directory)
+    hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
+    if not d.is_dir():
+        raise CheckpointError(f"checkpoint {d} does not exist or is not a directory", hint=hint)
+    m = read_manifest(d)
     if ".metadata" not in m.files:
         raise CheckpointError(f"checkpoint {d}: the manifest lists no DCP .metadata", hint=hint)
     _check_names(d, m)
@@ -125,10 +131,10 @@ def _check_names(where: str | Path, m: Manifest) -> None:
 def check_data(d: Path, m: Manifest) -> None:
     """Every pickled part of a local checkpoint (DCP's .metadata, each rank's extras) read as plain data:
     one that names anything else (a pickle's code) is refused here, before DCP or torch unpickles it."""
-    read_metadata(d)
     for name in sorted(m.files):
         if name.startswith("extra_rank"):
             _load_extra(d, d / name)
+    read_metadata(d)
 
 
 def verify_remote(uri: str) -> Manifest:
@@ -500,6 +506,7 @@ def data_reader(d: Path) -> Any:
 def _load_extra(d: Path, path: Path) -> dict[str, Any]:
     """A rank's extras (step, RNG states, the run's records) with torch.load(weights_only=True)."""
     import pickle
+    import warnings
 
     import numpy as np
     import torch
@@ -510,7 +517,8 @@ def _load_extra(d: Path, path: Path) -> dict[str, Any]:
         from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
     allowed = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # numpy's RNG state: an uint32 array
     try:
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns of a foreign pickle protocol before refusing it: the refusal says enough
             extra = torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError) as e:
         named = re.search(r"GLOBAL ([\w.]+)", str(e))  # torch's weights-only refusal names what the pickle would call

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc import storage
@@ -134,6 +135,8 @@ def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manif
     from raydlc.train import checkpoint as C
 
     if train.resume_from:
+        if not storage.is_uri(train.resume_from) and Path(train.resume_from, C.MANIFEST).is_file():  # nothing to train: said first
+            _check_left(train, train.resume_from, C.read_manifest(Path(train.resume_from)))
         path, manifest = C.verified(train.resume_from)
         _check_left(train, path, manifest)
         return path, manifest, ()

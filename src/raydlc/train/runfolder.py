@@ -150,7 +150,7 @@ def claim(root: str, name: str, *, resume: bool, overwrite: bool) -> Claim:
     if (bad := _escapes(Path(root), d)) is not None:
         raise InputError(f"{bad} is a symlink leading outside {root}: raydlc writes nothing through it",
                          hint="remove the link, or choose another --run-name")
-    if not d.exists() or (d.is_dir() and not any(d.iterdir())):
+    if not d.exists() or (d.is_dir() and not {p.name for p in d.iterdir()} - {LOCK, RECORD + ".tmp"}):  # new, or just begun
         return Claim(run_dir, False, None)
     if not d.is_dir():
         raise InputError(f"{run_dir} exists and is not a folder", hint="choose another --run-name")
