@@ -209,17 +209,31 @@ class DeadlinePassed(TrainError):
 
 
 def _trainer_class() -> type:
-    """TorchTrainer that keeps its controller's handle, so the stall guard can abort the run the
-    way Ctrl-C does (Ray 2.58's `_register_sigint_handler` receives it; `controller.abort` stops
-    the workers and ends the controller, and `fit()` raises)."""
+    """TorchTrainer that keeps its controller's handle, so the stall guard can abort the run
+    (`controller.abort` stops the workers and ends the controller, and `fit()` raises), and whose
+    Ctrl-C does not wait.
+
+    Ray 2.58's own SIGINT handler (`_register_sigint_handler`) waits in the handler for the abort
+    (`ray.get(controller.abort.remote())`: the workers stopped gracefully, seconds to tens of
+    seconds on a loaded machine) and may `sys.exit(0)`. Here the abort is asked for and not waited
+    on, and the handler raises KeyboardInterrupt at once: the driver's way out (a local Ray is shut
+    down, which ends its workers) takes over."""
     from ray.train.torch import TorchTrainer
 
     class Trainer(TorchTrainer):  # type: ignore[misc]
         controller: Any = None
 
         def _register_sigint_handler(self, controller: Any) -> None:
+            import signal
+
             self.controller = controller
-            super()._register_sigint_handler(controller)
+
+            def interrupted(signum: int, frame: Any) -> None:
+                with contextlib.suppress(Exception):
+                    controller.abort.remote()  # a cluster's workers stop too; not waited on
+                raise KeyboardInterrupt
+
+            signal.signal(signal.SIGINT, interrupted)
 
     return Trainer
 
