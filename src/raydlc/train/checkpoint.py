@@ -133,7 +133,7 @@ def check_data(d: Path, m: Manifest) -> None:
     one that names anything else (a pickle's code) is refused here, before DCP or torch unpickles it."""
     for name in sorted(m.files):
         if name.startswith("extra_rank"):
-            _load_extra(d, d / name)
+            load_extra(d, d / name)
     read_metadata(d)
 
 
@@ -433,7 +433,7 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
 def _read_extra(d: Path, path: Path, step: int) -> dict[str, Any]:
     if not path.exists():
         raise CheckpointError(f"checkpoint {d} has no {path.name}", hint="the checkpoint is incomplete: resume from an earlier one")
-    extra = _load_extra(d, path)
+    extra = load_extra(d, path)
     if int(extra["step"]) != step:
         raise CheckpointError(f"checkpoint {d}: {path.name} is for step {extra['step']}, the manifest for {step}")
     return extra
@@ -503,7 +503,7 @@ def data_reader(d: Path) -> Any:
     return Reader(str(d))
 
 
-def _load_extra(d: Path, path: Path) -> dict[str, Any]:
+def load_extra(d: Path, path: Path) -> dict[str, Any]:
     """A rank's extras (step, RNG states, the run's records) with torch.load(weights_only=True)."""
     import pickle
     import warnings
