@@ -42,6 +42,14 @@ class Claim:
     started_at: float | None  # the earlier run's recorded start, when there was one
 
 
+def resolved(out: str) -> str:
+    """STORAGE_PATH made absolute (storage.resolve); a symlink loop is one line, not pathlib's RuntimeError."""
+    try:
+        return storage.resolve(out)
+    except (RuntimeError, OSError):
+        raise InputError(f"{out}: is a symlink loop (too many levels of symbolic links)", hint="pass a real path") from None
+
+
 def check_root(root: str, flag: str = "--out") -> None:
     """A storage root raydlc may write runs under: not the file system's root."""
     if storage.is_uri(root):
