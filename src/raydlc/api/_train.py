@@ -58,11 +58,11 @@ class TrainResult:
     overfitting: str | None = None  # said when eval loss rose over the last evaluations
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
+    steps_run: str | None = None  # the steps this invocation trained, "201–300" after a resume from step 200 ("none": nothing left)
+    resumed_from_run: str | None = None  # the run folder of the checkpoint resumed from (the same run with --resume)
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
-    steps_run: str | None = None  # the steps this invocation trained, "201–300" after a resume from step 200 ("none": nothing left)
-    resumed_from_run: str | None = None  # the run folder of the checkpoint resumed from (the same run with --resume)
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
