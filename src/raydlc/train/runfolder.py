@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from raydlc import storage
-from raydlc.errors import InputError
+from raydlc.errors import InputError, RaydlcError
 
 RECORD = "raydlc_run.json"
 LOCK = ".raydlc.lock"
@@ -78,7 +78,7 @@ def read_record(run_dir: str) -> dict[str, Any] | None:
 
     try:
         doc = json.loads(read_text(storage.join(run_dir, RECORD)) if storage.is_uri(run_dir) else Path(run_dir, RECORD).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RaydlcError):  # none, unreadable, or storage that does not let us read it
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("started_at"), (int, float)) else None
 
