@@ -65,6 +65,8 @@ def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path: Path) -> 
              "try:\n  F.held(F.Claim(sys.argv[1], False, None), overwrite=False).__enter__()\nexcept Exception as e: print(e)",
              str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
         assert f"being written by another raydlc train (PID {os.getpid()})" in first.stdout, first.stderr
+        with pytest.raises(InputError, match=f"being written by another raydlc train \\(PID {os.getpid()}\\)"):
+            F.claim(str(tmp_path), "r", resume=False, overwrite=False)  # said before "already holds a run"
     assert "PID" not in subprocess.run(
         [sys.executable, "-c", "import sys; from raydlc.train import runfolder as F\n"
          "with F.held(F.Claim(sys.argv[1], True, None), overwrite=False): print('held')", str(tmp_path / "r")],

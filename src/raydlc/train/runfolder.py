@@ -158,6 +158,8 @@ def claim(root: str, name: str, *, resume: bool, overwrite: bool) -> Claim:
     if (bad := _escapes(Path(root), d)) is not None:
         raise InputError(f"{bad} is a symlink leading outside {root}: raydlc writes nothing through it",
                          hint="remove the link, or choose another --run-name")
+    if (pid := _writer(d)) is not None:  # a run writing there now: said first, whatever the folder holds
+        raise _in_use(d, pid)
     if not d.exists() or (d.is_dir() and not {p.name for p in d.iterdir()} - {LOCK, RECORD + ".tmp"}):  # new, or just begun
         return Claim(run_dir, False, None)
     if not d.is_dir():
@@ -215,6 +217,28 @@ def _forget_if_empty(d: Path, made: bool) -> None:
             d.rmdir()
 
 
+def _in_use(d: Path, pid: str) -> InputError:
+    return InputError(f"{d} is being written by another raydlc train (PID {pid}); one run writes a folder at a time",
+                      hint="wait for it to end, or choose another --run-name")
+
+
+def _writer(d: Path) -> str | None:
+    """The PID of the process holding the run folder's lock now (`unknown` when it wrote none), or None."""
+    import fcntl
+
+    try:
+        fd = os.open(d / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # a shared lock taken here goes with it
+    return None
+
+
 @contextlib.contextmanager
 def _locked(d: Path) -> Iterator[None]:
     import fcntl
@@ -224,9 +248,7 @@ def _locked(d: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise InputError(f"{d} is being written by another raydlc train (PID {holder}); one run writes a folder at a time",
-                             hint="wait for it to end, or choose another --run-name") from None
+            raise _in_use(d, os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
