@@ -17,6 +17,12 @@ from raydlc.train import runfolder as F
 from raydlc.train.checkpoint import sweep_staging
 
 
+def test_the_checkpoint_manifest_name_is_the_checkpoints_own() -> None:
+    from raydlc.train.checkpoint import MANIFEST
+
+    assert F.CHECKPOINT_MANIFEST == MANIFEST
+
+
 def test_a_new_run_gets_its_record_and_lock_and_a_reused_name_is_refused(tmp_path: Path) -> None:
     c = F.claim(str(tmp_path), "r", resume=False, overwrite=False)
     assert not c.existed

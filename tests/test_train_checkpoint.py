@@ -145,14 +145,12 @@ def test_resume_takes_the_newest_run_by_its_recorded_start_not_by_name(saved: tu
     """A day-old run named `zebra` sorts after `run-2026…` by name; --resume continues the run just made."""
     import time
 
-    from raydlc.train.runfolder import newest_run
-
     zebra, fresh = tmp_path / "zebra", tmp_path / "run-20260101-000000-000001"
     shutil.copytree(saved[0], zebra / C.dir_name(2))
     shutil.copytree(saved[0], fresh / C.dir_name(4))
     started(zebra, time.time() - 86_400)
     started(fresh, time.time())
-    assert newest_run(str(tmp_path)) == fresh.name
+    assert C.newest_run(str(tmp_path)) == fresh.name
     assert C.newest_intact(tmp_path).path == str(fresh / C.dir_name(4))
     assert C.newest_intact(tmp_path, run="zebra").path == str(zebra / C.dir_name(2))  # --run-name zebra --resume: that run
 

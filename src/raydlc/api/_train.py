@@ -129,10 +129,11 @@ def train(
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     from raydlc.train import runfolder
+    from raydlc.train.checkpoint import newest_run
 
     root = runfolder.resolved(out)
     runfolder.check_modes(resume=request.resume, resume_from=request.resume_from, overwrite=request.overwrite)
-    name = request.run_name or (runfolder.newest_run(root) if request.resume else None) or new_run_name()
+    name = request.run_name or (newest_run(root) if request.resume else None) or new_run_name()
     request = request.model_copy(update={"run_name": name})  # named now: Ctrl-C can say what it kept
     claim = runfolder.claim(root, name, resume=request.resume, overwrite=request.overwrite)  # nothing of another run is lost
     emit = on_progress or (lambda record: None)

@@ -186,6 +186,12 @@ def candidates(storage_path: str | Path, run: str | None = None) -> list[str]:
     return []
 
 
+def newest_run(storage_path: str) -> str | None:
+    """The run `--resume` continues when no --run-name is given: the newest by recorded start that has a checkpoint."""
+    found = candidates(storage_path)
+    return found[0].rstrip("/").rsplit("/", 2)[-2] if found else None
+
+
 @dataclass(frozen=True)
 class Intact:
     """The newest checkpoint that is whole, and why each newer one was passed over."""

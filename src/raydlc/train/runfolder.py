@@ -28,6 +28,7 @@ from raydlc import storage
 from raydlc.errors import InputError, RaydlcError
 
 RECORD = "raydlc_run.json"
+CHECKPOINT_MANIFEST = "raydlc_checkpoint.json"  # train.checkpoint.MANIFEST (which orders runs by this module: no import back)
 LOCK = ".raydlc.lock"
 # Folders raydlc itself keeps beside the runs under STORAGE_PATH (data.dataset.DATASETS): no run may take their name.
 RESERVED = ("datasets",)
@@ -103,14 +104,6 @@ def newest_first(root: str, runs: list[str]) -> list[str]:
     return sorted(runs, key=lambda r: (times[r] if times[r] is not None else float("-inf"), r), reverse=True)
 
 
-def newest_run(root: str) -> str | None:
-    """The run `--resume` continues when no --run-name is given: the newest by recorded start that has a checkpoint."""
-    from raydlc.train.checkpoint import candidates
-
-    found = candidates(root)
-    return found[0].rstrip("/").rsplit("/", 2)[-2] if found else None
-
-
 def _escapes(root: Path, run_dir: Path) -> Path | None:
     """The first path in the run folder (the folder itself included) that is a symlink leading outside `root`."""
     real_root = root.resolve()
@@ -134,9 +127,7 @@ def _escapes(root: Path, run_dir: Path) -> Path | None:
 
 
 def _holds_checkpoints(run_dir: Path) -> bool:
-    from raydlc.train.checkpoint import MANIFEST
-
-    return any(run_dir.glob(f"checkpoint_*/{MANIFEST}"))
+    return any(run_dir.glob(f"checkpoint_*/{CHECKPOINT_MANIFEST}"))
 
 
 def claim(root: str, name: str, *, resume: bool, overwrite: bool) -> Claim:
