@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc import storage
+from raydlc import interrupts, storage
 from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.edges import poll, ray_runtime
 from raydlc.errors import InputError, TrainError
@@ -103,9 +103,11 @@ def run(
     with _swept(where), ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         if not where.local and train.use_gpu and train.num_workers > 0:  # GPU workers that may be at zero come when asked for
             ray_runtime.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
+        interrupts.reassert()  # Ctrl-C still reaches this process once Ray has started (raydlc.interrupts)
         resources = ray_runtime.cluster_resources()
         workers = resolve_resources(train, resources)
         p = prepared or prepare(train, where, workers=workers.num_workers, checked=checked, on_progress=on_progress)
+        interrupts.reassert()
         if on_progress is not None:
             on_progress({"stage": "training", "steps": train.steps})
         slots = ray_runtime.node_capacities(
