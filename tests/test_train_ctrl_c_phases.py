@@ -73,7 +73,7 @@ def test_ctrl_c_in_every_phase_exits_130_at_once_and_leaves_nothing(phase: str, 
             "--checkpoint-every", "2", "--out", "out", "--run-name", "r"]
     p = subprocess.Popen(args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     run, reached = tmp_path / "out" / "r", PHASES[phase]
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 150
     try:
         while not reached(run, p.pid):
             assert p.poll() is None and time.monotonic() < deadline, f"{phase} not reached: {p.communicate()[1][-3000:] if p.poll() is not None else ''}"
