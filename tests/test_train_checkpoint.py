@@ -135,6 +135,85 @@ def test_candidates_are_the_newest_runs_checkpoints_highest_step_first(tmp_path:
     assert C.candidates(tmp_path) == [str(tmp_path / "run-20260102-000000-000001" / C.dir_name(s)) for s in (10, 3, 1)]
 
 
+def started(run: Path, at: float) -> None:
+    """The record raydlc writes at a run's start (train.runfolder)."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "raydlc_run.json").write_text(json.dumps({"run_name": run.name, "started_at": at}))
+
+
+def test_resume_takes_the_newest_run_by_its_recorded_start_not_by_name(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    """A day-old run named `zebra` sorts after `run-2026…` by name; --resume continues the run just made."""
+    import time
+
+    zebra, fresh = tmp_path / "zebra", tmp_path / "run-20260101-000000-000001"
+    shutil.copytree(saved[0], zebra / C.dir_name(2))
+    shutil.copytree(saved[0], fresh / C.dir_name(4))
+    started(zebra, time.time() - 86_400)
+    started(fresh, time.time())
+    assert C.newest_run(str(tmp_path)) == fresh.name
+    assert C.newest_intact(tmp_path).path == str(fresh / C.dir_name(4))
+    assert C.newest_intact(tmp_path, run="zebra").path == str(zebra / C.dir_name(2))  # --run-name zebra --resume: that run
+
+
+class _Touch:
+    """A pickle payload: unpickled, it creates a file (what a hostile checkpoint would run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.path,))
+
+
+def _foreign(saved: Path, into: Path, name: str, payload: bytes) -> Path:
+    """A copy of a real checkpoint with `name` replaced by `payload`, its manifest made to agree (size, SHA-256)."""
+    import hashlib
+
+    d = Path(shutil.copytree(saved, into))
+    (d / name).write_bytes(payload)
+    doc = json.loads((d / C.MANIFEST).read_text())
+    doc["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    (d / C.MANIFEST).write_text(json.dumps(doc))
+    return d
+
+
+def test_a_checkpoint_carrying_a_pickle_runs_nothing(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    """Extras and DCP's .metadata behind an agreeing manifest: refused before anything unpickles them; the file never appears."""
+    import io
+    import pickle
+    import re
+
+    model, opt = trained(seed=3)
+    marker = tmp_path / "pwned"
+    buf = io.BytesIO()
+    torch.save({"step": 7, "rank": 0, "rng": _Touch(marker)}, buf)
+    for name, payload in (("extra_rank0.pt", buf.getvalue()), (".metadata", pickle.dumps(_Touch(marker)))):
+        d = _foreign(saved[0], tmp_path / f"foreign{name.replace('.', '-')}", name, payload)
+        with pytest.raises(CheckpointError, match=f"{re.escape(name)}.*never code"):
+            C.verify(d)  # the driver, before Ray starts
+        with pytest.raises(CheckpointError, match="never code"):
+            C.load(d, model, opt, rank=0)  # a worker
+        assert not marker.exists(), name
+
+
+def test_a_manifest_listing_files_raydlc_never_writes_is_refused(saved: tuple[Path, dict], tmp_path: Path) -> None:
+    d = _foreign(saved[0], tmp_path / "other", "model.pkl", b"anything")
+    with pytest.raises(CheckpointError, match=r"not written by raydlc: its manifest lists model\.pkl"):
+        C.verify(d)
+
+
+def test_every_torch_load_in_the_package_reads_data_only() -> None:
+    """No `torch.load` without weights_only=True, no bare pickle.load, anywhere in src/."""
+    import re
+
+    src = Path(C.__file__).parents[1]
+    for f in src.rglob("*.py"):
+        text = f.read_text()
+        for m in re.finditer(r"torch\.load\(([^)]*)\)", text):
+            assert "weights_only=True" in m.group(1), f"{f}: {m.group(0)}"
+        assert not re.search(r"\bpickle\.loads?\(", text), f
+
+
 def test_resume_passes_over_a_save_cut_short_and_refuses_when_none_is_whole(saved: tuple[Path, dict], tmp_path: Path) -> None:
     """Ray uploads a checkpoint's files in no set order: a Ctrl-C mid-upload leaves the manifest beside a short shard."""
     run = tmp_path / "out" / "run-20260101-000000-000001"
@@ -152,7 +231,10 @@ def test_resume_passes_over_a_save_cut_short_and_refuses_when_none_is_whole(save
     raw[len(raw) // 2] ^= 0xFF
     flipped.write_bytes(bytes(raw))
     assert C.newest_intact(tmp_path / "out", hashes=False).path == str(whole)  # sizes only: a cut, not a flipped byte
-    shutil.copytree(saved[0], tmp_path / "out" / "run-20200101-000000-000001" / C.dir_name(9))  # an older run, whole
+    older = tmp_path / "out" / "run-20200101-000000-000001"
+    shutil.copytree(saved[0], older / C.dir_name(9))  # an older run, whole
+    started(run, 2000.0)
+    started(older, 1000.0)  # runs are ordered by their recorded start, not by when their folders changed
     with pytest.raises(CheckpointError, match=r"no raydlc_checkpoint\.json"):  # none of the newest run's whole: its newest one's reason
         C.newest_intact(tmp_path / "out")
     assert C.newest_intact(tmp_path / "empty") is None

@@ -78,6 +78,8 @@ def test_ctrl_c_exits_130_with_one_line_and_resume_continues(tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["resumed_from"] and "checkpoint_" in summary["resumed_from"] and summary["steps"] == step + 2
+    assert summary["run_dir"] == str(run) and summary["resumed_from_run"] == "r1"  # the same run, continued in its folder
+    assert summary["steps_run"] == f"{step + 1}–{step + 2}"  # what this invocation trained
     assert "note: --resume passes over checkpoint" in r.stderr and cut.name in r.stderr.replace("\n", ""), r.stderr[-3000:]
     from raydlc.train.checkpoint import verify
 

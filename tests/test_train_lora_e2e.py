@@ -68,14 +68,13 @@ def test_resume_continues_identically(lora_two: dict[str, Any], lora: TrainConfi
 
 
 def test_the_checkpoint_holds_adapters_only(lora_two: dict[str, Any], base: TrainConfig, local_ray: None, tmp_path: Path) -> None:
-    import torch
-    import torch.distributed.checkpoint as dcp
+    from raydlc.train.checkpoint import load_extra, read_metadata
 
     ck = Path(lora_two["run_dir"]) / "checkpoint_000006"
-    keys = [k for k in dcp.FileSystemReader(str(ck)).read_metadata().state_dict_metadata if k.startswith("model.")]
+    keys = [k for k in read_metadata(ck).state_dict_metadata if k.startswith("model.")]
     assert keys and all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys), keys[:5]
     assert json.loads((ck / "raydlc_checkpoint.json").read_text())["meta"]["lora_rank"] == 8
-    extras = [torch.load(ck / f"extra_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    extras = [load_extra(ck, ck / f"extra_rank{r}.pt") for r in (0, 1)]
     assert len(extras[0]["history"]) >= 6 and "history" not in extras[1]  # the run's records, stored once
     full = run(base.updated(steps=2, checkpoint_every=2, storage_path=str(tmp_path)), QUIET)
     share = size(ck) / size(Path(full["run_dir"]) / "checkpoint_000002")

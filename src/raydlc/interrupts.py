@@ -33,6 +33,26 @@ class Seen:
         return self._seen
 
 
+_WRITE_ENDS: list[int] = []  # the wakeup fds of the watches in force, innermost last
+
+
+def reassert() -> None:
+    """Python's SIGINT handling back in force, where a library started in between may have taken it.
+
+    A C library can install its own SIGINT action (sigaction) under Python, and an event loop run
+    in the main thread moves the wakeup fd to its own pipe; either way a Ctrl-C would reach neither
+    Python's handler nor `watch`. Re-installing the handler Python holds restores the C-level
+    action; an ignored SIGINT (a background job's) stays ignored. Main thread only; harmless when
+    nothing was taken."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handler if handler is not None else signal.default_int_handler)
+    if _WRITE_ENDS:
+        signal.set_wakeup_fd(_WRITE_ENDS[-1], warn_on_full_buffer=False)
+
+
 @contextlib.contextmanager
 def watch() -> Iterator[Seen]:
     """The yielded `Seen` says whether SIGINT arrived while the block ran; SIGINT itself behaves as before."""
@@ -44,9 +64,11 @@ def watch() -> Iterator[Seen]:
     os.set_blocking(w, False)
     previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     seen = Seen(r)
+    _WRITE_ENDS.append(w)
     try:
         yield seen
     finally:
+        _WRITE_ENDS.remove(w)
         _ = seen.interrupted  # read what arrived before the pipe closes
         signal.set_wakeup_fd(previous)
         seen._fd = None

@@ -339,6 +339,61 @@ TRAIN = [
     r("train-env-stall-minutes-nan", "train", 2, "STALL_MINUTES", env={"RAYDLC_STALL_MINUTES": "nan"}),
 ]
 
+def _run(started_at: float, **files: str | bytes | None) -> dict[str, str | bytes | None]:
+    """A run folder raydlc made (its start record, train.runfolder) holding the user's products: they must stay byte-identical."""
+    return {"raydlc_run.json": json.dumps({"run_name": "r", "started_at": started_at}), "export/config.json": '{"model_type": "qwen2"}',
+            "metrics.jsonl": '{"step": 1, "loss": 5.0}\n', "checkpoint_000002/raydlc_checkpoint.json": _manifest(step=2), **files}
+
+
+def _under(folder: str, files: Mapping[str, str | bytes | None]) -> dict[str, str | bytes | None]:
+    return {f"{folder}/{k}": v for k, v in files.items()}
+
+
+class _Touch:
+    """A pickle payload: unpickled, it creates the file `pwned` in the working directory (the row's snapshot would show it)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path("pwned"),))
+
+
+def _foreign_checkpoint() -> dict[str, str | bytes | None]:
+    """A checkpoint whose manifest agrees with its files (sizes, SHA-256), its extras a pickle that runs code."""
+    import pickle
+
+    files = {".metadata": b"not read", "extra_rank0.pt": pickle.dumps({"step": 5, "rng": _Touch()})}
+    listed = {k: {"size": len(v), "sha256": hashlib.sha256(v).hexdigest()} for k, v in files.items()}
+    return {"ckpt/raydlc_checkpoint.json": _manifest(world_size=1, files=listed), **{f"ckpt/{k}": v for k, v in files.items()}}
+
+
+DAY_OLD, NOW = 1_700_000_000.0, 1_700_086_400.0  # the run names sort the other way: zebra after run-…
+
+RUN_SAFETY = [  # a run is never overwritten, a checkpoint is never code (issue 44)
+    r("train-run-name-reused-other-seed", "train --out out --run-name r --seed 7", 2, "already holds a run", files=_under("out/r", _run(NOW)), sub=True),
+    r("train-run-name-reused-other-lora-rank", "train --out out --run-name r --lora-rank 4", 2, "already holds a run", files=_under("out/r", _run(NOW))),
+    r("train-run-name-reused-other-data", "train --out out --run-name r --data d.txt", 2, "already holds a run",
+      files={**_under("out/r", _run(NOW)), "d.txt": "some other text\n" * 200}),
+    r("train-run-folder-not-raydlcs", "train --out out --run-name mine", 2, "holds files raydlc did not write",
+      files={"out/mine/export/config.json": '{"mine": true}', "out/mine/metrics.jsonl": "my own\n"}, sub=True),
+    r("train-export-symlink-outside-out", "train --out out --run-name r --overwrite", 2, "is a symlink leading outside",
+      files={**_under("out/r", {k: v for k, v in _run(NOW).items() if not k.startswith("export/")}), "out/r/export": Link("../../elsewhere"),
+             "elsewhere/config.json": '{"theirs": true}'}),
+    r("train-same-run-folder-in-use", "train --out out --run-name r", 2, "is being written by another raydlc train",
+      files={"out/r/.raydlc.lock": ""}, locks=("out/r/.raydlc.lock",)),
+    r("train-resume-from-foreign-pickle", "train --resume-from ckpt --steps 10", 1, "never code", files=_foreign_checkpoint(), sub=True),
+    r("train-resume-takes-newest-by-start-time", "train --out out --resume", 1, "run-20260101-000000-000001/checkpoint_000004",
+      files={**_under("out/zebra", _run(DAY_OLD)), **_under("out/run-20260101-000000-000001", {**_run(NOW),
+             "checkpoint_000004/raydlc_checkpoint.json": "{"})}),
+    r("train-out-root", "train --out /", 2, "is the file system's root", sub=True),
+    r("train-run-name-datasets", "train --out out --run-name datasets", 2, "the folder raydlc keeps its datasets in"),
+    r("train-resume-with-resume-from", "train --resume --resume-from ckpt", 2, "--resume and --resume-from given together"),
+    r("train-resume-from-past-steps", "train --resume-from ckpt --steps 2", 2, "at step 4, past --steps 2: nothing to train",
+      files={"ckpt/raydlc_checkpoint.json": _manifest(step=4)}),
+    r("train-out-symlink-loop", "train --out loop", 2, "loop: is a symlink loop", files={"loop": Link("loop")}, sub=True),
+    r("train-resume-from-symlink-loop", "train --resume-from loop", 2, "loop: is a symlink loop", files={"loop": Link("loop")}),
+]
+
 LIFECYCLE = [
     r("up-only-unknown", "up --only nope --dry-run", 2, "--only 'nope': no such step", sub=True),
     r("up-only-and-from", "up --only kuberay --from cluster", 2, "cannot be combined"),
@@ -563,7 +618,7 @@ ABSURD = [
     r("train-env-stall-minutes-seconds", "train", 2, "STALL_MINUTES", env={"RAYDLC_STALL_MINUTES": "0.5"}),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS]
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *RUN_SAFETY, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS]
 
 
 def command_of(args: tuple[str, ...]) -> str:

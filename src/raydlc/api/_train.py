@@ -58,6 +58,8 @@ class TrainResult:
     overfitting: str | None = None  # said when eval loss rose over the last evaluations
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
+    steps_run: str | None = None  # the steps this invocation trained, "201–300" after a resume from step 200 ("none": nothing left)
+    resumed_from_run: str | None = None  # the run folder of the checkpoint resumed from (the same run with --resume)
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
@@ -126,17 +128,25 @@ def train(
         from raydlc.edges.files import check_output_dir
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
+    from raydlc.train import runfolder
+    from raydlc.train.checkpoint import newest_run
+
+    root = runfolder.resolved(out)
+    runfolder.check_modes(resume=request.resume, resume_from=request.resume_from, overwrite=request.overwrite)
+    name = request.run_name or (newest_run(root) if request.resume else None) or new_run_name()
+    request = request.model_copy(update={"run_name": name})  # named now: Ctrl-C can say what it kept
+    claim = runfolder.claim(root, name, resume=request.resume, overwrite=request.overwrite)  # nothing of another run is lost
     emit = on_progress or (lambda record: None)
     if (note := _lora_base_note(request)) is not None:
         emit({"stage": "notice", "text": note})
-    request = request.model_copy(update={"run_name": request.run_name or new_run_name()})  # named now: Ctrl-C can say what it kept
     checked = None
     with interrupts.watch() as sigint:
         try:
             if request.num_workers > 0:  # with 0 (one per GPU) the checks wait for the cluster's size
                 checked = launch.check(request, where)  # bad input fails here, before Ray, a progress bar or a worker
-            emit({"stage": "preparing"})
-            summary = launch.run(request, where, on_progress=emit, checked=checked)
+            with runfolder.held(claim, overwrite=request.overwrite):  # one writer per run folder, from here to the end
+                emit({"stage": "preparing"})
+                summary = launch.run(request, where, on_progress=emit, checked=checked)
         except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)
             if isinstance(e, KeyboardInterrupt) or sigint.interrupted:
                 raise _stopped(request.run_name, out) from None
@@ -154,13 +164,13 @@ def _stopped(name: str, out: str) -> Stopped:
     from raydlc.train.checkpoint import newest_intact
 
     try:
-        found = newest_intact(out, hashes=False)  # what --resume would pick: the newest whole checkpoint
+        found = newest_intact(out, hashes=False, run=name)  # what --resume would pick: the run's newest whole checkpoint
     except (OSError, RaydlcError):
         found = None
-    if found is None or f"/{name}/" not in found.path.replace("\\", "/") + "/":
+    if found is None:
         return Stopped(f"training run {name} stopped by Ctrl-C before its first checkpoint; nothing to resume from")
     return Stopped(f"training run {name} stopped by Ctrl-C; its last checkpoint {found.path} is kept and --resume continues from it",
-                   hint=f"raydlc train --resume --out {out}")
+                   hint=f"raydlc train --resume --out {out} --run-name {name}")
 
 
 # Introspection shows every flag as a keyword argument, though the function takes them as **named.

@@ -449,6 +449,11 @@ class TrainConfig(_Section):
         "RESUME_FROM", "continue from this checkpoint directory (path or URI)", default=None,
         flag=Flag("--resume-from", "Continue from this checkpoint directory or URI", path=True),
     )
+    overwrite: bool = _env(
+        "OVERWRITE", "replace the run already in RUN_NAME's folder (its checkpoints and export go); without it, a run name that "
+        "holds a run is refused", default=False,
+        flag=Flag("--overwrite", "Replace the run already under --run-name (without it, a name that holds a run is refused)"),
+    )
     storage_shared: bool = _env("STORAGE_SHARED", "STORAGE_PATH is a file system every node mounts (EFS, FSx, NFS)", default=False)
     preflight: bool = _env(
         "PREFLIGHT", "measure collective bandwidth on the workers first; stop if it fails", default=False,

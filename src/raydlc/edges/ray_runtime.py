@@ -115,8 +115,12 @@ def _joined(address: str | None, workers: int, log_to_driver: bool, env: Mapping
                     address="local", num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False,
                     _system_config=dict(LOCAL_SYSTEM_CONFIG), **kw,  # a copy: Ray adds its own keys to the dict
                 )
-        except Exception as e:
-            raise connect_error(e, address) from e
+        except BaseException as e:  # Ctrl-C while Ray starts: what it started already goes down with it
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if isinstance(e, Exception):
+                raise connect_error(e, address) from e
+            raise
         try:
             yield
         finally:

@@ -180,6 +180,15 @@ def read_text(path: str) -> str:
 
 
 @named
+def write_text(path: str, text: str) -> None:
+    """A small file at `path` (a URI), its folder made first."""
+    fs, p = filesystem(path)
+    fs.create_dir(p.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(p) as f:
+        f.write(text.encode())
+
+
+@named
 def download(path: str, local: Path) -> Path:
     """Copy the directory at `path` (a URI) into the local folder `local`."""
     import pyarrow.fs

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 MANIFEST = "raydlc_checkpoint.json"
 FORMAT = 1
 _NAME = re.compile(r"^checkpoint_(\d+)$")
+# The files a raydlc checkpoint holds: DCP's metadata and one shard file per rank, and one extras file per rank.
+_OURS = re.compile(r"^(\.metadata|__\d+_\d+\.distcp|extra_rank\d+\.pt)$")
+# Where checkpoints may come from, said once for every refusal: a checkpoint is read as data, never run.
+_DATA_HINT = "resume only from checkpoints raydlc wrote (docs/training.md#where-checkpoints-may-come-from)"
 
 
 def dir_name(step: int) -> str:
@@ -79,13 +83,9 @@ class _ManifestDoc(records.Record):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
-def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
-    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`.
-    Without `hashes` only names and sizes are checked: enough to tell a save cut short."""
-    d = Path(directory)
+def read_manifest(d: Path) -> Manifest:
+    """The manifest of checkpoint `d`, its files not yet checked (`verify` does)."""
     hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
-    if not d.is_dir():
-        raise CheckpointError(f"checkpoint {d} does not exist or is not a directory", hint=hint)
     mpath = d / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {d} is partial: it has no {MANIFEST} (the save did not complete)", hint=hint)
@@ -93,9 +93,20 @@ def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
         doc = records.read_json(mpath, _ManifestDoc)
     except records.RecordError as e:
         raise CheckpointError(f"checkpoint {d}: unreadable manifest {MANIFEST}: {e}", hint=hint) from e
-    m = Manifest(doc.step, doc.world_size, {k: f.model_dump() for k, f in doc.files.items()}, dict(doc.meta))
+    return Manifest(doc.step, doc.world_size, {k: f.model_dump() for k, f in doc.files.items()}, dict(doc.meta))
+
+
+def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
+    """The manifest of a complete, intact checkpoint; anything else raises `CheckpointError`.
+    Without `hashes` only names and sizes are checked: enough to tell a save cut short."""
+    d = Path(directory)
+    hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
+    if not d.is_dir():
+        raise CheckpointError(f"checkpoint {d} does not exist or is not a directory", hint=hint)
+    m = read_manifest(d)
     if ".metadata" not in m.files:
         raise CheckpointError(f"checkpoint {d}: the manifest lists no DCP .metadata", hint=hint)
+    _check_names(d, m)
     for name, want in sorted(m.files.items()):
         p = d / name
         if not p.is_file():
@@ -105,7 +116,25 @@ def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
             raise CheckpointError(f"checkpoint {d} is corrupt: {name} has {size} bytes, the manifest says {want['size']}", hint=hint)
         if hashes and _sha256(p) != want["sha256"]:
             raise CheckpointError(f"checkpoint {d} is corrupt: {name} does not match its SHA-256 in the manifest", hint=hint)
+    if hashes:
+        check_data(d, m)
     return m
+
+
+def _check_names(where: str | Path, m: Manifest) -> None:
+    """A manifest listing files raydlc never writes is not raydlc's: refused before anything is read."""
+    foreign = sorted(n for n in m.files if not _OURS.match(n))
+    if foreign:
+        raise CheckpointError(f"checkpoint {where} was not written by raydlc: its manifest lists {', '.join(foreign[:3])}", hint=_DATA_HINT)
+
+
+def check_data(d: Path, m: Manifest) -> None:
+    """Every pickled part of a local checkpoint (DCP's .metadata, each rank's extras) read as plain data:
+    one that names anything else (a pickle's code) is refused here, before DCP or torch unpickles it."""
+    for name in sorted(m.files):
+        if name.startswith("extra_rank"):
+            load_extra(d, d / name)
+    read_metadata(d)
 
 
 def verify_remote(uri: str) -> Manifest:
@@ -140,19 +169,27 @@ def verified(path: str, *, hashes: bool = True) -> tuple[str, Manifest]:
     return local, verify(local, hashes=hashes)
 
 
-def candidates(storage_path: str | Path) -> list[str]:
-    """The checkpoints of the newest run under `storage_path` (a path or a URI) that has any, highest
-    step first. `--resume` continues that run, never an older one in its place."""
+def candidates(storage_path: str | Path, run: str | None = None) -> list[str]:
+    """The checkpoints of run `run` under `storage_path` (a path or a URI), or of the newest run that has
+    any, highest step first. Runs are ordered by their recorded start (train.runfolder), never by name.
+    `--resume` continues that run, never an older one in its place."""
     from raydlc import storage
     from raydlc.edges.storage import list_dirs
+    from raydlc.train.runfolder import newest_first
 
     root = str(storage_path)
-    for run in reversed(list_dirs(root)):
-        steps = sorted(((int(m.group(1)), name) for name in list_dirs(storage.join(root, run)) if (m := _NAME.match(name))), reverse=True)
+    for name in [run] if run is not None else newest_first(root, list_dirs(root)):
+        steps = sorted(((int(m.group(1)), d) for d in list_dirs(storage.join(root, name)) if (m := _NAME.match(d))), reverse=True)
         if steps:
-            found = [storage.join(root, run, name) for _step, name in steps]
+            found = [storage.join(root, name, d) for _step, d in steps]
             return [f if storage.is_uri(f) else str(Path(f)) for f in found]
     return []
+
+
+def newest_run(storage_path: str) -> str | None:
+    """The run `--resume` continues when no --run-name is given: the newest by recorded start that has a checkpoint."""
+    found = candidates(storage_path)
+    return found[0].rstrip("/").rsplit("/", 2)[-2] if found else None
 
 
 @dataclass(frozen=True)
@@ -164,14 +201,14 @@ class Intact:
     skipped: tuple[str, ...]
 
 
-def newest_intact(storage_path: str | Path, *, hashes: bool = True) -> Intact | None:
+def newest_intact(storage_path: str | Path, *, hashes: bool = True, run: str | None = None) -> Intact | None:
     """What `--resume` continues from: a save cut short (Ctrl-C or a lost node during Ray's upload,
     where every rank copies its own files into the one directory, nothing atomic) leaves the
     manifest beside a short or missing shard, and is passed over. None when there is no checkpoint;
     `CheckpointError` (the newest one's) when none of the newest run's checkpoints is whole."""
     skipped: list[str] = []
     first: CheckpointError | None = None
-    for path in candidates(storage_path):
+    for path in candidates(storage_path, run):
         try:
             where, manifest = verified(path, hashes=hashes)
         except CheckpointError as e:
@@ -182,6 +219,59 @@ def newest_intact(storage_path: str | Path, *, hashes: bool = True) -> Intact | 
     if first is not None:
         raise first
     return None
+
+
+# ---- staging folders in the temp directory -----------------------------------------------------------
+#
+# A save stages its shards in the temp directory before Ray takes them, and the export is assembled
+# there before it is published. A worker ended mid-save (Ctrl-C, a lost node: Ray kills it) leaves
+# its staging folder behind, up to a checkpoint's size. Each folder's name carries its PID, so the
+# next worker on that node, and a local run's driver at its end, remove those whose process is gone.
+
+STAGING = ("raydlc-ckpt-", "raydlc-export-", "raydlc-resume-")
+
+
+def staging_prefix(kind: str, rank: int | None = None) -> str:
+    """`raydlc-ckpt-r0-p1234-`: the rank (when one) and the PID of the process whose folder it is."""
+    return f"raydlc-{kind}-" + (f"r{rank}-" if rank is not None else "") + f"p{os.getpid()}-"
+
+
+_STAGED = re.compile(r"^raydlc-(?:ckpt|export|resume)-(?:r\d+-)?p(\d+)-")
+
+
+def sweep_staging(tmp: str | Path | None = None, *, wait_s: float = 0.0) -> list[Path]:
+    """Remove the staging folders of processes that are gone (waiting up to `wait_s` for them to go); returns them."""
+    import shutil
+    import tempfile
+
+    root = Path(tmp or tempfile.gettempdir())
+    try:
+        found = [(p, int(m.group(1))) for p in root.iterdir() if (m := _STAGED.match(p.name)) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+    deadline = time.monotonic() + wait_s
+    while any(_alive(pid) for _p, pid in found) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gone = [p for p, pid in found if not _alive(pid)]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, not ours to judge
+        return True
+    try:  # a zombie (ended, not yet reaped by its parent) is gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 # ---- inside the workers ------------------------------------------------------------------------
@@ -339,7 +429,7 @@ def load(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimiz
     from raydlc.edges.storage import download
 
     if storage.is_uri(str(directory)):
-        with tempfile.TemporaryDirectory(prefix="raydlc-resume-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=staging_prefix("resume", rank)) as tmp:
             return _load_local(download(str(directory), Path(tmp)), model, optimizer, rank=rank, lora=lora)
     return _load_local(Path(directory), model, optimizer, rank=rank, lora=lora)
 
@@ -355,7 +445,7 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
                               hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS, or start without --resume")
     msd, osd = model_state(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(d))
+    dcp.load(state, storage_reader=data_reader(d))
     partial = any(p.requires_grad is False for p in model.parameters())  # LoRA: the adapters only; the base stays as built
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=StateDictOptions(strict=not partial))
@@ -369,13 +459,102 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
 
 
 def _read_extra(d: Path, path: Path, step: int) -> dict[str, Any]:
-    import torch
-
     if not path.exists():
         raise CheckpointError(f"checkpoint {d} has no {path.name}", hint="the checkpoint is incomplete: resume from an earlier one")
-    extra = torch.load(path, weights_only=False)
+    extra = load_extra(d, path)
     if int(extra["step"]) != step:
         raise CheckpointError(f"checkpoint {d}: {path.name} is for step {extra['step']}, the manifest for {step}")
+    return extra
+
+
+# ---- reading a checkpoint as data ------------------------------------------------------------------
+#
+# A checkpoint is data, never code: torch.load runs with weights_only=True (tensors, containers,
+# numbers, strings, and numpy's RNG array allow-listed, as torch's docs show), and DCP's `.metadata`
+# (a pickle that DCP would read with pickle.load) goes through an unpickler that knows only DCP's
+# own metadata classes. A pickle naming anything else is refused before it runs.
+
+_META_MODULES = ("torch.distributed.checkpoint.metadata",)
+_META_NAMES = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "Path"),
+}
+
+
+def _metadata_unpickler(f: Any, where: Path) -> Any:
+    import pickle
+
+    import torch
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if module in _META_MODULES or (module, name) in _META_NAMES:
+                found = super().find_class(module, name)
+                if isinstance(found, type) or (module, name) in _META_NAMES:
+                    return found
+            elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+            raise CheckpointError(f"checkpoint {where}: .metadata names {module}.{name}, which is not DCP's metadata; "
+                                  "refused unread (a checkpoint is data, never code)", hint=_DATA_HINT)
+
+    return Unpickler(f)
+
+
+def read_metadata(d: Path) -> Any:
+    """DCP's `.metadata` of checkpoint `d`, read by the allow-listing unpickler (`CheckpointError` otherwise)."""
+    import pickle
+
+    try:
+        with (d / ".metadata").open("rb") as f:
+            return _metadata_unpickler(f, d).load()
+    except CheckpointError:
+        raise
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise CheckpointError(f"checkpoint {d}: unreadable .metadata ({type(e).__name__}: {e})", hint=_DATA_HINT) from e
+
+
+def data_reader(d: Path) -> Any:
+    """DCP's file reader, its metadata read as data (`read_metadata`): DCP's own would pickle.load it."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):  # type: ignore[misc]
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("rank") is not None:  # raydlc writes one metadata file; another is not ours
+                raise CheckpointError(f"checkpoint {d}: per-rank metadata is not raydlc's", hint=_DATA_HINT)
+            metadata = read_metadata(d)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(str(d))
+
+
+def load_extra(d: Path, path: Path) -> dict[str, Any]:
+    """A rank's extras (step, RNG states, the run's records) with torch.load(weights_only=True)."""
+    import pickle
+    import warnings
+
+    import numpy as np
+    import torch
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    allowed = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # numpy's RNG state: an uint32 array
+    try:
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns of a foreign pickle protocol before refusing it: the refusal says enough
+            extra = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError) as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))  # torch's weights-only refusal names what the pickle would call
+        why = f"it names {named.group(1)}" if named else f"{type(e).__name__}"
+        raise CheckpointError(f"checkpoint {d}: {path.name} is not plain data ({why}) and is refused unread "
+                              "(a checkpoint is data, never code)", hint=_DATA_HINT) from e
+    if not isinstance(extra, dict) or "step" not in extra:
+        raise CheckpointError(f"checkpoint {d}: {path.name} is not a raydlc extras file", hint=_DATA_HINT)
     return extra
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc import storage
+from raydlc import interrupts, storage
 from raydlc.config import TrainConfig, with_local_defaults
 from raydlc.edges import poll, ray_runtime
-from raydlc.errors import TrainError
+from raydlc.errors import InputError, TrainError
 from raydlc.jobs.restarts import Fold, fold
 from raydlc.train import ending
 from raydlc.train.prepare import Checked, check, prepare
@@ -55,7 +55,14 @@ def absolute_paths(train: TrainConfig, cwd: Path | None = None) -> TrainConfig:
         if not value or storage.is_uri(value):
             return value
         p = base / Path(value).expanduser()
-        return str(p.resolve()) if p.exists() or not must_exist else value
+        try:
+            return str(p.resolve()) if p.exists() or not must_exist else value
+        except RuntimeError:  # pathlib's "Symlink loop" (Python < 3.13; later ones raise OSError ELOOP)
+            raise InputError(f"{value}: is a symlink loop (too many levels of symbolic links)", hint="pass a real path") from None
+        except OSError as e:
+            from raydlc.edges.files import os_error
+
+            raise os_error(e, value) from None
 
     changes = {
         "model_id": local(train.model_id, must_exist=True), "data": local(train.data, must_exist=True),
@@ -93,12 +100,14 @@ def run(
     started = time.time()  # a budget's clock: the run occupies its nodes from here
     if prepared is None and checked is None and train.num_workers > 0:
         checked = check(train, where)  # before Ray starts
-    with ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
+    with _swept(where), ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         if not where.local and train.use_gpu and train.num_workers > 0:  # GPU workers that may be at zero come when asked for
             ray_runtime.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
+        interrupts.reassert()  # Ctrl-C still reaches this process once Ray has started (raydlc.interrupts)
         resources = ray_runtime.cluster_resources()
         workers = resolve_resources(train, resources)
         p = prepared or prepare(train, where, workers=workers.num_workers, checked=checked, on_progress=on_progress)
+        interrupts.reassert()
         if on_progress is not None:
             on_progress({"stage": "training", "steps": train.steps})
         slots = ray_runtime.node_capacities(
@@ -109,6 +118,19 @@ def run(
         summary = _fit(spec, p, where, on_progress)
         summary = summary if checked is None else {**summary, "preflight": checked}
         return ending.finish(spec, summary)  # evaluation, model card, trackers: the run's end (train.ending)
+
+
+@contextlib.contextmanager
+def _swept(where: RunTarget) -> Any:
+    """A local run's workers share this machine's temp directory: once its Ray is down, the staging
+    folders its workers left (a save or export cut by Ctrl-C or a failure) go (train.checkpoint.sweep_staging)."""
+    try:
+        yield
+    finally:
+        if where.local:
+            from raydlc.train.checkpoint import sweep_staging
+
+            sweep_staging(wait_s=1.0)
 
 
 def _preflight(spec: RunSpec, where: RunTarget, storage_path: str) -> dict[str, Any]:
@@ -189,17 +211,31 @@ class DeadlinePassed(TrainError):
 
 
 def _trainer_class() -> type:
-    """TorchTrainer that keeps its controller's handle, so the stall guard can abort the run the
-    way Ctrl-C does (Ray 2.58's `_register_sigint_handler` receives it; `controller.abort` stops
-    the workers and ends the controller, and `fit()` raises)."""
+    """TorchTrainer that keeps its controller's handle, so the stall guard can abort the run
+    (`controller.abort` stops the workers and ends the controller, and `fit()` raises), and whose
+    Ctrl-C does not wait.
+
+    Ray 2.58's own SIGINT handler (`_register_sigint_handler`) waits in the handler for the abort
+    (`ray.get(controller.abort.remote())`: the workers stopped gracefully, seconds to tens of
+    seconds on a loaded machine) and may `sys.exit(0)`. Here the abort is asked for and not waited
+    on, and the handler raises KeyboardInterrupt at once: the driver's way out (a local Ray is shut
+    down, which ends its workers) takes over."""
     from ray.train.torch import TorchTrainer
 
     class Trainer(TorchTrainer):  # type: ignore[misc]
         controller: Any = None
 
         def _register_sigint_handler(self, controller: Any) -> None:
+            import signal
+
             self.controller = controller
-            super()._register_sigint_handler(controller)
+
+            def interrupted(signum: int, frame: Any) -> None:
+                with contextlib.suppress(Exception):
+                    controller.abort.remote()  # a cluster's workers stop too; not waited on
+                raise KeyboardInterrupt
+
+            signal.signal(signal.SIGINT, interrupted)
 
     return Trainer
 
@@ -319,6 +355,15 @@ class _Follower:
             ray.get(controller.abort.remote(), timeout=120)
 
 
+def _resumed(p: Prepared, steps: Any) -> dict[str, Any]:
+    """Which steps this invocation trained (`201–300`), and the run it continued (the checkpoint's run folder):
+    a resumed run's first loss is from before the resume, so the summary says where this part began."""
+    first = (p.resume_step or 0) + 1
+    ran = f"{first}–{int(steps)}" if isinstance(steps, (int, float)) and int(steps) >= first else "none"
+    run = p.resume_from.rstrip("/").rsplit("/", 2)[-2] if p.resume_from and "/" in p.resume_from.rstrip("/") else None
+    return {"steps_run": ran, "resumed_from_run": run}
+
+
 def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, Any]:
     """From Ray Train's result (the metrics reported with the last checkpoint), not from a file."""
     last = dict(result.metrics or {})
@@ -357,6 +402,7 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "dataset_reused": p.dataset_reused,
         "eval_sequences": p.n_eval,
         "resumed_from": p.resume_from,
+        **_resumed(p, s.get("steps")),
         "run_name": spec.run_name,
         "run_dir": run_dir,
         "checkpoint": ckpt,

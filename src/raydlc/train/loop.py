@@ -529,8 +529,11 @@ class Saver:
     def __init__(self, session: Any, rank: int, meta: dict[str, Any]) -> None:
         import torch.distributed as dist
 
+        from raydlc.train.checkpoint import sweep_staging
+
         self.session, self.rank, self.meta = session, rank, meta  # meta: what a checkpoint must match to be continued
         self.group = dist.new_group(backend="gloo")  # DCP's own: its writer thread's collectives
+        sweep_staging()  # what workers ended mid-save left on this node
         self.pending: Pending | None = None
         self.slowest_s = 0.0
         self.last_step: int | None = None  # the step of the last checkpoint this attempt handed to Ray
@@ -544,11 +547,15 @@ class Saver:
         self.finish(t, beat=beat)
         beat.phase = f"checkpoint of step {step}"
         began = time.perf_counter()
-        staging = Path(tempfile.mkdtemp(prefix=f"raydlc-ckpt-r{self.rank}-"))
+        staging = Path(tempfile.mkdtemp(prefix=ckpt.staging_prefix("ckpt", self.rank)))
         extra = {"history": list(history)} if self.rank == 0 else {}  # the run's records, stored once: every rank restores rank 0's
         if self.staging is None:
             self.staging = ckpt.stager(cuda=t.device.type == "cuda")
-        digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group, staging=self.staging)
+        try:
+            digests = ckpt.start(staging, t.model, t.optimizer, step=step, rank=self.rank, extra=extra, group=self.group, staging=self.staging)
+        except BaseException:  # a failed save (a full disk) leaves no staging folder behind
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         self.pending = Pending(step, staging, digests, metrics)
         self._waited = time.perf_counter() - began
 
@@ -625,7 +632,7 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
     from raydlc.train import metrics as mx
 
     tok = to_hf(run.tokenizer) if rank == 0 else None
-    with tempfile.TemporaryDirectory(prefix="raydlc-export-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=ckpt.staging_prefix("export", rank)) as tmp:
         out = Path(tmp)
         ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32,
                        lora=lora_export_settings(t.model, run))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc import storage
@@ -97,6 +98,7 @@ def prepare(
     p = Prepared(
         c.builtin, c.model, data, info, c.root, train.run_name or new_run_name(), c.resume_from, data.n_train, data.n_eval, data.digest,
         c.manifest.meta if c.manifest is not None and c.resume_from is not None else None, made.reused,
+        c.manifest.step if c.manifest is not None and c.resume_from is not None else None,
     )
     R.check_data(train if workers is None else train.updated(num_workers=c.world), p)
     return p
@@ -133,10 +135,23 @@ def _resume_checkpoint(train: TrainConfig, root: str) -> tuple[str | None, Manif
     from raydlc.train import checkpoint as C
 
     if train.resume_from:
-        return (*C.verified(train.resume_from), ())
+        if not storage.is_uri(train.resume_from) and Path(train.resume_from, C.MANIFEST).is_file():  # nothing to train: said first
+            _check_left(train, train.resume_from, C.read_manifest(Path(train.resume_from)))
+        path, manifest = C.verified(train.resume_from)
+        _check_left(train, path, manifest)
+        return path, manifest, ()
     if not train.resume:
         return None, None, ()
-    found = C.newest_intact(root)
+    found = C.newest_intact(root, run=train.run_name)
     if found is None:
-        raise CheckpointError(f"--resume: no checkpoint under {root}", hint="run once without --resume, or pass --out where the earlier run wrote")
+        where = f"in run {train.run_name} under {root}" if train.run_name else f"under {root}"
+        raise CheckpointError(f"--resume: no checkpoint {where}", hint="run once without --resume, or pass --out (and --run-name) where the earlier run wrote")
+    _check_left(train, found.path, found.manifest)
     return found.path, found.manifest, tuple(f"--resume passes over {why}" for why in found.skipped)
+
+
+def _check_left(train: TrainConfig, path: str, manifest: Manifest) -> None:
+    """A checkpoint past STEPS leaves nothing to train: said, not run as if it had trained."""
+    if manifest.step > train.steps:
+        raise InputError(f"checkpoint {path} is at step {manifest.step}, past --steps {train.steps}: nothing to train",
+                         hint=f"pass --steps above {manifest.step} to train on from it")

@@ -62,6 +62,7 @@ class Prepared:
     data_digest: str
     resume_meta: dict[str, Any] | None = None
     dataset_reused: bool = False
+    resume_step: int | None = None  # the step of the checkpoint continued from: this invocation trains the steps after it
 
 
 class RunSpec(BaseModel):

@@ -112,6 +112,7 @@ def print_summary(s: dict[str, Any], out: Any = console) -> None:
         ("peak memory per worker (MiB)", s["peak_mem_mb"]),
         ("peak reserved per worker (MiB)", s.get("peak_reserved_mb")),
         ("resumed from", s["resumed_from"]),
+        ("steps this run", f"{s['steps_run']} (continued run {s.get('resumed_from_run')})" if s.get("resumed_from") and s.get("steps_run") else None),
         ("checkpoint", s["checkpoint"]),
         ("export (from_pretrained)", s["export"]),
         ("metrics", s["metrics"]),
