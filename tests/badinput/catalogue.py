@@ -182,7 +182,7 @@ RENDER = [
     r("render-zones-other-region", "render --zones us-west-2a,us-west-2b", 2, "not in region"),
     r("render-no-zones", "render --out out", 2, "GPU_AZ", env=S3),
     r("render-two-nodes-local-storage", f"render {ZONES} --out out", 2, "STORAGE_PATH", env={"RAYDLC_STORAGE_PATH": "./runs"}),
-    r("render-default-bucket-no-credentials", f"render {ZONES} --out out", 2, "STORAGE_BUCKET",
+    r("render-default-bucket-no-credentials", f"render {ZONES} --out out", 2, "no AWS credentials found",
       env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
     r("render-storage-bucket-bad-name", ["--set", "STORAGE_BUCKET=My_Bucket", "render", *ZONES.split()], 2, "STORAGE_BUCKET"),
     r("render-storage-bucket-vs-path", ["--set", "STORAGE_BUCKET=team-runs", "render", *ZONES.split()], 2,

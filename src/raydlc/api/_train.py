@@ -61,6 +61,9 @@ class TrainResult:
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
+    epochs: float | None = None  # passes over the training split: steps x global_batch / train_sequences
+    lora: dict[str, Any] | None = None  # a LoRA run: rank, alpha, targets, merged (bool), adapter (its folder); None: full fine-tuning
+    params: dict[str, int] | None = None  # trainable and total parameters, from the architecture (None when it is not known)
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
@@ -97,7 +100,8 @@ def train(
     left at their default take the local-run values, as on the command line. `address` joins a
     running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
     receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
-    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`, and `{"stage": "stalled",
+    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, what the driver is doing before the first step (`{"stage": "phase", "text":
+    "starting Ray"}`, `"preparing data"`), then `{"stage": "training", "steps": N, "workers", "global_batch", "train_sequences"}` as the workers start, and `{"stage": "stalled",
     "reason", "evidence"}` when the stall guard ends the run) and rank 0's records (`{"step", "loss", "tokens_per_s", …}` (with
     `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True, "node"}`, a drain notice `{"step", "preempted": True, "saved", …}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.

@@ -32,6 +32,10 @@ def filesystem(path: str) -> tuple[Any, str]:
     """(pyarrow file system, path on it) for a local path or a URI; S3 with bounded connect and request waits."""
     import pyarrow.fs
 
+    from raydlc.storage import uri_problem
+
+    if why := uri_problem(path):  # before pyarrow: its GCS lookup hangs for minutes, others fail with ArrowInvalid
+        raise InputError(f"{path}: {why}")
     if scheme(path) == "s3":
         return _s3(path)
     if is_uri(path):
