@@ -34,7 +34,7 @@ def uri_problem(uri: str, schemes: tuple[str, ...] = SCHEMES) -> str | None:
     Another scheme (gs://, http://) is refused by name; an s3:// URI needs a bucket whose name
     S3 would accept (`bucket_problem`)."""
     s = scheme(uri)
-    if s is None or s not in SCHEMES and s in schemes:
+    if s is None or (s not in SCHEMES and s in schemes):
         return None
     if s not in schemes:
         return f"the {s}:// scheme is not one raydlc stores to: use s3://bucket/prefix or a local path"

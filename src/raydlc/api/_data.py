@@ -106,6 +106,8 @@ def data_prepare(
     recipe = Recipe(request.seq_len, request.loss_on, request.chat_template, request.on_bad_record)
     root = storage.resolve(request.storage_path or DEFAULT_OUT)
     target = None if out is None else storage.resolve(os.fspath(out))
+    if target is not None and (why := storage.uri_problem(target)):  # before the source is read
+        raise InputError(f"--out {target}: {why}")
     plan = dataset.plan(source, out=target, storage_root=root, model_id=request.model_id, vocab=vocab, recipe=recipe)
     t0 = time.perf_counter()
     with dataset.writing(plan), ray_runtime.connected(address, log_to_driver=False):
