@@ -76,19 +76,30 @@ def test_the_summary_labels_the_mean_and_the_bar_the_last_step() -> None:
 
 def test_phase_text_comes_before_the_first_step_then_the_bar_shows_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
     buf = io.StringIO()
-    monkeypatch.setattr(progress, "err_console", Console(file=buf, width=100, force_terminal=False, color_system=None))
+    monkeypatch.setattr(progress, "err_console", Console(file=buf, width=100, force_terminal=True, color_system=None))
+    shown = []
     with progress.TrainView(quiet=False, debug=False) as view:
         for rec in ({"stage": "preparing"}, {"stage": "phase", "text": "starting Ray"},
-                    {"stage": "preparing", "records": 10, "tokens": 100, "elapsed_s": 1.0}, {"stage": "phase", "text": "preparing data"},
-                    {"stage": "training", "steps": 4, "workers": 2, "global_batch": 16, "train_sequences": 32}):
+                    {"stage": "preparing", "records": 10, "tokens": 100, "elapsed_s": 1.0}, {"stage": "phase", "text": "preparing data"}):
             view(rec)
+            shown.append(str(view._status.renderable.text))
+        view({"stage": "training", "steps": 4, "workers": 2, "global_batch": 16, "train_sequences": 32})
+        assert view._status is None  # the spinner gives way to the bar
         description = view._bar.tasks[0].description
         view({"step": 3, "loss": 2.5, "tokens_per_s": 651.0})
         task = view._bar.tasks[0]
-    lines = buf.getvalue().splitlines()
-    assert lines[:4] == ["preparing data and tokenizer…", "starting Ray…", "preparing data…", "starting 2 workers…"]
+    assert shown == ["preparing data and tokenizer…", "starting Ray…", "preparing data: 10 records (10/s), 100 tokens (100/s)", "preparing data…"]
     assert description == "starting 2 workers…" and task.description == "train"
     assert task.fields["epoch"] == "epoch 1.5  " and task.fields["tps"] == "651"
+
+
+def test_off_a_terminal_the_phases_print_nothing_so_a_failure_stays_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = io.StringIO()
+    monkeypatch.setattr(progress, "err_console", Console(file=buf, width=100, force_terminal=False))
+    with progress.TrainView(quiet=False, debug=False) as view:
+        view({"stage": "preparing"})
+        view({"stage": "phase", "text": "starting Ray"})
+    assert buf.getvalue() == ""
 
 
 NO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None, "AWS_PROFILE": None,

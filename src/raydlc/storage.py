@@ -32,7 +32,7 @@ def uri_problem(uri: str, schemes: tuple[str, ...] = SCHEMES) -> str | None:
     """Why a URI cannot be storage, said before anything reaches for it; None when it can (or is a plain path).
 
     Another scheme (gs://, http://) is refused by name; an s3:// URI needs a bucket whose name
-    S3 would accept (`bucket_problem`)."""
+    holds only the characters bucket names are made of."""
     s = scheme(uri)
     if s is None or (s not in SCHEMES and s in schemes):
         return None
@@ -42,11 +42,12 @@ def uri_problem(uri: str, schemes: tuple[str, ...] = SCHEMES) -> str | None:
         bucket = uri.split("://", 1)[1].split("/", 1)[0]
         if not bucket:
             return "an s3:// URI needs a bucket: s3://bucket/prefix"
-        if why := bucket_problem(bucket):
-            return f"the bucket name {bucket!r} is invalid: {why}"
+        if not _ANY_BUCKET.match(bucket):  # not the new-bucket rules (bucket_problem): older buckets may hold capitals and '_'
+            return f"the bucket name {bucket!r} is invalid: S3 bucket names hold only letters, digits, '.', '_' and '-'"
     return None
 
 
+_ANY_BUCKET = re.compile(r"^[A-Za-z0-9._-]{1,255}$")  # what any bucket ever made may be named (us-east-1's legacy names included)
 _BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
 _IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")

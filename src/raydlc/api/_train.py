@@ -59,11 +59,11 @@ class TrainResult:
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's peak reserved memory (torch.cuda.max_memory_reserved); None on CPU
     skipped_steps: int | None = None  # steps whose loss or gradient norm was not finite: their updates were skipped
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
-    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
-    end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
     epochs: float | None = None  # passes over the training split: steps x global_batch / train_sequences
     lora: dict[str, Any] | None = None  # a LoRA run: rank, alpha, targets, merged (bool), adapter (its folder); None: full fine-tuning
     params: dict[str, int] | None = None  # trainable and total parameters, from the architecture (None when it is not known)
+    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
+    end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:

@@ -224,6 +224,9 @@ def read_unit(unit: Unit) -> Iterator[Row]:
     if not text.strip():
         yield unit.uri, None, "the file is empty"
         return
+    if unit.kind == "txt" and (why := not_text(text)):
+        yield unit.uri, None, why
+        return
     if unit.kind == "txt":
         yield unit.uri, json.dumps({"text": text}), None
         return
@@ -235,7 +238,19 @@ def read_unit(unit: Unit) -> Iterator[Row]:
         except json.JSONDecodeError as e:
             yield f"{unit.uri}:{n}", None, f"not valid JSON ({e.msg})"
             continue
+        except RecursionError:
+            yield f"{unit.uri}:{n}", None, NESTED
+            continue
         yield f"{unit.uri}:{n}", line, None
+
+
+NESTED = "a JSON value nested too deeply to be a record"
+
+
+def not_text(text: str) -> str | None:
+    """Why a .txt file's content is not text to train on (NUL bytes: a binary file renamed), or None."""
+    nul = text.count("\0")
+    return f"not text: {nul:,} NUL bytes of {len(text):,} characters (a binary file?)" if nul else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -331,6 +346,8 @@ def _read_file(f: Path) -> list[Document]:
         raise InputError(f"--data {f}: cannot read it ({e.strerror or e})") from e
     if not text.strip():
         raise InputError(f"--data {f}: the file is empty", hint="give it some text, or remove it")
+    if suffix == ".txt" and (why := not_text(text)):
+        raise InputError(f"--data {f}: {why}")
     if suffix == ".txt":
         return [Document(text)]
     return [_jsonl_record(f, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -341,6 +358,8 @@ def _jsonl_record(f: Path, n: int, line: str) -> Document:
         rec = json.loads(line)
     except json.JSONDecodeError as e:
         raise InputError(f"--data {f}:{n}: not valid JSON ({e.msg})") from e
+    except RecursionError as e:
+        raise InputError(f"--data {f}:{n}: {NESTED}") from e
     hint = 'each line must be {"text": ...} or {"prompt": ..., "response": ...} with string values'
     if not isinstance(rec, dict):
         raise InputError(f"--data {f}:{n}: expected a JSON object, got {type(rec).__name__}", hint=hint)

@@ -10,8 +10,8 @@ from raydlc.views.output import console, err_console
 class TrainView:
     """The progress callback of `raydlc.api.train` for a terminal, on stderr (stdout stays clean for --json).
 
-    A spinner naming each phase before the first step (Ray's start, the data, the workers' start;
-    off a terminal, one line each), then one bar over the steps as rank 0 posts them; with
+    A spinner naming each phase before the first step (Ray's start, the data, the workers' start),
+    then one bar over the steps as rank 0 posts them; with
     `quiet` (--json) the bar is transient, and off the terminal there is none.
     """
 
@@ -56,10 +56,8 @@ class TrainView:
 
     def _phase(self, text: str) -> None:
         """What the driver does before the first step (`starting Ray…`, `preparing data…`): a spinner
-        in a terminal, a plain line otherwise, so a long start is never silence."""
+        in a terminal, so a long start is never silence; off a terminal nothing (a failure stays one line)."""
         if not err_console.is_terminal:
-            if not self.quiet:
-                err_console.print(f"{text}…", highlight=False, markup=False)
             return
         if self._status is None:
             self._status = err_console.status(f"{text}…", spinner="dots")
@@ -70,8 +68,6 @@ class TrainView:
     def _start_bar(self, steps: int, phase: str) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        if not err_console.is_terminal and not self.quiet:
-            err_console.print(f"{phase}…", highlight=False, markup=False)
         self._bar = Progress(
             TextColumn("[bold]{task.description}[/]"),
             BarColumn(),
