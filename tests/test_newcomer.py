@@ -212,3 +212,30 @@ def test_epochs_and_the_trained_parameters_count_what_the_model_holds() -> None:
     full = trained_params(SimpleNamespace(train=TrainConfig(), run_dir="/r"), SimpleNamespace(model=spec))  # type: ignore[arg-type]
     assert full["lora"] is None and full["params"]["trainable"] == full["params"]["total"] == sum(
         p.numel() for p in build_model(spec, device="meta").parameters()) and torch is not None
+
+
+API_WRONG_TYPES = [
+    ("settings", "train", {"settings": "LORA_RANK=8"}),
+    ("config", "train", {"config": 123}),
+    ("on_progress", "train", {"on_progress": "x"}),
+    ("address", "train", {"address": 123}),
+    ("lora_rank", "train", {"lora_rank": True}),  # a bool is not a rank (pydantic would read 1)
+    ("source", "data_prepare", {"source": 123}),
+    ("dest", "data_show", {"dest": None}),
+    ("out", "render", {"out": 123}),
+    ("config", "plan", {"config": 123}),
+]
+
+
+@pytest.mark.parametrize("name, use_case, kwargs", API_WRONG_TYPES, ids=[f"{u}-{n}" for n, u, _ in API_WRONG_TYPES])
+def test_the_api_refuses_a_wrong_type_as_raydlcs_input_error_naming_the_argument(name: str, use_case: str, kwargs: dict[str, Any]) -> None:
+    import sys
+
+    import raydlc.api as api
+    from raydlc.errors import InputError
+
+    ray_before = "ray" in sys.modules
+    with pytest.raises(InputError) as e:
+        getattr(api, use_case)(**kwargs)
+    assert e.value.message.startswith(f"{name}: must be ")
+    assert ("ray" in sys.modules) == ray_before  # refused before anything started

@@ -563,7 +563,33 @@ ABSURD = [
     r("train-env-stall-minutes-seconds", "train", 2, "STALL_MINUTES", env={"RAYDLC_STALL_MINUTES": "0.5"}),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS]
+# Issue 44, round five: hangs, tracebacks and absurd values a newcomer met, each one line now.
+DEEP_YAML = "train: " + "[" * 50_000 + "]" * 50_000 + "\n"
+DEEP_JSON = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+ROUND5 = [
+    r("config-fifo", "--config f.yaml config show", 2, "not a regular file", files={"f.yaml": FIFO}, sub=True),
+    r("config-duplicate-section", "--config d.yaml config show", 2, "train is given twice (lines 1 and 3",
+      files={"d.yaml": "train:\n  steps: 10\ntrain:\n  steps: 20\n"}),
+    r("config-duplicate-key", "--config d.yaml config show", 2, "steps is given twice", files={"d.yaml": "train:\n  steps: 10\n  steps: 20\n"}),
+    r("config-octal-steps", "--config o.yaml config show", 2, "010 (line 2 of o.yaml): a number with a leading zero",
+      files={"o.yaml": "train:\n  steps: 010\n"}, sub=True),
+    r("config-nested-50000", "--config n.yaml config show", 2, "nested too deeply", files={"n.yaml": DEEP_YAML}, sub=True),
+    r("config-env-sh", "--config env.sh config show", 2, "`source env.sh`", files={"env.sh": "export RAYDLC_STEPS=10\nexport RAYDLC_LORA_RANK=8\n"}),
+    r("train-storage-gs", "train", 2, "the gs:// scheme is not one raydlc stores to", env={"RAYDLC_STORAGE_PATH": "gs://bucket/runs"}, sub=True),
+    r("train-storage-http", "train", 2, "the http:// scheme", env={"RAYDLC_STORAGE_PATH": "http://x/y"}),
+    r("train-storage-s3-no-bucket", "train", 2, "an s3:// URI needs a bucket", env={"RAYDLC_STORAGE_PATH": "s3:///x"}),
+    r("train-storage-s3-bare", "train", 2, "an s3:// URI needs a bucket", env={"RAYDLC_STORAGE_PATH": "s3://"}),
+    r("train-storage-bad-bucket", "train", 2, "the bucket name 'Bad_Bucket!' is invalid", env={"RAYDLC_STORAGE_PATH": "s3://Bad_Bucket!/x"}),
+    r("data-show-s3-no-bucket", "data show s3:///x", 2, "s3:///x: an s3:// URI needs a bucket"),
+    r("data-show-gs", "data show gs://b/ds", 2, "the gs:// scheme", sub=True),
+    r("data-prepare-out-http", "data prepare chat.jsonl --out http://x/y", 2, "--out http://x/y: the http:// scheme", files={"chat.jsonl": CHAT}),
+    r("train-data-nul-txt", "train --data z.txt", 2, "not text: 1,000 NUL bytes", files={"z.txt": b"\0" * 1000}),
+    r("data-prepare-nul-txt", "data prepare z.txt", 2, "z.txt: not text: 1,000 NUL bytes", files={"z.txt": b"\0" * 1000}, sub=True),
+    r("train-data-json-nested-100000", "train --data d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
+    r("data-prepare-json-nested-100000", "data prepare d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS, *ROUND5]
 
 
 def command_of(args: tuple[str, ...]) -> str:

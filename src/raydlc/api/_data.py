@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raydlc.api._config import load
+from raydlc.api._config import CALLABLE, PATH, argument, load
 from raydlc.config import flags
 
 # The settings `data prepare` takes: the model (its tokenizer), the block length and what carries the loss.
@@ -92,6 +92,10 @@ def data_prepare(
     from raydlc.train import resolve as R
     from raydlc.train.prepare import DEFAULT_OUT
 
+    argument("source", source, PATH, "a path or s3:// URI of the documents (None: the bundled corpus)")
+    argument("out", out, PATH, "a folder path or s3:// URI")
+    argument("address", address, (str,), "a Ray head's host:port as text")
+    argument("on_progress", on_progress, CALLABLE, "a function taking each progress record (a dict)")
     if out is not None and not os.fspath(out).strip():
         raise InputError("--out is empty: it names the folder the dataset is written to", hint="e.g. --out prepared")
     if address:  # Ray reads the token from the same places: a token no header can carry fails here, unshown
@@ -142,6 +146,8 @@ def data_show(dest: str | os.PathLike[str], *, examples: int = 3) -> DatasetShow
     from raydlc.data.sources import refuse_hub
     from raydlc.errors import InputError
 
+    argument("dest", dest, PATH, "a prepared dataset's folder path or s3:// URI", optional=False)
+    argument("examples", examples, (int,), "a whole number of blocks to decode")
     where = os.fspath(dest)
     refuse_hub(where)
     m = S.read_manifest(where)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc.api._config import load
+from raydlc.api._config import PATH, argument, load
 
 if TYPE_CHECKING:
     from raydlc.config import Config
@@ -98,6 +98,9 @@ def render(
     from raydlc.render import render_all, write
     from raydlc.render.bucket import for_cluster, needs_account, no_credentials
 
+    argument("out", out, PATH, "a folder path")
+    argument("only", only, (str,), "one of eksctl, raycluster, rayjob, helm, netpol")
+    argument("zones", zones, (str, list, tuple), "Availability Zones, as 'a,b' or a list")
     loaded = load(config, settings)
     if out is not None:
         check_output_dir(out, "--out")

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from raydlc import interrupts
-from raydlc.api._config import load
+from raydlc.api._config import CALLABLE, argument, load
 from raydlc.config import TrainConfig, flags
 from raydlc.errors import RaydlcError, Stopped
 
@@ -118,6 +118,8 @@ def train(
     from raydlc.train import launch
     from raydlc.train.prepare import DEFAULT_OUT, new_run_name
 
+    argument("address", address, (str,), "a Ray head's host:port as text")
+    argument("on_progress", on_progress, CALLABLE, "a function taking each progress record (a dict)")
     cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="train"))
     request = launch.settings(cfg, local=True)
     where = replace(launch.target(cfg, local=True, address=address), log_to_driver=log_to_driver)
