@@ -239,3 +239,17 @@ def test_the_api_refuses_a_wrong_type_as_raydlcs_input_error_naming_the_argument
         getattr(api, use_case)(**kwargs)
     assert e.value.message.startswith(f"{name}: must be ")
     assert ("ray" in sys.modules) == ray_before  # refused before anything started
+
+
+def test_render_sets_the_rayjobs_deadline_from_the_budget_at_the_price_set() -> None:
+    """$5 at GPU_USD_PER_HOUR=3 on two nodes is 3,000 s, not the list price's 1,955 s."""
+    import raydlc.api as api
+
+    def deadline(**extra: str) -> int:
+        r = api.render(only="rayjob", zones="us-east-2a,us-east-2b",
+                       settings={"STORAGE_PATH": "s3://team-runs/r", "JOB_MAX_COST_USD": "5", **extra})
+        (doc,) = r.docs.values()
+        return int(doc["spec"]["activeDeadlineSeconds"])
+
+    assert deadline(GPU_USD_PER_HOUR="3") == 3000
+    assert deadline() == 1955  # no price set: the On-Demand list price of 2 x g6.12xlarge

@@ -73,7 +73,17 @@ def bucket_problem(name: str) -> str | None:
 
 def resolve(path: str) -> str:
     """Ray workers do not start in the driver's directory: local paths must be absolute."""
-    return path if is_uri(path) else str(Path(path).expanduser().resolve())
+    return path if is_uri(path) else str(resolved(Path(path).expanduser()))
+
+
+def resolved(p: Path) -> Path:
+    """`p.resolve()`, with a symbolic link loop (Python's RuntimeError) as raydlc's one-line InputError."""
+    from raydlc.errors import InputError
+
+    try:
+        return p.resolve()
+    except RuntimeError as e:  # "Symlink loop from '…'"
+        raise InputError(f"{p}: a symbolic link loop (a link that leads back to itself)", hint="remove the link or give another path") from e
 
 
 def join(base: str, *parts: str) -> str:

@@ -586,6 +586,14 @@ ROUND5 = [
     r("train-data-nul-txt", "train --data z.txt", 2, "not text: 1,000 NUL bytes", files={"z.txt": b"\0" * 1000}),
     r("data-prepare-nul-txt", "data prepare z.txt", 2, "z.txt: not text: 1,000 NUL bytes", files={"z.txt": b"\0" * 1000}, sub=True),
     r("train-data-json-nested-100000", "train --data d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
+    r("data-show-symlink-loop", "data show loop", 2, "loop: a symbolic link loop", files={"loop": Link("loop")}, sub=True),
+    r("data-prepare-out-symlink-loop", "data prepare chat.jsonl --out loop/sub", 2, "loop/sub: a symbolic link loop",
+      files={"loop": Link("loop"), "chat.jsonl": CHAT}),
+    r("train-lora-rank-above-the-model", "train --lora-rank 512", 2, "--lora-rank 512 is above k_proj's smaller side (128) in tiny", sub=True),
+    r("train-lora-settings-lora-off", "train --lora-alpha 16 --lora-dropout 0.1", 2, "LORA_ALPHA, LORA_DROPOUT given while LORA_RANK is 0"),
+    r("train-lora-no-merge-lora-off", "train --no-merge", 2, "LORA_MERGE given while LORA_RANK is 0"),
+    r("render-budget-quotes-the-price-set", ["--set", "JOB_MAX_COST_USD=0.05", "--set", "GPU_USD_PER_HOUR=3", "render", *ZONES.split(), "--only", "rayjob"],
+      2, "at $6.00/h (2 x g6.12xlarge, GPU_USD_PER_HOUR=3 a node-hour)", env=S3),
     r("data-prepare-json-nested-100000", "data prepare d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
 ]
 

@@ -133,14 +133,14 @@ def train(
 
         check_output_dir(out, "--out" if named.get("out") is not None else "STORAGE_PATH")
     emit = on_progress or (lambda record: None)
-    if (note := _lora_base_note(request)) is not None:
-        emit({"stage": "notice", "text": note})
     request = request.model_copy(update={"run_name": request.run_name or new_run_name()})  # named now: Ctrl-C can say what it kept
     checked = None
     with interrupts.watch() as sigint:
         try:
             if request.num_workers > 0:  # with 0 (one per GPU) the checks wait for the cluster's size
                 checked = launch.check(request, where)  # bad input fails here, before Ray, a progress bar or a worker
+            if (note := _lora_base_note(request)) is not None:  # after the checks: a refused run gets its error alone
+                emit({"stage": "notice", "text": note})
             emit({"stage": "preparing"})
             summary = launch.run(request, where, on_progress=emit, checked=checked)
         except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)
