@@ -594,6 +594,14 @@ ROUND5 = [
     r("train-lora-no-merge-lora-off", "train --no-merge", 2, "LORA_MERGE given while LORA_RANK is 0"),
     r("render-budget-quotes-the-price-set", ["--set", "JOB_MAX_COST_USD=0.05", "--set", "GPU_USD_PER_HOUR=3", "render", *ZONES.split(), "--only", "rayjob"],
       2, "at $6.00/h (2 x g6.12xlarge, GPU_USD_PER_HOUR=3 a node-hour)", env=S3),
+    r("train-data-prepared-loss-on-all", "train --data ds --seq-len 4 --loss-on all", 2, "was prepared with --loss-on assistant; this run asks --loss-on all",
+      files=DATASET, sub=True),
+    r("train-data-prepared-chat-template-default", "train --data ds --seq-len 4 --chat-template default", 2,
+      "was prepared with --chat-template model; this run asks --chat-template default", files=DATASET),
+    r("data-prepare-link-out-of-the-source", "data prepare src", 2, "src/z.jsonl:1: not valid JSON",  # not src/up/a.jsonl: `up -> ..` is not followed
+      files={"src": DIR, "src/z.jsonl": "x\n", "src/up": Link(".."), "a.jsonl": "y\n"}, sub=True),
+    r("data-prepare-empty-source", ["data", "prepare", ""], 2, "SOURCE is empty", sub=True),
+    r("data-show-empty-dest", ["data", "show", ""], 2, "DEST is empty"),
     r("data-prepare-json-nested-100000", "data prepare d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
 ]
 

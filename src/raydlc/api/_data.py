@@ -96,6 +96,9 @@ def data_prepare(
     argument("out", out, PATH, "a folder path or s3:// URI")
     argument("address", address, (str,), "a Ray head's host:port as text")
     argument("on_progress", on_progress, CALLABLE, "a function taking each progress record (a dict)")
+    if source is not None and not os.fspath(source).strip():
+        raise InputError("SOURCE is empty: it names the documents to prepare",
+                         hint="give a .jsonl/.parquet/.txt file, a folder of them, an s3:// prefix, or 'bundled'")
     if out is not None and not os.fspath(out).strip():
         raise InputError("--out is empty: it names the folder the dataset is written to", hint="e.g. --out prepared")
     if address:  # Ray reads the token from the same places: a token no header can carry fails here, unshown
@@ -149,6 +152,8 @@ def data_show(dest: str | os.PathLike[str], *, examples: int = 3) -> DatasetShow
     argument("dest", dest, PATH, "a prepared dataset's folder path or s3:// URI", optional=False)
     argument("examples", examples, (int,), "a whole number of blocks to decode")
     where = os.fspath(dest)
+    if not where.strip():
+        raise InputError("DEST is empty: it names the prepared dataset to show", hint="give its folder or s3:// prefix, e.g. raydlc data show raydlc-out/datasets/<key>")
     refuse_hub(where)
     m = S.read_manifest(where)
     if m is None:

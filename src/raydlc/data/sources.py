@@ -113,8 +113,9 @@ def _remote_files(fs: Any, root: str, spec: str) -> list[_File]:
 
 
 def _local_files(root: str, spec: str) -> list[_File]:
-    """The data files of a local source: links followed, each directory listed once (a link back to a
-    directory already listed, a loop, adds nothing), and a FIFO, socket or device refused by name."""
+    """The data files of a local source: links followed within it (a link to a folder outside the source,
+    such as `up -> ..`, is not), each directory listed once (a link back to a directory already listed, a
+    loop, adds nothing), and a FIFO, socket or device refused by name."""
     try:
         st = os.stat(root)
     except FileNotFoundError:
@@ -128,6 +129,7 @@ def _local_files(root: str, spec: str) -> list[_File]:
         return [_File(root, st.st_size, st.st_mtime_ns)]
     found: list[_File] = []
     seen: set[tuple[int, int]] = set()
+    real_root = os.path.realpath(root)
     todo = [root]
     while todo:
         d = todo.pop()
@@ -148,13 +150,18 @@ def _local_files(root: str, spec: str) -> list[_File]:
                     raise InputError(f"--data {_uri(spec, root, path)}: a link that leads nowhere", hint="remove it or fix its target") from None
                 continue
             if stat.S_ISDIR(st.st_mode):
-                todo.append(path)
+                if not os.path.islink(path) or _inside(os.path.realpath(path), real_root):  # a link out of the source is not followed
+                    todo.append(path)
             elif _suffix(name) in SUFFIXES:
                 _check_regular(_uri(spec, root, path), st)
                 found.append(_File(path, st.st_size, st.st_mtime_ns))
     if not found:
         raise InputError(f"--data {spec}: the directory holds no .jsonl, .parquet or .txt files")
     return sorted(found, key=lambda f: f.path)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _check_regular(where: str, st: os.stat_result) -> None:
