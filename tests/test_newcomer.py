@@ -253,3 +253,22 @@ def test_render_sets_the_rayjobs_deadline_from_the_budget_at_the_price_set() -> 
 
     assert deadline(GPU_USD_PER_HOUR="3") == 3000
     assert deadline() == 1955  # no price set: the On-Demand list price of 2 x g6.12xlarge
+
+
+def test_a_full_disk_without_a_file_name_names_where_it_was_writing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    """A file's write() raises ENOSPC with no file name: the line names the --out folder, not '(unnamed file)'."""
+    import errno
+
+    from raydlc.cli import train as cli_train
+
+    def full(*args: Any, **kw: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli_train.data_use_case, "data_prepare", full)
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "prepare", "chat.jsonl", "--out", "prepared", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: writing under {tmp_path / 'prepared'}: no space left on device"), err
+    assert "unnamed file" not in err

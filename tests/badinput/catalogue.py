@@ -602,6 +602,9 @@ ROUND5 = [
       files={"src": DIR, "src/z.jsonl": "x\n", "src/up": Link(".."), "a.jsonl": "y\n"}, sub=True),
     r("data-prepare-empty-source", ["data", "prepare", ""], 2, "SOURCE is empty", sub=True),
     r("data-show-empty-dest", ["data", "show", ""], 2, "DEST is empty"),
+    r("train-resume-from-a-run-folder", "train --resume-from run", 1, "run is a run folder, not a checkpoint: pass a checkpoint_* in it, or use --resume",
+      files={"run": DIR, "run/checkpoint_000002": DIR, "run/checkpoint_000002/raydlc_checkpoint.json": _manifest(step=2),
+             "run/metrics.jsonl": "{}\n"}, sub=True),
     r("data-prepare-json-nested-100000", "data prepare d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
 ]
 

@@ -87,6 +87,10 @@ def verify(directory: str | Path, *, hashes: bool = True) -> Manifest:
     if not d.is_dir():
         raise CheckpointError(f"checkpoint {d} does not exist or is not a directory", hint=hint)
     mpath = d / MANIFEST
+    inner = sorted(c.name for c in d.iterdir() if c.name.startswith("checkpoint_") and c.is_dir()) if not mpath.is_file() else []
+    if inner:  # --resume-from the run, not one of its checkpoints
+        raise CheckpointError(f"{d} is a run folder, not a checkpoint: pass a checkpoint_* in it, or use --resume",
+                              hint=f"e.g. --resume-from {d / inner[-1]}")
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {d} is partial: it has no {MANIFEST} (the save did not complete)", hint=hint)
     try:
