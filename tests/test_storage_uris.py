@@ -17,7 +17,7 @@ KEYS = ("STORAGE_PATH", "DATA", "RESUME_FROM")
 
 
 @pytest.mark.parametrize("key", KEYS)
-@pytest.mark.parametrize("value", ["s3://bucket/runs", "s3://bucket", "gs://b/x/y/", "./local/out", "/abs/out", "rel"])
+@pytest.mark.parametrize("value", ["s3://bucket/runs", "s3://bucket", "s3://Legacy_Bucket/x/y/", "./local/out", "/abs/out", "rel"])
 def test_a_storage_setting_keeps_its_text_from_env_file_and_overrides(key: str, value: str, tmp_path: Path) -> None:
     field = {"STORAGE_PATH": "storage_path", "DATA": "data", "RESUME_FROM": "resume_from"}[key]
     assert getattr(load_config(env={f"RAYDLC_{key}": value}, cwd=tmp_path).train, field) == value
@@ -29,6 +29,21 @@ def test_a_squashed_uri_is_refused_naming_the_setting(key: str, tmp_path: Path) 
     with pytest.raises(RaydlcError) as e:
         load_config(env={f"RAYDLC_{key}": "s3:/bucket/runs"}, cwd=tmp_path)
     assert key in str(e.value) and "s3://bucket/prefix" in str(e.value) and "'s3:/bucket/runs'" in str(e.value)
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("value, says", [("gs://b/x", "the gs:// scheme is not one raydlc stores to"), ("http://x/y", "the http:// scheme"),
+                                         ("s3:///x", "an s3:// URI needs a bucket"), ("s3://", "an s3:// URI needs a bucket"),
+                                         ("s3://Bad_Bucket!/x", "the bucket name 'Bad_Bucket!' is invalid")])
+def test_a_uri_raydlc_cannot_store_to_is_refused_before_pyarrow_reaches_for_it(key: str, value: str, says: str, tmp_path: Path) -> None:
+    """pyarrow's GCS lookup hung 400 s; http:// and s3:///x were ArrowInvalid tracebacks; s3:// wrote a local folder `s3:`."""
+    with pytest.raises(RaydlcError) as e:
+        load_config(env={f"RAYDLC_{key}": value}, cwd=tmp_path)
+    assert key in str(e.value) and says in str(e.value)
+
+
+def test_a_hub_path_as_data_passes_the_setting_to_be_refused_by_name_later(tmp_path: Path) -> None:
+    assert load_config(env={"RAYDLC_DATA": "hf://datasets/a/b"}, cwd=tmp_path).train.data == "hf://datasets/a/b"
 
 
 def test_a_windows_drive_is_not_taken_for_a_scheme(tmp_path: Path) -> None:

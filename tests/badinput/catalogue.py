@@ -182,7 +182,7 @@ RENDER = [
     r("render-zones-other-region", "render --zones us-west-2a,us-west-2b", 2, "not in region"),
     r("render-no-zones", "render --out out", 2, "GPU_AZ", env=S3),
     r("render-two-nodes-local-storage", f"render {ZONES} --out out", 2, "STORAGE_PATH", env={"RAYDLC_STORAGE_PATH": "./runs"}),
-    r("render-default-bucket-no-credentials", f"render {ZONES} --out out", 2, "STORAGE_BUCKET",
+    r("render-default-bucket-no-credentials", f"render {ZONES} --out out", 2, "no AWS credentials found",
       env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, sub=True),
     r("render-storage-bucket-bad-name", ["--set", "STORAGE_BUCKET=My_Bucket", "render", *ZONES.split()], 2, "STORAGE_BUCKET"),
     r("render-storage-bucket-vs-path", ["--set", "STORAGE_BUCKET=team-runs", "render", *ZONES.split()], 2,
@@ -618,7 +618,52 @@ ABSURD = [
     r("train-env-stall-minutes-seconds", "train", 2, "STALL_MINUTES", env={"RAYDLC_STALL_MINUTES": "0.5"}),
 ]
 
-ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *RUN_SAFETY, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS]
+# Issue 44, round five: hangs, tracebacks and absurd values a newcomer met, each one line now.
+DEEP_YAML = "train: " + "[" * 50_000 + "]" * 50_000 + "\n"
+DEEP_JSON = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+ROUND5 = [
+    r("config-fifo", "--config f.yaml config show", 2, "not a regular file", files={"f.yaml": FIFO}, sub=True),
+    r("config-duplicate-section", "--config d.yaml config show", 2, "train is given twice (lines 1 and 3",
+      files={"d.yaml": "train:\n  steps: 10\ntrain:\n  steps: 20\n"}),
+    r("config-duplicate-key", "--config d.yaml config show", 2, "steps is given twice", files={"d.yaml": "train:\n  steps: 10\n  steps: 20\n"}),
+    r("config-octal-steps", "--config o.yaml config show", 2, "010 (line 2 of o.yaml): a number with a leading zero",
+      files={"o.yaml": "train:\n  steps: 010\n"}, sub=True),
+    r("config-nested-50000", "--config n.yaml config show", 2, "nested too deeply", files={"n.yaml": DEEP_YAML}, sub=True),
+    r("config-env-sh", "--config env.sh config show", 2, "`source env.sh`", files={"env.sh": "export RAYDLC_STEPS=10\nexport RAYDLC_LORA_RANK=8\n"}),
+    r("train-storage-gs", "train", 2, "the gs:// scheme is not one raydlc stores to", env={"RAYDLC_STORAGE_PATH": "gs://bucket/runs"}, sub=True),
+    r("train-storage-http", "train", 2, "the http:// scheme", env={"RAYDLC_STORAGE_PATH": "http://x/y"}),
+    r("train-storage-s3-no-bucket", "train", 2, "an s3:// URI needs a bucket", env={"RAYDLC_STORAGE_PATH": "s3:///x"}),
+    r("train-storage-s3-bare", "train", 2, "an s3:// URI needs a bucket", env={"RAYDLC_STORAGE_PATH": "s3://"}),
+    r("train-storage-bad-bucket", "train", 2, "the bucket name 'Bad_Bucket!' is invalid", env={"RAYDLC_STORAGE_PATH": "s3://Bad_Bucket!/x"}),
+    r("data-show-s3-no-bucket", "data show s3:///x", 2, "s3:///x: an s3:// URI needs a bucket"),
+    r("data-show-gs", "data show gs://b/ds", 2, "the gs:// scheme", sub=True),
+    r("data-prepare-out-http", "data prepare chat.jsonl --out http://x/y", 2, "--out http://x/y: the http:// scheme", files={"chat.jsonl": CHAT}),
+    r("train-data-nul-txt", "train --data z.txt", 2, "not text: 1,000 NUL bytes", files={"z.txt": b"\0" * 1000}),
+    r("data-prepare-nul-txt", "data prepare z.txt", 2, "z.txt: not text: 1,000 NUL bytes", files={"z.txt": b"\0" * 1000}, sub=True),
+    r("train-data-json-nested-100000", "train --data d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
+    r("data-show-symlink-loop", "data show loop", 2, "loop: a symbolic link loop", files={"loop": Link("loop")}, sub=True),
+    r("data-prepare-out-symlink-loop", "data prepare chat.jsonl --out loop/sub", 2, "loop/sub: a symbolic link loop",
+      files={"loop": Link("loop"), "chat.jsonl": CHAT}),
+    r("train-lora-rank-above-the-model", "train --lora-rank 512", 2, "--lora-rank 512 is above k_proj's smaller side (128) in tiny", sub=True),
+    r("train-lora-settings-lora-off", "train --lora-alpha 16 --lora-dropout 0.1", 2, "LORA_ALPHA, LORA_DROPOUT given while LORA_RANK is 0"),
+    r("train-lora-no-merge-lora-off", "train --no-merge", 2, "LORA_MERGE given while LORA_RANK is 0"),
+    r("render-budget-quotes-the-price-set", ["--set", "JOB_MAX_COST_USD=0.05", "--set", "GPU_USD_PER_HOUR=3", "render", *ZONES.split(), "--only", "rayjob"],
+      2, "at $6.00/h (2 x g6.12xlarge, GPU_USD_PER_HOUR=3 a node-hour)", env=S3),
+    r("train-data-prepared-loss-on-all", "train --data ds --seq-len 4 --loss-on all", 2, "was prepared with --loss-on assistant; this run asks --loss-on all",
+      files=DATASET, sub=True),
+    r("train-data-prepared-chat-template-default", "train --data ds --seq-len 4 --chat-template default", 2,
+      "was prepared with --chat-template model; this run asks --chat-template default", files=DATASET),
+    r("data-prepare-link-out-of-the-source", "data prepare src", 2, "src/z.jsonl:1: not valid JSON",  # not src/up/a.jsonl: `up -> ..` is not followed
+      files={"src": DIR, "src/z.jsonl": "x\n", "src/up": Link(".."), "a.jsonl": "y\n"}, sub=True),
+    r("data-prepare-empty-source", ["data", "prepare", ""], 2, "SOURCE is empty", sub=True),
+    r("data-show-empty-dest", ["data", "show", ""], 2, "DEST is empty"),
+    r("train-resume-from-a-run-folder", "train --resume-from run", 1, "run is a run folder, not a checkpoint: pass a checkpoint_* in it, or use --resume",
+      files={"run": DIR, "run/checkpoint_000002": DIR, "run/checkpoint_000002/raydlc_checkpoint.json": _manifest(step=2),
+             "run/metrics.jsonl": "{}\n"}, sub=True),
+    r("data-prepare-json-nested-100000", "data prepare d.jsonl", 2, "d.jsonl:1: a JSON value nested too deeply", files={"d.jsonl": DEEP_JSON}),
+]
+
+ROWS: list[Row] = [*CONFIG, *VERSION, *RENDER, *CAPACITY, *NCCL, *PLAN, *PREFLIGHT, *TRAIN, *RUN_SAFETY, *DATA, *DATA4, *SECRETS, *ABSURD, *LIFECYCLE, *JOBS, *ROUND5]
 
 
 def command_of(args: tuple[str, ...]) -> str:

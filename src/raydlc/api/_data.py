@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raydlc.api._config import load
+from raydlc.api._config import CALLABLE, PATH, argument, load
 from raydlc.config import flags
 
 # The settings `data prepare` takes: the model (its tokenizer), the block length and what carries the loss.
@@ -92,6 +92,13 @@ def data_prepare(
     from raydlc.train import resolve as R
     from raydlc.train.prepare import DEFAULT_OUT
 
+    argument("source", source, PATH, "a path or s3:// URI of the documents (None: the bundled corpus)")
+    argument("out", out, PATH, "a folder path or s3:// URI")
+    argument("address", address, (str,), "a Ray head's host:port as text")
+    argument("on_progress", on_progress, CALLABLE, "a function taking each progress record (a dict)")
+    if source is not None and not os.fspath(source).strip():
+        raise InputError("SOURCE is empty: it names the documents to prepare",
+                         hint="give a .jsonl/.parquet/.txt file, a folder of them, an s3:// prefix, or 'bundled'")
     if out is not None and not os.fspath(out).strip():
         raise InputError("--out is empty: it names the folder the dataset is written to", hint="e.g. --out prepared")
     if address:  # Ray reads the token from the same places: a token no header can carry fails here, unshown
@@ -106,6 +113,8 @@ def data_prepare(
     recipe = Recipe(request.seq_len, request.loss_on, request.chat_template, request.on_bad_record)
     root = storage.resolve(request.storage_path or DEFAULT_OUT)
     target = None if out is None else storage.resolve(os.fspath(out))
+    if target is not None and (why := storage.uri_problem(target)):  # before the source is read
+        raise InputError(f"--out {target}: {why}")
     plan = dataset.plan(source, out=target, storage_root=root, model_id=request.model_id, vocab=vocab, recipe=recipe)
     t0 = time.perf_counter()
     with dataset.writing(plan), ray_runtime.connected(address, log_to_driver=False):
@@ -140,7 +149,11 @@ def data_show(dest: str | os.PathLike[str], *, examples: int = 3) -> DatasetShow
     from raydlc.data.sources import refuse_hub
     from raydlc.errors import InputError
 
+    argument("dest", dest, PATH, "a prepared dataset's folder path or s3:// URI", optional=False)
+    argument("examples", examples, (int,), "a whole number of blocks to decode")
     where = os.fspath(dest)
+    if not where.strip():
+        raise InputError("DEST is empty: it names the prepared dataset to show", hint="give its folder or s3:// prefix, e.g. raydlc data show raydlc-out/datasets/<key>")
     refuse_hub(where)
     m = S.read_manifest(where)
     if m is None:

@@ -46,6 +46,7 @@ class PlanResult(TrainingPlan):
     the Spot price is unknown here and `raydlc capacity`/`status` read it live)."""
 
     prices: dict[str, Any] | None = None
+    asked: dict[str, Any] | None = None  # what the caller set (None: left to the planner), beside the figures' layout
 
     def __str__(self) -> str:
         from raydlc.views.plan import print_plan
@@ -165,7 +166,10 @@ def plan(
     from raydlc.capacity.prices import gpu_prices
 
     prices = gpu_prices(cfg, cfg.gpu_nodes.az, None, unknown=PLAN_SPOT_UNKNOWN).to_dict()
-    return PlanResult(**{f.name: getattr(result, f.name) for f in fields(TrainingPlan)}, prices=prices)
+    t = cfg.train
+    asked = {"micro_batch": t.batch_size if "BATCH_SIZE" in given or t.grad_accum != "auto" else None,
+             "grad_accum": None if t.grad_accum == "auto" else t.grad_accum, "activation_checkpointing": ac}
+    return PlanResult(**{f.name: getattr(result, f.name) for f in fields(TrainingPlan)}, prices=prices, asked=asked)
 
 
 def scan(

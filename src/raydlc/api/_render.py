@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydlc.api._config import load
+from raydlc.api._config import PATH, argument, load
 
 if TYPE_CHECKING:
     from raydlc.config import Config
@@ -96,14 +96,23 @@ def render(
     """
     from raydlc.edges import aws
     from raydlc.edges.files import check_output_dir
+    from raydlc.errors import CredentialsError
     from raydlc.render import render_all, write
-    from raydlc.render.bucket import for_cluster
+    from raydlc.render.bucket import for_cluster, needs_account, no_credentials
 
+    argument("out", out, PATH, "a folder path")
+    argument("only", only, (str,), "one of eksctl, raycluster, rayjob, helm, netpol")
+    argument("zones", zones, (str, list, tuple), "Availability Zones, as 'a,b' or a list")
     loaded = load(config, settings)
     if out is not None:
         check_output_dir(out, "--out")
     zone_list = None if not zones else [z.strip() for z in zones.split(",") if z.strip()] if isinstance(zones, str) else list(zones)
     needs_bucket = only in (None, "eksctl", "raycluster", "rayjob")  # the Helm values and NetworkPolicies name none
+    if needs_bucket and needs_account(loaded):  # no credentials is the root cause of what follows: said first
+        try:
+            aws.session(loaded.cluster.region)
+        except CredentialsError as e:
+            raise no_credentials(e, loaded.cluster.region, "render names the cluster's bucket from the AWS account") from e
     if needs_bucket:
         # Every error of the config itself first, before AWS is asked for the account: render with a
         # stand-in account (that result is never shown), then with the real one.

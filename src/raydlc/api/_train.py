@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from raydlc import interrupts
-from raydlc.api._config import load
+from raydlc.api._config import CALLABLE, argument, load
 from raydlc.config import TrainConfig, flags
 from raydlc.errors import RaydlcError, Stopped
 
@@ -61,6 +61,9 @@ class TrainResult:
     steps_run: str | None = None  # the steps this invocation trained, "201–300" after a resume from step 200 ("none": nothing left)
     resumed_from_run: str | None = None  # the run folder of the checkpoint resumed from (the same run with --resume)
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
+    epochs: float | None = None  # passes over the training split: steps x global_batch / train_sequences
+    lora: dict[str, Any] | None = None  # a LoRA run: rank, alpha, targets, merged (bool), adapter (its folder); None: full fine-tuning
+    params: dict[str, int] | None = None  # trainable and total parameters, from the architecture (None when it is not known)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
 
@@ -99,7 +102,8 @@ def train(
     left at their default take the local-run values, as on the command line. `address` joins a
     running Ray cluster (its head's host:port) instead of starting a local one. `on_progress`
     receives the driver's stages (`{"stage": "preparing"}`, with the data preparation's
-    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, then `{"stage": "training", "steps": N}`, and `{"stage": "stalled",
+    `{"stage": "preparing", "records", "tokens", "elapsed_s"}`, what the driver is doing before the first step (`{"stage": "phase", "text":
+    "starting Ray"}`, `"preparing data"`), then `{"stage": "training", "steps": N, "workers", "global_batch", "train_sequences"}` as the workers start, and `{"stage": "stalled",
     "reason", "evidence"}` when the stall guard ends the run) and rank 0's records (`{"step", "loss", "tokens_per_s", …}` (with
     `"cost"` under a budget), `{"step", "eval_loss"}`, `{"step", "resumed": True, "node"}`, a drain notice `{"step", "preempted": True, "saved", …}`); `log_to_driver=False` keeps the workers' own
     output off this process's stdout. Bad input raises before Ray starts.
@@ -116,6 +120,8 @@ def train(
     from raydlc.train import launch
     from raydlc.train.prepare import DEFAULT_OUT, new_run_name
 
+    argument("address", address, (str,), "a Ray head's host:port as text")
+    argument("on_progress", on_progress, CALLABLE, "a function taking each progress record (a dict)")
     cfg = load(config, settings, **flags.named_settings(OPTIONS, named, caller="train"))
     request = launch.settings(cfg, local=True)
     where = replace(launch.target(cfg, local=True, address=address), log_to_driver=log_to_driver)
@@ -137,14 +143,14 @@ def train(
     request = request.model_copy(update={"run_name": name})  # named now: Ctrl-C can say what it kept
     claim = runfolder.claim(root, name, resume=request.resume, overwrite=request.overwrite)  # nothing of another run is lost
     emit = on_progress or (lambda record: None)
-    if (note := _lora_base_note(request)) is not None:
-        emit({"stage": "notice", "text": note})
     checked = None
     with interrupts.watch() as sigint:
         try:
             if request.num_workers > 0:  # with 0 (one per GPU) the checks wait for the cluster's size
                 checked = launch.check(request, where)  # bad input fails here, before Ray, a progress bar or a worker
             with runfolder.held(claim, overwrite=request.overwrite):  # one writer per run folder, from here to the end
+                if (note := _lora_base_note(request)) is not None:  # after the checks: a refused run gets its error alone
+                    emit({"stage": "notice", "text": note})
                 emit({"stage": "preparing"})
                 summary = launch.run(request, where, on_progress=emit, checked=checked)
         except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)

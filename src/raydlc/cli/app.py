@@ -205,9 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         from raydlc.edges.files import os_error
 
-        return _fail(os_error(e), debug, cause=e)
+        return _fail(os_error(e, "" if e.filename is not None else _written_under(args)), debug, cause=e)
     except UnicodeDecodeError as e:
         return _fail(InputError(f"input is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"), debug, cause=e)
+
+
+def _written_under(args: list[str]) -> str:
+    """Where a write without a file name (a full disk's ENOSPC from a file's write) was most likely going:
+    the command's --out, else the current folder, named so the line says which disk filled."""
+    import os
+
+    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
+    if out is None and "--out" in args[:-1]:
+        out = args[args.index("--out") + 1]
+    return f"writing under {os.path.abspath(out) if out else os.getcwd()}"
 
 
 # What Ctrl-C leaves, by command, when the command itself did not say (before its work began, or in between).

@@ -39,7 +39,7 @@ def plan_cmd(
     strategy: str | None = typer.Option(None, "--strategy", help="Which strategy's figures to show first: fsdp or hsdp (both are computed); default fsdp, or the recommended one with --grad-accum auto."),
     activation_checkpointing: bool | None = typer.Option(
         None, "--activation-checkpointing/--no-activation-checkpointing",
-        help="Recompute each block in backward (default off; with --scan-nodes each node count chooses unless given).",
+        help="Recompute each block in backward (default: the planner's choice, off unless it fits better or only so; with --scan-nodes each node count chooses unless given).",
     ),
     scan_nodes: str | None = typer.Option(None, "--scan-nodes", help="Comma-separated node counts, e.g. 1,2,4,8,16,32,64: the recommended layout, tokens/s and scaling efficiency at each."),
     plot: Path | None = typer.Option(None, "--plot", help="With --scan-nodes: write a PNG of tokens/s and efficiency against nodes."),
@@ -88,7 +88,7 @@ def train(
     """Fine-tune on a local Ray (or --address): FSDP2 under Ray Train, checkpoints, HF export, loss plot.
 
     Every setting is a RAYDLC_<NAME> (or --set NAME=VALUE); `raydlc config show` lists them.
-    Settings left at their default take the local-run values (README: local defaults).
+    Settings left at their default take the local-run values (docs/training.md#local-defaults).
     """
     from raydlc.views.progress import TrainView, print_summary
 
@@ -157,6 +157,9 @@ def _print_dataset(shown: Any) -> None:
     m = shown.manifest
     console.print(f"{shown.dest}: {shown.rows:,} blocks of {m['seq_len']} tokens from {m['source']['spec']} "
                   f"(tokenizer {m['tokenizer']['name']}, template {m['chat_template']}, loss on {m['loss_on']})")
-    console.print(f"{shown.tokens:,} tokens, {shown.loss_share:.1%} carry the loss; counts: {m['counts']}", highlight=False)
+    console.print(f"{shown.tokens:,} tokens, {shown.loss_share:.1%} carry the loss", highlight=False)
+    console.print("counts:", highlight=False)
+    for name, n in m["counts"].items():
+        console.print(f"  {name.replace('_', ' ')}: {n:,}" if isinstance(n, int) else f"  {name.replace('_', ' ')}: {n}", highlight=False, markup=False)
     for i, ex in enumerate(shown.examples, 1):
         console.print(f"[bold]example {i}[/] (no loss between ⟦ ⟧):\n{escape(ex)}", highlight=False)

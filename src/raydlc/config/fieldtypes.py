@@ -123,7 +123,11 @@ _SQUASHED_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):/(?!/)")
 class StorageLocation(Rule):
     """A local path or a URI (`s3://bucket/prefix`), kept as the text given: never parsed as a file system
     path, which would squash `s3://b/x` to the local `s3:/b/x`. A scheme followed by one slash is that
-    squashed form (or a typo), refused rather than written to a local folder named `s3:`."""
+    squashed form (or a typo), refused rather than written to a local folder named `s3:`. A URI of a scheme
+    raydlc does not store to, or an s3:// one without a valid bucket, is refused too (`also`: schemes let
+    through for a later, more precise refusal, such as DATA's hf://)."""
+
+    also: tuple[str, ...] = ()
 
     def check(self, value: Any) -> None:
         if value is None:
@@ -132,6 +136,10 @@ class StorageLocation(Rule):
         if m and len(m.group(1)) > 1:  # `C:/data` on Windows is a drive, not a scheme
             raise ValueError(f"must be a local path or a URI such as {m.group(1)}://bucket/prefix (two slashes after "
                              f"'{m.group(1)}:'), got {shown(value)}")
+        from raydlc.storage import SCHEMES, uri_problem
+
+        if why := uri_problem(value, (*SCHEMES, *self.also)):
+            raise ValueError(f"{why}, got {shown(value)}")
 
 
 _FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -197,33 +205,14 @@ def rules(metadata: list[Any]) -> list[Rule]:
     return [m for m in metadata if isinstance(m, Rule)]
 
 
-_BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
-_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
-_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-
-
 @dataclass(frozen=True)
 class S3BucketName(Rule):
-    """S3's rules for a general purpose bucket's name (the S3 user guide, "General purpose bucket naming rules"):
-    3-63 characters of a-z 0-9 . -, a letter or digit at each end, no '..', not an IP address, none of the
-    prefixes and suffixes S3 keeps for itself. None passes (the default name)."""
+    """S3's rules for a general purpose bucket's name (raydlc.storage.bucket_problem). None passes (the default name)."""
 
     def check(self, value: Any) -> None:
-        if value is None:
-            return
-        why = (
-            f"3 to 63 characters, got {len(value):,}" if not 3 <= len(value) <= 63
-            else "only lowercase letters, digits, '.' and '-', starting and ending with a letter or digit" if not _BUCKET_CHARS.match(value)
-            else "no two adjacent periods" if ".." in value
-            else "not formatted as an IP address" if _IPV4.match(value)
-            else f"not starting with {next(p for p in _BUCKET_PREFIXES if value.startswith(p))!r} (S3 reserves it)"
-            if value.startswith(_BUCKET_PREFIXES)
-            else f"not ending with {next(s for s in _BUCKET_SUFFIXES if value.endswith(s))!r} (S3 reserves it)"
-            if value.endswith(_BUCKET_SUFFIXES)
-            else ""
-        )
-        if why:
+        from raydlc.storage import bucket_problem
+
+        if value is not None and (why := bucket_problem(value)):
             raise ValueError(f"must be an S3 bucket name: {why}, got {shown(value)}")
 
 

@@ -108,6 +108,11 @@ def named_settings(opts: Iterable[Option], values: Mapping[str, Any], *, caller:
     unknown = [k for k in values if k not in by_keyword]
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    for k, v in values.items():  # pydantic would read True as 1: a bool is only a bool setting's value
+        if isinstance(v, bool) and by_keyword[k].kind is not bool:
+            from raydlc.errors import InputError
+
+            raise InputError(f"{k}: must be {'a whole number' if by_keyword[k].kind is int else 'a ' + by_keyword[k].kind.__name__}, got bool {v}")
     return {by_keyword[k].env: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in values.items() if v is not None}
 
 

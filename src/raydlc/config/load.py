@@ -9,6 +9,8 @@ local defaults `raydlc train` uses on a laptop.
 from __future__ import annotations
 
 import os
+import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,19 +40,63 @@ def _label(key: Any) -> str:
     return s if s and s.isprintable() and s.strip() == s else repr(s)
 
 
+_SHELL = re.compile(r"(^|\s)(export\s+)?[A-Z_][A-Z0-9_]*=")
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")  # YAML 1.1 reads 010 as octal 8; YAML 1.2 and people read 10
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load's loader, refusing what it would read silently otherwise: a key given twice in one
+    mapping (the last one would win), and a number with a leading zero (read as octal)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError([f"{_label(key)} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1} "
+                                   f"of {self.name}): keep one"])
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        text = str(node.value)
+        if _LEADING_ZERO.match(text):
+            raise ConfigError([f"{text} (line {node.start_mark.line + 1} of {self.name}): a number with a leading zero, "
+                               f"which YAML 1.1 reads as octal ({int(text.replace('_', ''), 8) if set(text) <= set('+-01234567_') else 'not a number'}); "
+                               f"write {int(text.replace('_', ''))}, or quote it as text"])
+        return super().construct_yaml_int(node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
+        if not stat.S_ISREG(path.stat().st_mode) and not path.is_dir():  # a FIFO would block the read forever
+            raise ConfigError([f"config file {path}: not a regular file (a FIFO, socket or device): give a YAML file"])
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError([f"config file {path}: cannot read it ({e.strerror or e})"]) from e
     except UnicodeDecodeError as e:
         raise ConfigError([f"config file {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"]) from e
     try:
-        data = yaml.safe_load(text)
+        loader = _StrictLoader(text)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError([f"config file {path}: not valid YAML ({' '.join(str(e).split())})"]) from e
+    except RecursionError as e:  # the composer recurses once per level
+        raise ConfigError([f"config file {path}: nested too deeply to be a raydlc config (sections hold fields, two levels)"]) from e
     if data is None:
         return {}
+    if isinstance(data, str) and _SHELL.search(data):
+        raise ConfigError([f"config file {path}: a shell file of NAME=value lines, not YAML: `source {path}` to set its RAYDLC_* "
+                           "variables (raydlc reads them), or write a YAML config with `raydlc config init`"])
     if not isinstance(data, dict):
         raise ConfigError([f"config file {path}: must be a mapping of sections, got {type(data).__name__}"])
     return data

@@ -321,7 +321,7 @@ class TrainConfig(_Section):
     )
     learning_rate: Annotated[float, Above(0)] = _env("LEARNING_RATE", "AdamW learning rate", default=2e-5, flag=Flag("--lr", "AdamW learning rate"))
     num_workers: NonNegative = _env("NUM_WORKERS", "Ray Train workers; 0 = one per GPU in the cluster", default=0, flag=Flag("--workers", "Ray Train workers"))
-    data: Storage = _env(
+    data: Annotated[str | None, Blank(), StorageLocation(also=("hf",))] = _env(  # hf:// refused later, by name (data.sources)
         "DATA", "training data: a prepared dataset (raydlc data prepare), or .jsonl/.parquet/.txt file, dir or s3:// prefix to prepare first; "
         "empty = bundled corpus", default=None,
         flag=Flag("--data", "Prepared dataset, or .jsonl/.parquet/.txt file, dir or s3:// prefix (prepared first)", default="bundled stdlib-docstring corpus",
@@ -387,7 +387,7 @@ class TrainConfig(_Section):
         flag=Flag("--seed", "Seed of the model init, data order and eval split"),
     )
     eval_fraction: Annotated[float, Between(0, 1)] = _env("EVAL_FRACTION", "share of the packed sequences held out for eval (at most 64)", default=0.05)
-    eval_every: NonNegative = _env("EVAL_EVERY", "steps between eval losses; 0 = at each checkpoint (always at the end)", default=0)
+    eval_every: NonNegative = _env("EVAL_EVERY", "steps between eval losses; 0 = ten times over the run and at each checkpoint (always at the end)", default=0)
     report_every: Count = _env("REPORT_EVERY", "steps between ray.train.report calls (each is a barrier)", default=10)
     hsdp_replicas: NonNegative = _env("HSDP_REPLICAS", "HSDP replica groups; 0 = one per node", default=0)
     bf16: MaybeBool = _env(

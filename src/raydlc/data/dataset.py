@@ -67,6 +67,7 @@ def plan(data: str | None, *, out: str | None, storage_root: str, model_id: str,
         if out is not None:
             raise InputError(f"{data} is already a prepared dataset", hint=f"train on it: raydlc train --data {data}")
         check_use(found, data, seq_len=recipe.seq_len, tokenizer=None)
+        check_recipe(found, data, recipe)
         check_whole(data, found)
         return DatasetPlan(data, recipe, model_id, vocab, None, found)
     source = list_source(data)
@@ -161,6 +162,19 @@ def writing(p: DatasetPlan) -> Iterator[None]:
     finally:
         if lock.is_locked:
             lock.release()
+
+
+def check_recipe(m: Manifest, where: str, recipe: Recipe) -> None:
+    """A prepared dataset's tokens and loss mask are fixed: LOSS_ON or CHAT_TEMPLATE asked (set to other than its
+    default) and other than the dataset was prepared with is refused, not silently ignored."""
+    from raydlc.config import FIELDS
+
+    for name, flag, asked, made in (("LOSS_ON", "--loss-on", recipe.loss_on, m.loss_on),
+                                    ("CHAT_TEMPLATE", "--chat-template", recipe.chat_template, m.chat_template)):
+        if asked != FIELDS[name].default and asked != made:
+            raise InputError(f"--data {where} was prepared with {flag} {made}; this run asks {flag} {asked}, which a prepared "
+                             "dataset cannot change (its tokens and loss mask are made)",
+                             hint=f"prepare the source again: raydlc data prepare SOURCE {flag} {asked}, and train on that")
 
 
 def make(p: DatasetPlan, *, on_progress: ProgressFn | None = None) -> Made:

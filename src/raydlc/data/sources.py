@@ -113,8 +113,9 @@ def _remote_files(fs: Any, root: str, spec: str) -> list[_File]:
 
 
 def _local_files(root: str, spec: str) -> list[_File]:
-    """The data files of a local source: links followed, each directory listed once (a link back to a
-    directory already listed, a loop, adds nothing), and a FIFO, socket or device refused by name."""
+    """The data files of a local source: links followed within it (a link to a folder outside the source,
+    such as `up -> ..`, is not), each directory listed once (a link back to a directory already listed, a
+    loop, adds nothing), and a FIFO, socket or device refused by name."""
     try:
         st = os.stat(root)
     except FileNotFoundError:
@@ -128,6 +129,7 @@ def _local_files(root: str, spec: str) -> list[_File]:
         return [_File(root, st.st_size, st.st_mtime_ns)]
     found: list[_File] = []
     seen: set[tuple[int, int]] = set()
+    real_root = os.path.realpath(root)
     todo = [root]
     while todo:
         d = todo.pop()
@@ -148,13 +150,18 @@ def _local_files(root: str, spec: str) -> list[_File]:
                     raise InputError(f"--data {_uri(spec, root, path)}: a link that leads nowhere", hint="remove it or fix its target") from None
                 continue
             if stat.S_ISDIR(st.st_mode):
-                todo.append(path)
+                if not os.path.islink(path) or _inside(os.path.realpath(path), real_root):  # a link out of the source is not followed
+                    todo.append(path)
             elif _suffix(name) in SUFFIXES:
                 _check_regular(_uri(spec, root, path), st)
                 found.append(_File(path, st.st_size, st.st_mtime_ns))
     if not found:
         raise InputError(f"--data {spec}: the directory holds no .jsonl, .parquet or .txt files")
     return sorted(found, key=lambda f: f.path)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _check_regular(where: str, st: os.stat_result) -> None:
@@ -224,6 +231,9 @@ def read_unit(unit: Unit) -> Iterator[Row]:
     if not text.strip():
         yield unit.uri, None, "the file is empty"
         return
+    if unit.kind == "txt" and (why := not_text(text)):
+        yield unit.uri, None, why
+        return
     if unit.kind == "txt":
         yield unit.uri, json.dumps({"text": text}), None
         return
@@ -235,7 +245,19 @@ def read_unit(unit: Unit) -> Iterator[Row]:
         except json.JSONDecodeError as e:
             yield f"{unit.uri}:{n}", None, f"not valid JSON ({e.msg})"
             continue
+        except RecursionError:
+            yield f"{unit.uri}:{n}", None, NESTED
+            continue
         yield f"{unit.uri}:{n}", line, None
+
+
+NESTED = "a JSON value nested too deeply to be a record"
+
+
+def not_text(text: str) -> str | None:
+    """Why a .txt file's content is not text to train on (NUL bytes: a binary file renamed), or None."""
+    nul = text.count("\0")
+    return f"not text: {nul:,} NUL bytes of {len(text):,} characters (a binary file?)" if nul else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -331,6 +353,8 @@ def _read_file(f: Path) -> list[Document]:
         raise InputError(f"--data {f}: cannot read it ({e.strerror or e})") from e
     if not text.strip():
         raise InputError(f"--data {f}: the file is empty", hint="give it some text, or remove it")
+    if suffix == ".txt" and (why := not_text(text)):
+        raise InputError(f"--data {f}: {why}")
     if suffix == ".txt":
         return [Document(text)]
     return [_jsonl_record(f, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -341,6 +365,8 @@ def _jsonl_record(f: Path, n: int, line: str) -> Document:
         rec = json.loads(line)
     except json.JSONDecodeError as e:
         raise InputError(f"--data {f}:{n}: not valid JSON ({e.msg})") from e
+    except RecursionError as e:
+        raise InputError(f"--data {f}:{n}: {NESTED}") from e
     hint = 'each line must be {"text": ...} or {"prompt": ..., "response": ...} with string values'
     if not isinstance(rec, dict):
         raise InputError(f"--data {f}:{n}: expected a JSON object, got {type(rec).__name__}", hint=hint)

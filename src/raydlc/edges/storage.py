@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from raydlc.errors import AwsError, CredentialsError, InputError, RaydlcError
-from raydlc.storage import is_uri, scheme
+from raydlc.storage import is_uri, resolved, scheme
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 15.0  # idle time on a request, not its total: a large part upload keeps sending
@@ -32,11 +32,15 @@ def filesystem(path: str) -> tuple[Any, str]:
     """(pyarrow file system, path on it) for a local path or a URI; S3 with bounded connect and request waits."""
     import pyarrow.fs
 
+    from raydlc.storage import uri_problem
+
+    if why := uri_problem(path):  # before pyarrow: its GCS lookup hangs for minutes, others fail with ArrowInvalid
+        raise InputError(f"{path}: {why}")
     if scheme(path) == "s3":
         return _s3(path)
     if is_uri(path):
         return pyarrow.fs.FileSystem.from_uri(path)
-    return pyarrow.fs.LocalFileSystem(), str(Path(path).expanduser().resolve())
+    return pyarrow.fs.LocalFileSystem(), str(resolved(Path(path).expanduser()))
 
 
 def _s3(uri: str) -> tuple[Any, str]:

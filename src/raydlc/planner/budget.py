@@ -105,7 +105,8 @@ def job_deadline_s(usd: float | None, usd_per_hour: float | None, ceiling_s: int
     return max(1, min(ceiling_s, math.floor(seconds_for(usd, usd_per_hour))))
 
 
-def check_budget(usd: float, usd_per_hour: float | None, *, step_s: float | None, where: str, startup_s: float = STARTUP_ESTIMATE_S) -> None:
+def check_budget(usd: float, usd_per_hour: float | None, *, step_s: float | None, where: str, startup_s: float = STARTUP_ESTIMATE_S,
+                 label: str = PRICE_LABEL) -> None:
     """Refuse a budget that has no price to be spent at or that cannot buy the start-up plus one
     step (the planner's step time when known). Before submission the start-up is STARTUP_ESTIMATE_S;
     the driver, once Ray has answered, checks again with the time it has already spent."""
@@ -121,7 +122,7 @@ def check_budget(usd: float, usd_per_hour: float | None, *, step_s: float | None
         startup_note = ", an estimate" if startup_s == STARTUP_ESTIMATE_S else " so far"
         raise InputError(
             f"JOB_MAX_COST_USD={usd:g} is less than one step costs: ${need:.2f} buys the start-up ({startup_s:.0f} s{startup_note}){step} "
-            f"at ${usd_per_hour:.2f}/h ({where}, {PRICE_LABEL})",
+            f"at ${usd_per_hour:.2f}/h ({where}, {label})",
             hint=f"give at least --max-cost {math.ceil(need * 100) / 100:.2f}",
         )
 

@@ -115,17 +115,33 @@ def for_cluster(cfg: Config, account: Callable[[], str] | None) -> Config:
     if cfg.cluster.attach and chosen is None:
         return cfg  # attached: storage is the user's (STORAGE_PATH); raydlc has no bucket of its own to offer
     if chosen is None:
-        chosen = default_bucket_name(cfg.cluster.name, cfg.cluster.region, _account(account))
+        chosen = default_bucket_name(cfg.cluster.name, cfg.cluster.region, _account(account, cfg.cluster.region))
     return _with(cfg, chosen, f"s3://{chosen}/{RUN_PREFIX}")
 
 
-def _account(account: Callable[[], str] | None) -> str:
+def needs_account(cfg: Config) -> bool:
+    """Whether the bucket's name must come from the AWS account (neither STORAGE_BUCKET nor STORAGE_PATH names it)."""
+    return cfg.train.storage_path is None and cfg.cluster.storage_bucket is None
+
+
+def without_credentials(region: str) -> str:
+    """The hint of a missing-credentials error: what still works without them, then how to add them."""
+    return (f"without credentials these still work: raydlc --set STORAGE_BUCKET=<name> render --zones {region}a,{region}b; "
+            "raydlc plan; raydlc train (on this machine). To add them: aws configure, aws sso login, or AWS_PROFILE")
+
+
+def no_credentials(e: CredentialsError, region: str, needs: str) -> CredentialsError:
+    """The root cause first: one line naming the missing credentials and what needed them."""
+    return CredentialsError(f"{e.message}: {needs}", hint=without_credentials(region))
+
+
+def _account(account: Callable[[], str] | None, region: str) -> str:
     why = "no AWS access was offered"
     if account is not None:
         try:
             return account()
         except CredentialsError as e:  # the user's setup; an unreachable STS is the world's fault and stays so
-            why = e.message
+            raise no_credentials(e, region, "the cluster's bucket (STORAGE_BUCKET) is named from the AWS account") from e
     raise InputError(
         f"STORAGE_BUCKET: the cluster's bucket is named from the AWS account, which could not be read ({why})",
         hint="export RAYDLC_STORAGE_BUCKET=<a bucket name> (or RAYDLC_STORAGE_PATH=s3://<bucket>/runs), "

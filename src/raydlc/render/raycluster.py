@@ -402,8 +402,8 @@ def check_on_standing_cluster(cfg: Config) -> None:
 
 
 def job_deadline(cfg: Config, prices: Mapping[str, float] | None = None) -> int:
-    """activeDeadlineSeconds: JOB_DEADLINE_S, or sooner the time JOB_MAX_COST_USD buys at the list
-    price of the job's GPU nodes (`prices`: USD per instance-hour, the catalogue's by default); a
+    """activeDeadlineSeconds: JOB_DEADLINE_S, or sooner the time JOB_MAX_COST_USD buys at the price
+    of the job's GPU nodes (`prices`: USD per instance-hour; by default GPU_USD_PER_HOUR when set, else the list price); a
     budget with no price, or too small for start-up and a step, is refused here, before submission."""
     from raydlc.planner import budget
 
@@ -411,8 +411,10 @@ def job_deadline(cfg: Config, prices: Mapping[str, float] | None = None) -> int:
     if usd is None:
         return cfg.ray.job_deadline_s
     g = cfg.gpu_nodes
-    price = budget.hourly_price(g.instance_type, g.count, budget.list_prices() if prices is None else prices)
-    budget.check_budget(usd, price, step_s=None, where=f"{g.count} x {g.instance_type}")
+    set_price = prices is None and g.usd_per_node_hour is not None  # GPU_USD_PER_HOUR: the price the nodes are bought at
+    price = budget.hourly_price(g.instance_type, g.count, budget.prices_at(g.instance_type, g.usd_per_node_hour) if prices is None else prices)
+    label = f"GPU_USD_PER_HOUR={g.usd_per_node_hour:g} a node-hour" if set_price else budget.PRICE_LABEL
+    budget.check_budget(usd, price, step_s=None, where=f"{g.count} x {g.instance_type}", label=label)
     return budget.job_deadline_s(usd, price, cfg.ray.job_deadline_s)
 
 

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from raydlc.config import TrainConfig
 
 
+EVALS_PER_RUN = 10  # EVAL_EVERY 0: evaluations spread over a run, beside those at its checkpoints
+
+
 @dataclass(frozen=True)
 class Due:
     """What the loop does after one step."""
@@ -35,11 +38,15 @@ class Cadence:
     report_every: int
     eval_every: int  # 0: never between the last step's
     checkpoint_every: int  # 0: never between the last step's
+    eval_at_saves: bool = False  # EVAL_EVERY 0: each checkpoint is evaluated too
 
     @classmethod
     def of(cls, s: TrainConfig, *, gpu: bool) -> Cadence:
-        """EVAL_EVERY 0 evaluates at each checkpoint; reads wait for the reports on a GPU only."""
-        return cls(s.steps, s.report_every if gpu else 1, s.report_every, s.eval_every or s.checkpoint_every, s.checkpoint_every)
+        """EVAL_EVERY 0 evaluates at each checkpoint and EVALS_PER_RUN times over the run (a run of
+        at least that many steps): the overfitting note needs three evaluations rising in a row, and
+        a run with one checkpoint would have one. Reads wait for the reports on a GPU only."""
+        eval_every = s.eval_every or s.steps // EVALS_PER_RUN
+        return cls(s.steps, s.report_every if gpu else 1, s.report_every, eval_every, s.checkpoint_every, eval_at_saves=s.eval_every == 0)
 
     def is_last(self, step: int, *, stopping: bool = False) -> bool:
         return step == self.steps or stopping
@@ -48,7 +55,7 @@ class Cadence:
         return last or (self.checkpoint_every > 0 and step % self.checkpoint_every == 0)
 
     def should_validate(self, step: int, *, last: bool) -> bool:
-        return last or (self.eval_every > 0 and step % self.eval_every == 0)
+        return last or (self.eval_every > 0 and step % self.eval_every == 0) or (self.eval_at_saves and self.should_save(step, last=last))
 
     def should_report(self, step: int, *, last: bool) -> bool:
         """Every checkpoint goes up with its metrics, so a save is a report too."""

@@ -87,6 +87,10 @@ def read_manifest(d: Path) -> Manifest:
     """The manifest of checkpoint `d`, its files not yet checked (`verify` does)."""
     hint = "resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
     mpath = d / MANIFEST
+    inner = sorted(c.name for c in d.iterdir() if c.name.startswith("checkpoint_") and c.is_dir()) if not mpath.is_file() else []
+    if inner:  # --resume-from the run, not one of its checkpoints
+        raise CheckpointError(f"{d} is a run folder, not a checkpoint: pass a checkpoint_* in it, or use --resume",
+                              hint=f"e.g. --resume-from {d / inner[-1]}")
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {d} is partial: it has no {MANIFEST} (the save did not complete)", hint=hint)
     try:

@@ -100,21 +100,24 @@ def run(
     started = time.time()  # a budget's clock: the run occupies its nodes from here
     if prepared is None and checked is None and train.num_workers > 0:
         checked = check(train, where)  # before Ray starts
+    say = on_progress or (lambda record: None)
+    say({"stage": "phase", "text": "starting Ray" if where.local else "joining the Ray cluster"})
     with _swept(where), ray_runtime.connected(where.address, workers=train.num_workers, log_to_driver=where.log_to_driver, env=where.env):
         if not where.local and train.use_gpu and train.num_workers > 0:  # GPU workers that may be at zero come when asked for
             ray_runtime.await_resources("GPU", train.num_workers, wait_s=COLD_WAIT_S)
         interrupts.reassert()  # Ctrl-C still reaches this process once Ray has started (raydlc.interrupts)
         resources = ray_runtime.cluster_resources()
         workers = resolve_resources(train, resources)
+        say({"stage": "phase", "text": "preparing data"})
         p = prepared or prepare(train, where, workers=workers.num_workers, checked=checked, on_progress=on_progress)
         interrupts.reassert()
-        if on_progress is not None:
-            on_progress({"stage": "training", "steps": train.steps})
         slots = ray_runtime.node_capacities(
             "GPU" if workers.use_gpu else "CPU", at_least=workers.num_workers, wait_s=0.0 if where.local else NODE_WAIT_S
         )
         spec = resolve(train, where, p, Granted(resources, tuple(slots)), started_at=started, now=time.time())
         checked = _preflight(spec, where, p.storage) if spec.train.preflight else None
+        say({"stage": "training", "steps": train.steps, "workers": spec.mesh.world_size, "global_batch": spec.global_batch,
+             "train_sequences": p.n_train})
         summary = _fit(spec, p, where, on_progress)
         summary = summary if checked is None else {**summary, "preflight": checked}
         return ending.finish(spec, summary)  # evaluation, model card, trackers: the run's end (train.ending)
@@ -398,6 +401,8 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "layout_note": spec.layout_note,
         "seq_len": spec.train.seq_len,
         "train_sequences": p.n_train,
+        "epochs": epochs(s.get("steps"), spec.global_batch, p.n_train),
+        **trained_params(spec, p),
         "dataset": p.data.dest,
         "dataset_reused": p.dataset_reused,
         "eval_sequences": p.n_eval,
@@ -415,3 +420,25 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "cost": cost,
         "skipped_steps": s.get("skipped_steps"),
     }
+
+
+def epochs(steps: int | None, global_batch: int, train_sequences: int) -> float | None:
+    """Passes over the training split: steps x sequences a step / training sequences (the loader
+    cycles through them in a fresh order each pass)."""
+    return steps * global_batch / train_sequences if steps and train_sequences else None
+
+
+def trained_params(spec: RunSpec, p: Prepared) -> dict[str, Any]:
+    """`params` (trainable and total, from the architecture) and, on a LoRA run, `lora`: its rank,
+    alpha, targets and where the adapter went; what the summary says was trained."""
+    s, model = spec.train, p.model
+    out: dict[str, Any] = {"lora": None, "params": None}
+    if s.lora_rank > 0:
+        meta = s.lora_meta()  # the alpha and targets the workers use (blank: 2 x rank, the family's seven projections)
+        out["lora"] = {"rank": s.lora_rank, "alpha": meta["lora_alpha"], "targets": meta["lora_targets"].split(","),
+                       "merged": s.lora_merge, "adapter": f"{spec.run_dir}/export/adapter"}
+    if model is not None:
+        base = model.param_count()
+        adapters = model.lora_params(s.lora_rank, tuple(out["lora"]["targets"]) or None) if out["lora"] else 0
+        out["params"] = {"trainable": adapters or base, "total": base + adapters}
+    return out

@@ -139,10 +139,19 @@ def decide(
     sync = default_sync(sharding, accum) if train.grad_sync == "auto" else train.grad_sync
     note = "as configured"
     if wanted and why_not:
-        auto = [n for n, v in (("SHARDING", requested), ("GRAD_ACCUM", train.grad_accum), ("GRAD_SYNC", train.grad_sync)) if v == "auto"]
-        note = f"{' '.join(a + '=auto' for a in auto)} without a plan ({why_not}): {sharding}, accumulation {accum}, sync {sync}"
+        note = f"chosen without the planner ({why_not}): {_in_words(sharding, accum, sync)}"
     return _checked(StepLayout(sharding, train.batch_size, accum, sync, False, note, activation_checkpointing=bool(train.activation_checkpointing),
                                reduce_dtype="fp32" if train.reduce_dtype == "auto" else train.reduce_dtype))
+
+
+SYNC_WORDS = {"every": "after every micro-batch", "once": "once a step", "all-reduce-once": "within a node every micro-batch, across nodes once a step"}
+
+
+def _in_words(sharding: str, accum: int, sync: str) -> str:
+    """The layout a person reads in the summary (the settings' names and values are in --json)."""
+    spread = "the model sharded over every worker" if sharding == "fsdp" else "the model sharded within each node and copied across nodes"
+    grads = "no gradient accumulation" if accum == 1 else f"{accum} micro-batches accumulated, gradients synchronised {SYNC_WORDS.get(sync, sync)}"
+    return f"{spread}, {grads}"
 
 
 def _workload(train: TrainConfig, model: ModelSpec, max_sequences: int | None) -> Any:

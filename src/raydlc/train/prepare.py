@@ -62,6 +62,7 @@ def check(train: TrainConfig, where: RunTarget | None = None, *, workers: int | 
     world = train.num_workers if workers is None else workers
     R.check_request(train, world)
     builtin, model = R.model_source(train)
+    check_lora(train, model)
     if where is not None and where.local:
         R.plan_layout(train, [world], model=model, instance_type=None)
         R.run_budget(train, where, 1, started_at=0.0, now=0.0)  # a budget with no price fails here, before Ray starts
@@ -72,6 +73,28 @@ def check(train: TrainConfig, where: RunTarget | None = None, *, workers: int | 
     plan = dataset.plan(train.data, out=None, storage_root=root, model_id=train.model_id, vocab=vocab, recipe=recipe)
     _check_bound(train, plan, world)
     return Checked(builtin, model, root, resume_from, manifest, plan, world, skipped)
+
+
+def check_lora(train: TrainConfig, model: ModelSpec | None) -> None:
+    """LoRA settings that would change nothing: given with LoRA off (LORA_RANK 0), or a rank above a targeted
+    projection's smaller side (beyond min(in, out) the update is no longer low-rank, only bigger)."""
+    if train.lora_rank == 0:
+        given = [n for n, v in (("LORA_ALPHA", train.lora_alpha), ("LORA_TARGETS", train.lora_targets),
+                                ("LORA_DROPOUT", train.lora_dropout or None), ("LORA_MERGE", None if train.lora_merge else False)) if v is not None]
+        if given:
+            raise InputError(f"{', '.join(given)} given while LORA_RANK is 0 (LoRA off, full fine-tuning): they would change nothing",
+                             hint="set --lora-rank N to train LoRA adapters, or drop those settings")
+        return
+    if model is None:
+        return
+    from raydlc.facts.models import LORA_DEFAULT_TARGETS
+
+    shapes = model.projections()
+    targets = train.lora_targets_list or LORA_DEFAULT_TARGETS[model.architecture]
+    smallest, name = min((min(shapes[t]), t) for t in targets if t in shapes)
+    if train.lora_rank > smallest:
+        raise InputError(f"--lora-rank {train.lora_rank} is above {name}'s smaller side ({smallest}) in {model.name}: "
+                         f"a rank past min(in, out) is no longer low-rank", hint=f"use --lora-rank {smallest} or less")
 
 
 def prepare(

@@ -18,10 +18,14 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
     console.print(
         f"[bold]{p.model}[/] ({p.params:,} parameters), {p.policy}, {lay['nodes']} x {lay['gpus_per_node']} "
         f"{lay['gpu_name']} ({gb(p.gpu_memory_bytes)}), {lay['network_gbps']:g} Gb/s "
-        f"{'EFA' if lay['efa'] else 'TCP'}, seq {p.seq_len} x micro-batch {p.micro_batch}"
-        f"{f' x {p.grad_accum} accumulated' if p.grad_accum > 1 else ''}"
-        f"{', activation checkpointing' if p.activation_checkpointing else ''}"
+        f"{'EFA' if lay['efa'] else 'TCP'}, seq {p.seq_len}"
     )
+    asked = getattr(p, "asked", None)
+    if asked is not None:
+        console.print(f"asked: {asked_line(asked)}", highlight=False)
+    shown = (f"micro-batch {p.micro_batch}{f' x {p.grad_accum} accumulated' if p.grad_accum > 1 else ''}, "
+             f"activation checkpointing {'on' if p.activation_checkpointing else 'off'}")
+    console.print(f"figures below: {shown}" + (" (the planner's choice where not asked)" if asked is not None else ""), highlight=False)
     if p.lora.get("rank"):
         console.print(f"LoRA rank {p.lora['rank']} on {', '.join(p.lora['targets'])}: {p.lora['adapter_params']:,} adapter parameters "
                       f"({p.lora['trained_fraction']:.2%}) trained, the base frozen in bf16")
@@ -58,6 +62,16 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
         from raydlc.capacity.prices import GpuPrices
 
         console.print(GpuPrices.from_dict(prices).line(), highlight=False)
+
+
+def asked_line(asked: dict[str, Any]) -> str:
+    """What the caller set, each setting left unset named as the planner's to choose."""
+    mb, accum, ac = asked.get("micro_batch"), asked.get("grad_accum"), asked.get("activation_checkpointing")
+    return ", ".join((
+        f"micro-batch {mb}" if mb is not None else "micro-batch: the planner's choice",
+        f"{accum} accumulated" if accum is not None else "accumulation: the planner's choice",
+        "activation checkpointing: the planner's choice" if ac is None else f"activation checkpointing {'on' if ac else 'off'}",
+    ))
 
 
 def print_recommendation(r: dict[str, Any], console: Any) -> None:
