@@ -368,4 +368,5 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "stop_reason": s.get("stop_reason"),
         "cost": cost,
         "skipped_steps": s.get("skipped_steps"),
+        **({"trackers_stopped": s["trackers_stopped"]} if s.get("trackers_stopped") else {}),
     }

@@ -760,6 +760,13 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
         _train(run, session, RankData(view, rows, held, eval_ids, eval_labels), device, beat, hooks or NoHooks(), nodes=nodes)
 
 
+def device_name(device: torch.device) -> str | None:
+    """The CUDA device's name (what MFU's peak is looked up by); None on a CPU."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def reported_nodes(session: Any) -> list[str]:
     """Collective: every rank's node, by rank (each rank reports its own; train.layout.check_nodes judges)."""
     import torch.distributed as dist
@@ -791,6 +798,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     `nodes`: where this attempt's ranks run, named in the resume record (jobs.restarts: "resumed from N on <node>")."""
     from raydlc.planner.budget import BudgetClock
     from raydlc.train import metrics as mx
+    from raydlc.train import tracking
     from raydlc.train.cadence import Cadence
     from raydlc.train.preempt import PreemptionWatch
 
@@ -800,6 +808,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     start_step, history, from_ray = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
         session.progress([{"step": start_step, "resumed": True, "node": on_nodes(nodes)}])  # a restart, or --resume: the driver says so
+    track = tracking.start(run, rank, start_step=start_step, history=history, restarted=from_ray, device_name=device_name(device))
     cadence = Cadence.of(s, gpu=device.type == "cuda")
     watch = PreemptionWatch(session, steps=s.steps)  # drain notices (a Spot reclaim): asked at the same steps on every rank
     progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta())
@@ -818,6 +827,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
             stopped = budget_stop(clock, step, history, checkpoint_s=saver.slowest_s, device=device, rank=rank)
         noticed = watch.noticed(step, stopping=stopped is not None)
         if noticed and watch.decision is None:
+            track.event(step, "preemption_notice", "a drain notice: this step is the attempt's last")
             settle(watch, saver, t, beat, start_step)
         due = cadence.due(step, stopping=stopped is not None, preempted=noticed, save_on_notice=watch.saves)
         if not due.read:
@@ -829,9 +839,12 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         if due.validate:
             history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
         progress.add(history[first_new:], now=due.report or due.validate)
+        track.records(history[first_new:])
         saver.poll(t, beat)
+        track.checkpoint(saver.last_step)
         if due.report:
-            metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last, stopped=stopped)
+            metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last,
+                                stopped={**(stopped or {}), **track.summary()} or None)
             if due.save:
                 saver.save(t, step=step, history=history, metrics=metrics, beat=beat)
             else:
@@ -842,6 +855,8 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         save_again(saver, t, s, history, step=start_step, beat=beat)
     saver.finish(t, beat=beat, wait=watch.notice is not None)
     progress.flush()
+    track.checkpoint(saver.last_step)
+    track.close()
     watch.hold(beat, rank=rank)  # after a drain notice: until Ray Train ends the attempt (it restarts from this checkpoint)
     beat.phase = "finishing: export"
     finalize(t, run, history, rank=rank, stopped=stopped)
