@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tests.test_tracking import accumulated, mlflow_server  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
