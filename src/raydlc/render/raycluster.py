@@ -36,7 +36,9 @@ ENTRYPOINT = "python -m raydlc.train"
 
 
 SECRET_NAME = "raydlc-secrets"  # `raydlc up` fills it from the caller's environment; files only name it
-SECRET_KEYS = ("HF_TOKEN",)
+# HF_TOKEN for gated models; the experiment trackers' own variables (train.tracking): MLflow's client reads
+# MLFLOW_TRACKING_TOKEN, W&B's WANDB_API_KEY, each from its process's environment.
+SECRET_KEYS = ("HF_TOKEN", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
 
 
 # A Spot GPU node's reclaim reaches Ray through its pod (GPU_CAPACITY_TYPE spot*). On an EC2 Spot interruption
@@ -253,12 +255,16 @@ def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
     USE_GPU left empty is true, as for `submit` on the cluster: the job runs on GPU workers, and a group
     scaled to zero has no GPU when the job starts, so the job must ask for them.
     """
+    from raydlc.facts.trackers import packages
+
     variables = job_env(cfg)
     if cfg.train.use_gpu is None:
         variables[FIELDS["USE_GPU"].env_var] = "true"
     env: dict[str, Any] = {"env_vars": variables}
     if code_uri:
         env["py_modules"] = [code_uri]
+    if packages(cfg.train.tracking):  # MLflow's and W&B's clients are not in the image: pinned, as `submit` pins
+        env["pip"] = packages(cfg.train.tracking)
     return env
 
 

@@ -57,8 +57,9 @@ class RayClusterView:
         return {"name": self.name, "namespace": self.namespace, "state": self.state, "pods": [asdict(p) for p in self.pods]}
 
 
-def _hf_token() -> str | None:
-    return os.environ.get("HF_TOKEN") or None
+def _secret_values() -> dict[str, str]:
+    """The Secret's keys set in the caller's environment (HF_TOKEN, the trackers' tokens): only their values travel, to the Secret."""
+    return {key: v for key in SECRET_KEYS if (v := os.environ.get(key))}
 
 
 def _keep_replicas(doc: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
@@ -80,12 +81,12 @@ def desired_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[dict[str
     ns = cfg.cluster.namespace
     labels = {**MANAGED_BY, OWNER_TAG: cfg.cluster.name}
     out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}]
-    token = _hf_token()
-    if token:
+    values = _secret_values()
+    if values:
         out.append({
             "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": SECRET_NAME, "namespace": ns, "labels": labels},
-            "data": {key: base64.b64encode(token.encode()).decode() for key in SECRET_KEYS[:1]},
+            "data": {key: base64.b64encode(v.encode()).decode() for key, v in values.items()},
         })
     out.extend(ctx.documents("netpol")[FILES["netpol"]]["items"])
     cluster = ctx.documents("raycluster")[FILES["raycluster"]]
@@ -260,7 +261,8 @@ class RayCluster(Resource):
         if obs.state == "ready":
             return StepPlan("none", obs.reason)
         what = ", ".join(_describe(d) for d in desired_objects(ctx))
-        secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
+        named = ", ".join(_secret_values())
+        secret = f" (the Secret's values come from {named} in the environment)" if named else ""
         cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
         if obs.facts.get("token_lost"):
             return StepPlan("replace", f"{obs.reason}; a new token reaches the head only through new pods: the Ray pods are "
