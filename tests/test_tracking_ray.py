@@ -47,7 +47,7 @@ def test_train_writes_tensorboard_and_mlflow_and_resume_continues_the_same_run(t
     assert run.info.run_id and run.info.status == "FINISHED" and run.data.tags["raydlc.tracking_id"] == summary["tracking"]["mlflow"]
     assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "train/loss")) == [1, 2, 3, 4, 5, 6]
     assert run.data.params["config/STEPS"] == "4"  # params are the first attempt's; MLflow's are immutable
-    assert {"summary.json", "loss.png"} <= {f.path for f in c.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "metrics.jsonl"} <= {f.path for f in c.list_artifacts(run.info.run_id)}
 
     tb_cmd = subprocess.run([str(RAYDLC), "tb", "r1", "--out", "out"], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60)
     assert tb_cmd.returncode == 0 and tb_cmd.stdout.strip() == f"tensorboard --logdir {tb}", tb_cmd.stderr

@@ -223,7 +223,7 @@ class TensorBoard(Backend):
             import matplotlib.image
 
             self.writer.add_image(path.stem, matplotlib.image.imread(str(path))[..., :3], dataformats="HWC")
-        else:
+        elif path.suffix in (".json", ".md"):  # the summary, the model card; the metrics are the scalars already
             self.writer.add_text(path.name, path.read_text()[:100_000])
 
     def flush(self) -> None:
@@ -524,26 +524,20 @@ def close_run(end: Any) -> dict[str, Any]:
 
 
 def end_files(summary: Mapping[str, Any], tmp: Path) -> list[Path]:
-    """The run's end as files: summary.json, the loss plot drawn from metrics.jsonl (where matplotlib is), and
-    the evaluation and model card where earlier steps of the run's end left local files (`eval`, `model_card`)."""
+    """The run's end as files: summary.json, metrics.jsonl, and what earlier steps of the run's end left as local
+    files (the loss plot `plot`, the evaluation `eval`, the model card `model_card`; `<run>/loss.png` when drawn).
+    The loss plot is drawn by raydlc.views.lossplot, a room above training: where nothing drew it yet, the trackers
+    chart the per-step metrics themselves."""
     import json
 
     out = [tmp / "summary.json"]
     out[0].write_text(json.dumps(dict(summary), indent=1, default=str))
-    metrics = summary.get("metrics")
-    if metrics:
-        try:
-            from raydlc.edges.storage import read_text
-            from raydlc.views import lossplot
-
-            records = [json.loads(line) for line in read_text(str(metrics)).splitlines() if line.strip()]
-            lossplot.plot(records, tmp / "loss.png", title=lossplot.title(summary))
-            out.append(tmp / "loss.png")
-        except Exception as e:
-            warn(f"trackers: no loss plot ({reason(e)})")
-    for key in ("eval", "model_card"):
+    run_dir = summary.get("run_dir")
+    candidates: list[Any] = [summary.get("metrics"), f"{run_dir}/loss.png" if run_dir else None]
+    for key in ("plot", "eval", "model_card"):
         v = summary.get(key)
-        path = v.get("path") if isinstance(v, Mapping) else v
-        if isinstance(path, str) and not storage.is_uri(path) and Path(path).is_file():
+        candidates.append(v.get("path") if isinstance(v, Mapping) else v)
+    for path in dict.fromkeys(c for c in candidates if isinstance(c, str)):
+        if not storage.is_uri(path) and Path(path).is_file():
             out.append(Path(path))
     return out
