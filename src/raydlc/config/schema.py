@@ -434,8 +434,8 @@ class TrainConfig(_Section):
         flag=Flag("--tracking", "Experiment trackers: tensorboard, mlflow, wandb (comma list) or none"),
     )
     mlflow_tracking_uri: Annotated[str | None, Blank(), NoUserInfo("MLFLOW_TRACKING_TOKEN")] = _env(
-        "MLFLOW_TRACKING_URI", "MLflow's tracking server (http(s)://…), file store (file:/… or a path) or SageMaker managed MLflow "
-        "ARN; empty = MLflow's own default (./mlruns)", default=None,
+        "MLFLOW_TRACKING_URI", "MLflow's tracking server (http(s)://…), a database (sqlite:///…, with the full mlflow package), "
+        "a file store (with MLFLOW_ALLOW_FILE_STORE=true) or a SageMaker managed MLflow ARN (with sagemaker-mlflow); empty = MLflow's default", default=None,
     )
     mlflow_experiment_name: Annotated[str | None, Blank()] = _env(
         "MLFLOW_EXPERIMENT_NAME", "MLflow experiment of the run (created if missing); empty = raydlc", default=None,

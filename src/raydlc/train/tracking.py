@@ -19,6 +19,7 @@ environment (on a cluster, a Kubernetes Secret reference: raydlc.render.rayclust
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import queue
@@ -220,6 +221,8 @@ class TensorBoard(Backend):
 
     def artifact(self, path: Path) -> None:
         if path.suffix == ".png":
+            if importlib.util.find_spec("matplotlib") is None:  # the DLC image has none: the scalars are the plot there
+                return
             import matplotlib.image
 
             self.writer.add_image(path.stem, matplotlib.image.imread(str(path))[..., :3], dataformats="HWC")
