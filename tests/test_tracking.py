@@ -6,6 +6,7 @@ attempt opened at its checkpoint's step with the restored history)."""
 from __future__ import annotations
 
 import http.server
+import json
 import math
 import os
 import shutil
@@ -16,8 +17,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from tests.test_train_cadence import Hooks, Session, Stop, loop, one_worker
+from tests.test_train_step import world_of_one
 
 from raydlc.train.tracking import MLflow, TensorBoard, Tracking, TrackingRun, WandB, scalars_of
 
@@ -250,6 +254,72 @@ def test_the_loop_never_waits_for_a_tracker(tmp_path: Path) -> None:
     assert b.seen == list(range(1, 11))
 
 
+# ---- the loop feeds them; a restart continues the run ------------------------------------------
+
+
+class Keeping(Session):
+    """Ray Train's part for a worker of one across attempts: the reported checkpoints kept, the newest restored."""
+
+    def __init__(self, kept: Path, restore: Path | None = None) -> None:
+        super().__init__()
+        self.kept, self.restore = kept, restore
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None, name: str | None = None, *, wait: bool = False) -> None:
+        if checkpoint_dir is not None and name is not None:
+            shutil.copytree(checkpoint_dir, self.kept / name)
+        super().report(metrics, checkpoint_dir, name, wait=wait)
+
+    def restored(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext(str(self.restore) if self.restore else None)
+
+
+def test_the_loop_feeds_its_trackers_and_a_restart_continues_the_same_run_with_every_step_once(
+        tmp_path: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop in one process (gloo, world size 1, no Ray), two attempts, the second restored from the first's
+    checkpoint as Ray Train restores it; the real server and TensorBoard's reader read the one run back."""
+    from mlflow.tracking import MlflowClient
+
+    from raydlc.train import tracking as T
+
+    opened: list[T.Tracking] = []
+    real_start = T.start
+    monkeypatch.setattr(T, "start", lambda *a, **k: opened.append(real_start(*a, **k)) or opened[-1])
+    run = one_worker(steps=8, report_every=2, checkpoint_every=3, tracking="tensorboard,mlflow", mlflow_tracking_uri=mlflow_server,
+                     mlflow_experiment_name="loop").model_copy(update={"run_dir": str(tmp_path / "run"), "tracking_id": "loopjob1",
+                                                                       "tracking_dir": str(tmp_path / "run")})
+    assert run.checkpoint_meta()["tracking_id"] == "loopjob1"  # what a --resume's driver reads back (train.tracking.identity)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with world_of_one():
+        first = Keeping(kept)
+        with pytest.raises(Stop):
+            loop(run, Hooks(first, stop_at=7), monkeypatch)  # steps 1-6 read; the crash is before step 7
+        opened[0].close()  # what the dead process's thread had written stays; here it gets to finish
+        newest = max(kept.iterdir())
+        assert T.identity(_manifest_meta(newest), "elsewhere") == ("loopjob1", str(tmp_path / "run"))
+        second = Keeping(kept, restore=newest)
+        loop(run, Hooks(second), monkeypatch)
+    resumed_at = int(newest.name.split("_")[-1])
+    assert opened[1].summary() == {} and opened[1].thread is None  # the loop closed it at its end
+
+    c = MlflowClient(mlflow_server)
+    (found,) = c.search_runs([c.get_experiment_by_name("loop").experiment_id])
+    for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/skipped_steps"):
+        assert sorted(m.step for m in c.get_metric_history(found.info.run_id, key)) == list(range(1, 9)), key
+    assert [m.step for m in c.get_metric_history(found.info.run_id, "events/restart")] == [resumed_at]
+    assert {m.step for m in c.get_metric_history(found.info.run_id, "events/checkpoint_saved")} >= {3, 6}
+    assert sorted(m.step for m in c.get_metric_history(found.info.run_id, "eval/loss")) == [3, 6, 8]
+    assert found.data.params["config/STEPS"] == "8" and found.data.params["plan/world_size"] == "1"
+    acc = accumulated(tmp_path / "run" / "tb")
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 9))
+
+
+def _manifest_meta(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / "raydlc_checkpoint.json").read_text())["meta"]
+
+
 # ---- W&B offline -------------------------------------------------------------------------------
 
 
@@ -285,7 +355,6 @@ def wandb_records(run_dir: Path) -> list:
 
 def test_wandb_offline_run_holds_history_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb")
-    import json
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

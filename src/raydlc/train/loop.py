@@ -530,10 +530,11 @@ class Saver:
     longest the loop waited for one save (the budget holds twice that back for the last one).
     """
 
-    def __init__(self, session: Any, rank: int, meta: dict[str, Any]) -> None:
+    def __init__(self, session: Any, rank: int, meta: dict[str, Any], on_sealed: Any = None) -> None:
         import torch.distributed as dist
 
         self.session, self.rank, self.meta = session, rank, meta  # meta: what a checkpoint must match to be continued
+        self.on_sealed = on_sealed  # called with each step whose checkpoint went to Ray (the trackers' event)
         self.group = dist.new_group(backend="gloo")  # DCP's own: its writer thread's collectives
         self.pending: Pending | None = None
         self.slowest_s = 0.0
@@ -573,6 +574,8 @@ class Saver:
         self.session.report(p.metrics, str(p.directory), ckpt.dir_name(p.step), wait=wait)  # the session owns the directory from here
         self.slowest_s = max(self.slowest_s, self._waited + time.perf_counter() - began)
         self.last_step = p.step
+        if self.on_sealed is not None:
+            self.on_sealed(p.step)
 
     def abandon(self) -> None:
         """Drop the pending save unreported (a reclaim deadline too short to finish it): its writer thread runs
@@ -811,7 +814,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     track = tracking.start(run, rank, start_step=start_step, history=history, restarted=from_ray, device_name=device_name(device))
     cadence = Cadence.of(s, gpu=device.type == "cuda")
     watch = PreemptionWatch(session, steps=s.steps)  # drain notices (a Spot reclaim): asked at the same steps on every rank
-    progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta())
+    progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta(), track.checkpoint)
     t.model.train()
     unread: Unread | None = None  # steps whose device values the loop has not read yet
     stopped: dict[str, Any] | None = None  # why the loop ended before STEPS (the budget)
@@ -841,7 +844,6 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         progress.add(history[first_new:], now=due.report or due.validate)
         track.records(history[first_new:])
         saver.poll(t, beat)
-        track.checkpoint(saver.last_step)
         if due.report:
             metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last,
                                 stopped={**(stopped or {}), **track.summary()} or None)
@@ -855,7 +857,6 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         save_again(saver, t, s, history, step=start_step, beat=beat)
     saver.finish(t, beat=beat, wait=watch.notice is not None)
     progress.flush()
-    track.checkpoint(saver.last_step)
     track.close()
     watch.hold(beat, rank=rank)  # after a drain notice: until Ray Train ends the attempt (it restarts from this checkpoint)
     beat.phase = "finishing: export"

@@ -136,8 +136,10 @@ def run_params(run: RunSpec, extra: Mapping[str, Any] | None = None) -> dict[str
     """Logged once: the resolved settings, the plan (mesh, step), the model, the dataset's fingerprint, raydlc's
     version and git revision, the image, the cluster and the GPU nodes' type (what the environment says of them)."""
     from raydlc import __version__
+    from raydlc.config import FIELDS
 
-    settings = run.train.model_dump(mode="json")
+    dumped = run.train.model_dump(mode="json")
+    settings = {name: dumped[f.key] for name, f in FIELDS.items() if f.section == "train"}  # by their env.sh names, as people set them
     plan = {"sharding": run.mesh.sharding, "mesh": list(run.mesh.shape), "nodes": run.mesh.nodes, "world_size": run.mesh.world_size,
             "global_batch": run.global_batch, "grad_accum": run.grad_accum, "bf16": run.bf16, "use_gpu": run.use_gpu,
             "note": run.layout_note or ""}
@@ -184,7 +186,7 @@ class Backend:
 
     def flush(self) -> None: ...
 
-    def close(self, *, finished: bool) -> None: ...
+    def close(self, *, finished: bool | None) -> None: ...
 
 
 class TensorBoard(Backend):
@@ -240,7 +242,7 @@ class TensorBoard(Backend):
         publish(Path(self.local), self.where.tb_dir)
         self.uploaded = time.monotonic()
 
-    def close(self, *, finished: bool) -> None:
+    def close(self, *, finished: bool | None) -> None:
         if self.writer is not None:
             self.writer.close()
             if self.local != self.where.tb_dir:
@@ -298,9 +300,10 @@ class MLflow(Backend):
     def artifact(self, path: Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
 
-    def close(self, *, finished: bool) -> None:
-        if finished and self.run_id is not None:
-            self.client.set_terminated(self.run_id, "FINISHED")
+    def close(self, *, finished: bool | None) -> None:
+        """A worker's attempt leaves the run RUNNING (a restart continues it); the driver ends it."""
+        if self.run_id is not None and finished is not None:
+            self.client.set_terminated(self.run_id, "FINISHED" if finished else "FAILED")
 
 
 class WandB(Backend):
@@ -338,9 +341,9 @@ class WandB(Backend):
     def artifact(self, path: Path) -> None:
         self.run.save(str(path), base_path=str(path.parent), policy="now")
 
-    def close(self, *, finished: bool) -> None:
+    def close(self, *, finished: bool | None) -> None:
         if self.run is not None:
-            self.run.finish(exit_code=0)
+            self.run.finish(exit_code=1 if finished is False else 0)
 
 
 def backends(train: TrainConfig, where: TrackingRun) -> list[Backend]:
@@ -375,7 +378,6 @@ class Tracking:
         self.stopped: dict[str, str] = {}
         self.held: dict[str, int] = {}  # per tracker: the last step it holds
         self.skipped = 0
-        self.saved: int | None = None
         self.jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread: threading.Thread | None = None
         if self.trackers:
@@ -394,7 +396,6 @@ class Tracking:
         if not self.on:
             return
         past = list(history)
-        self.saved = start_step or None
         self._submit(lambda: self._open(start_step, past, params))
         if start_step > 0:
             self.event(start_step, "restart" if restarted else "resume", f"continued after step {start_step}")
@@ -410,18 +411,17 @@ class Tracking:
         if self.on:
             self._submit(lambda: self._each(lambda b: (b.scalars(step, {f"events/{kind}": 1.0}), b.text(step, "events", f"{kind}: {text}"))))
 
-    def checkpoint(self, last_step: int | None) -> None:
-        """The saver's last step handed to Ray: a new one is a `checkpoint_saved` event."""
-        if last_step is not None and last_step != self.saved:
-            self.saved = last_step
-            self.event(last_step, "checkpoint_saved", f"checkpoint of step {last_step}")
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint handed to Ray (train.loop.Saver's `on_sealed`): a `checkpoint_saved` event."""
+        self.event(step, "checkpoint_saved", f"checkpoint of step {step}")
 
     def summary(self) -> dict[str, Any]:
         """What the run's summary says of its trackers: the ones that stopped, and why."""
         return {"trackers_stopped": dict(self.stopped)} if self.stopped else {}
 
-    def close(self, *, finished: bool = False, timeout: float = CLOSE_S) -> dict[str, Any]:
-        """Let the thread write what is queued and close each tracker, waiting at most `timeout`."""
+    def close(self, *, finished: bool | None = None, timeout: float = CLOSE_S) -> dict[str, Any]:
+        """Let the thread write what is queued and close each tracker, waiting at most `timeout`; `finished`: the
+        run ended (True), failed (False), or only this attempt's writing ends (None: a worker's, the run goes on)."""
         if self.thread is None:
             return self.summary()
         self._submit(lambda: self._each(lambda b: b.close(finished=finished)))
@@ -524,6 +524,19 @@ def close_run(end: Any) -> dict[str, Any]:
     if failed:
         out["trackers_stopped"] = failed
     return out
+
+
+def failed(run: RunSpec, why: BaseException, *, step: int | None, timeout: float = 30.0) -> None:
+    """The driver stopped the run (a stall, its deadline): the event into the job's tracker run, which ends FAILED
+    in MLflow; a stalled run never reaches train.ending, and a failing tracker is a warning here too."""
+    kinds = chosen(run.train.tracking)
+    if not kinds:
+        return
+    t = Tracking(backends(run.train, TrackingRun.of(run)))
+    at = int(step or 0)
+    kind = "stall" if type(why).__name__ == "Stalled" else "stopped"
+    t._submit(lambda: t._each(lambda b: (b.open(start_step=at), b.scalars(at, {f"events/{kind}": 1.0}), b.text(at, "events", f"{kind}: {why}"))))
+    t.close(finished=False, timeout=timeout)
 
 
 def end_files(summary: Mapping[str, Any], tmp: Path) -> list[Path]:
