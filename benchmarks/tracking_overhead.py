@@ -27,15 +27,6 @@ from pathlib import Path
 from typing import Any
 
 
-def worker(cfg_path: str) -> None:
-    from raydlc.train.loop import TorchrunSession, run_loop
-    from raydlc.train.runspec import RunSpec
-
-    payload = pickle.loads(Path(cfg_path).read_bytes())
-    spec = RunSpec.from_wire(payload["run"])
-    run_loop(spec, TorchrunSession(spec.run_dir, keep=spec.train.checkpoint_keep), payload["data"])
-
-
 def steady_step_s(records: list[dict[str, Any]], skip: int) -> float:
     steps = [r for r in records if "loss" in r][skip:]
     return sum(r["step_time_s"] for r in steps) / len(steps)
@@ -43,16 +34,15 @@ def steady_step_s(records: list[dict[str, Any]], skip: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the steady state")
-    ap.add_argument("--rounds", type=int, default=3)
+    for flag, default in (("--steps", 60), ("--workers", 2), ("--seq-len", 128), ("--batch-size", 8), ("--skip", 5), ("--rounds", 3)):
+        ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--settings", default="none,tensorboard,tensorboard+mlflow", help="TRACKING values, + for a comma")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
+    if args.worker:  # one torchrun rank: the same worker as ray_vs_torchrun's
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from ray_vs_torchrun import worker
+
         worker(args.worker)
         return
 
