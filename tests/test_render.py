@@ -31,6 +31,7 @@ from raydlc.render import FILES, codezip, render_all, to_yaml, write
 from raydlc.render.eksctl import availability_zones
 from raydlc.render.helm import releases
 from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY
+from raydlc.render.raycluster import SECRET_KEYS
 from raydlc.render.sizing import allocatable_for_pods, kube_reserved_cpu, worker_size
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "default"
@@ -445,6 +446,8 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
         "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYSECRETVALUE",
         "AWS_SESSION_TOKEN": "FwoGZXIvYXdzEXAMPLESESSIONTOKEN",
         "HF_TOKEN": "hf_NOTAREALTOKENBUTASECRET",
+        "MLFLOW_TRACKING_TOKEN": "mlflowNOTAREALTOKENSECRET",
+        "WANDB_API_KEY": "wandbNOTAREALAPIKEYSECRETVALUE01",
     }
     for k, v in secrets.items():
         monkeypatch.setenv(k, v)
@@ -452,6 +455,7 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
         monkeypatch.delenv(k)
     monkeypatch.setenv("RAYDLC_STEPS", "7")
     monkeypatch.setenv("RAYDLC_STORAGE_PATH", RUNS)
+    monkeypatch.setenv("RAYDLC_TRACKING", "tensorboard,mlflow,wandb")
     monkeypatch.chdir(tmp_path)
     cfg = load_config()
     assert cfg.train.steps == 7
@@ -463,11 +467,13 @@ def test_no_secret_or_credential_in_any_file(monkeypatch: pytest.MonkeyPatch, tm
     for value in secrets.values():
         assert value not in text
     for name in secrets:
-        if name != "HF_TOKEN":
+        if name not in SECRET_KEYS:
             assert name not in text
     assert "password" not in text.lower()
-    # HF_TOKEN is named only as a reference to the Secret `raydlc up` makes, never with a value
-    assert text.count("secretKeyRef") == text.count("- name: HF_TOKEN") == 2  # head and workers of the one RayCluster
+    # HF_TOKEN and the trackers' tokens are named only as references to the Secret `raydlc up` makes, never with a value
+    assert text.count("secretKeyRef") == 2 * len(SECRET_KEYS)
+    for name in SECRET_KEYS:
+        assert text.count(f"- name: {name}") == 2  # head and workers of the one RayCluster
 
 
 # --- the RayJob -----------------------------------------------------------------------------

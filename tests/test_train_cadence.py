@@ -173,7 +173,8 @@ class Hooks:
 
 
 def one_worker(budget: Budget | None = None, **train: Any) -> RunSpec:
-    settings = TrainConfig(model_id="tiny", num_workers=1, seq_len=16, batch_size=2, warmup_steps=0, **train)
+    # no tracker unless asked: spec()'s run directory is a shared /tmp path (tests/test_tracking_loop.py tracks)
+    settings = TrainConfig(**{"model_id": "tiny", "num_workers": 1, "seq_len": 16, "batch_size": 2, "warmup_steps": 0, "tracking": "none", **train})
     return spec(train=settings, mesh=plan_mesh("fsdp", [1]), faults=None, budget=budget)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,50 @@ def test_a_good_token_passes_and_a_header_carries_it() -> None:
 
     assert headers("abc-DEF_123.~+/=") == {"Authorization": "Bearer abc-DEF_123.~+/="}
     assert check_token("x" * 4096, "f") == "x" * 4096
+
+
+# ---- the experiment trackers' tokens: read from the environment only, named in files by Secret reference ----
+
+TRACKER_TOKENS = ("MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENS))
+@pytest.mark.parametrize("name", TRACKER_TOKENS)
+def test_a_trackers_token_is_never_rendered_or_shown(name: str, kind: str, tmp_path: Path) -> None:
+    """`raydlc render` with every tracker on: the token's variable appears only as a secretKeyRef; no byte of its value
+    in stdout, stderr or any rendered file."""
+    token = TOKENS[kind]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_", "AWS_", "MLFLOW_", "WANDB_"))}
+    env.update({name: token, "RAYDLC_TRACKING": "tensorboard,mlflow,wandb", "RAYDLC_STORAGE_PATH": "s3://raydlc-runs/runs",
+                "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"})
+    p = subprocess.run([sys.executable, "-m", "raydlc", "render", "--out", "out", "--zones", "us-east-2a,us-east-2b"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=90, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    assert _leaks(token, p.stdout + p.stderr) == []
+    files = [f for f in (tmp_path / "out").rglob("*") if f.is_file()]
+    assert files
+    for f in files:
+        assert _leaks(token, f.read_text(errors="replace")) == [], f
+    cluster = (tmp_path / "out" / "raycluster.yaml").read_text()
+    assert f"key: {name}" in cluster and cluster.count("secretKeyRef") >= 2
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENS))
+def test_a_hostile_mlflow_token_fails_the_tracker_unshown(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's client refuses to send such a token (or the server refuses it): one warning naming the tracker, no byte of it."""
+    pytest.importorskip("mlflow")
+    from raydlc.train.tracking import MLflow, Tracking, TrackingRun
+
+    token = TOKENS[kind]
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    said: list[str] = []
+    t = Tracking([MLflow(TrackingRun("t1", "r", str(tmp_path / "tb"), str(tmp_path / "w")), f"http://127.0.0.1:{port}", "x")],
+                 on_warning=said.append)
+    t.start(start_step=0, history=[], params={"a": 1})
+    assert list(t.close(timeout=60)["trackers_stopped"]) == ["mlflow"]
+    assert len(said) == 1 and said[0].startswith("tracker mlflow stopped")
+    assert _leaks(token, said[0]) == []

@@ -441,18 +441,19 @@ def test_up_whose_token_sts_refuses_stops_before_anything_is_created(world, caps
     assert world.mutating_calls() == [] and world.aws_snapshot() == before
 
 
-def test_hf_token_becomes_a_secret_and_appears_nowhere_else(world, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("name", ["HF_TOKEN", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY"])  # the trackers' tokens too (train.tracking)
+def test_hf_token_becomes_a_secret_and_appears_nowhere_else(name: str, world, capsys: pytest.CaptureFixture[str]) -> None:
     token = "hf_" + "Zq7" * 10
-    world.monkeypatch.setenv("HF_TOKEN", token)
+    world.monkeypatch.setenv(name, token)
     rec = Recorder()
     run = lifecycle.up(world.config(), timings=FAST, reporter=rec)
     assert run.ok
     snap = world.kube.snapshot()
     secret = snap["/v1/secrets/ray-train/raydlc-secrets"]
-    assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == token
+    assert base64.b64decode(secret["data"][name]).decode() == token
     head = snap["ray.io/v1/rayclusters/ray-train/ray-train-cluster"]["spec"]["headGroupSpec"]["template"]["spec"]
     env = {e["name"]: e for e in head["containers"][0]["env"]}
-    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "raydlc-secrets", "key": "HF_TOKEN", "optional": True}
+    assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "raydlc-secrets", "key": name, "optional": True}
     elsewhere = [json.dumps(rec.events), world.log.read_text(), json.dumps(run.to_dict()), capsys.readouterr().out]
     elsewhere += [p.read_text() for p in (Path(os.environ["HOME"]) / ".raydlc").rglob("*") if p.is_file()]
     elsewhere += [json.dumps(o) for k, o in snap.items() if k != "/v1/secrets/ray-train/raydlc-secrets"]

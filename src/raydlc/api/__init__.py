@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "ScanResult": "raydlc.api._plan",
     "train": "raydlc.api._train",
     "TrainResult": "raydlc.api._train",
+    "tb": "raydlc.api._tracking",
+    "TensorBoardRun": "raydlc.api._tracking",
     "data_prepare": "raydlc.api._data",
     "data_show": "raydlc.api._data",
     "PreparedDataset": "raydlc.api._data",

@@ -66,6 +66,8 @@ class TrainResult:
     params: dict[str, int] | None = None  # trainable and total parameters, from the architecture (None when it is not known)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
+    tracking: dict[str, str] = field(default_factory=dict)  # each tracker (train.tracking): the command that opens it, or its run id
+    trackers_stopped: dict[str, str] = field(default_factory=dict)  # a tracker that failed, and why: the run went on without it
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
@@ -77,6 +79,8 @@ class TrainResult:
             del out["preflight"]
         if not self.end_warnings:
             del out["end_warnings"]
+        if not self.trackers_stopped:
+            del out["trackers_stopped"]
         return out
 
     def __str__(self) -> str:

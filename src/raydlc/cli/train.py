@@ -141,6 +141,19 @@ def _print_prepared(result: Any) -> None:
     console.print(f"train on it: raydlc train --data {result.dest} --seq-len {result.seq_len}")
 
 
+@app.command("tb")
+def tb_cmd(
+    run: str = typer.Argument(..., help="A run: its directory, or its name under --out."),
+    out: str | None = typer.Option(None, "--out", help="Where the runs are (STORAGE_PATH) [default: raydlc-out]."),
+    json_: bool = typer.Option(False, "--json", help="Print the run, its event directory and the command as JSON."),
+) -> None:
+    """The command that opens a run's TensorBoard events (TRACKING=tensorboard, the default)."""
+    from raydlc.api._tracking import tb
+
+    found = tb(run, out=out)
+    report(found, json_, lambda: console.print(found.command, highlight=False, soft_wrap=True))
+
+
 @data_app.command("show")
 def data_show(
     dest: str = typer.Argument(..., help="A prepared dataset (its folder or s3:// prefix)."),

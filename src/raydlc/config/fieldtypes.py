@@ -78,6 +78,21 @@ class Between(Rule):
             raise ValueError(f"must be between {self.low:g} and {self.high:g}, got {value}")
 
 
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*@")
+
+
+@dataclass(frozen=True)
+class NoUserInfo(Rule):
+    """A URI without `user[:password]@`: a credential in a config value would be rendered, logged and
+    shown; it comes from the environment instead (`env`), and the value is never echoed."""
+
+    env: str
+
+    def check(self, value: Any) -> None:
+        if value is not None and _USERINFO.match(value):
+            raise ValueError(f"must not carry user:password (not shown); put the credential in {self.env} in the environment")
+
+
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 

@@ -24,6 +24,7 @@ from raydlc.config.fieldtypes import (
     Blank,
     Dns1123,
     FolderName,
+    NoUserInfo,
     OffOrAtLeast,
     S3BucketName,
     Shaped,
@@ -59,6 +60,7 @@ _CONTEXT = re.compile(r"^\S{1,253}$")
 # A ServiceAccount's name is a DNS-1123 subdomain (Kubernetes apimachinery validation.IsDNS1123Subdomain): at most 253
 _SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LORA_TARGETS = re.compile(r"^(q|k|v|o|gate|up|down)_proj(,(q|k|v|o|gate|up|down)_proj)*$")
+_TRACKING = re.compile(r"^(none|(tensorboard|mlflow|wandb)(,(tensorboard|mlflow|wandb))*)$")
 
 # A number with no bound of its own still gets one: a 26-digit node count is a typo, not a plan.
 INT_MAX = 2**31 - 1
@@ -473,6 +475,24 @@ class TrainConfig(_Section):
         "before it is spent, and a RayJob's activeDeadlineSeconds follows it; empty = no budget", default=None,
         le=1_000_000, why="a million dollars",
         flag=Flag("--max-cost", "Dollar budget at the GPU nodes' list price: stop cleanly (checkpoint, export) before it is spent"),
+    )
+    tracking: Annotated[str, Shaped(_TRACKING, "a comma list of tensorboard, mlflow, wandb, or none")] = _env(
+        "TRACKING", "experiment trackers rank 0 logs to, a comma list of tensorboard (event files under <run>/tb), mlflow, wandb; "
+        "none = off. A failing tracker is a warning, never a failed run", default="tensorboard",
+        flag=Flag("--tracking", "Experiment trackers: tensorboard, mlflow, wandb (comma list) or none"),
+    )
+    mlflow_tracking_uri: Annotated[str | None, Blank(), NoUserInfo("MLFLOW_TRACKING_TOKEN")] = _env(
+        "MLFLOW_TRACKING_URI", "MLflow's tracking server (http(s)://…), a database (sqlite:///…, with the full mlflow package), "
+        "a file store (with MLFLOW_ALLOW_FILE_STORE=true) or a SageMaker managed MLflow ARN (with sagemaker-mlflow); empty = MLflow's default", default=None,
+    )
+    mlflow_experiment_name: Annotated[str | None, Blank()] = _env(
+        "MLFLOW_EXPERIMENT_NAME", "MLflow experiment of the run (created if missing); empty = raydlc", default=None,
+    )
+    wandb_project: Annotated[str | None, Blank()] = _env("WANDB_PROJECT", "W&B project of the run; empty = raydlc", default=None)
+    wandb_entity: Annotated[str | None, Blank()] = _env("WANDB_ENTITY", "W&B entity (team or user); empty = the API key's default", default=None)
+    wandb_mode: Literal["online", "offline", "disabled"] = _env(
+        "WANDB_MODE", "W&B mode: online (WANDB_API_KEY from the environment or the cluster's Secret), offline (a run directory "
+        "under <run>/wandb, `wandb sync` later) or disabled", default="online",
     )
 
     @property

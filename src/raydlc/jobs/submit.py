@@ -117,6 +117,14 @@ def gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:
     return cfg.num_workers if builtin and cfg.train.use_gpu is not False else 0
 
 
+def tracker_packages(cfg: Config, kind: str, *, builtin: bool) -> list[str]:
+    """The built-in program's tracker clients (MLflow, W&B) a remote Ray lacks, pinned (facts.trackers); a local job
+    uses this machine's Python, where they are installed or the tracker warns."""
+    from raydlc.facts.trackers import packages
+
+    return packages(cfg.train.tracking) if builtin and kind != "local" else []
+
+
 def _spec(cfg: Config, request: JobRequest, script: Path | None, notice: Write, extra_env: Mapping[str, str] | None = None) -> JobSpec:
     """What travels with the job (the built-in program when `script` is None, with `extra_env` beside its settings), checked, and said."""
     from raydlc.jobs import runtime_env
@@ -124,7 +132,7 @@ def _spec(cfg: Config, request: JobRequest, script: Path | None, notice: Write, 
     kind = request.target.kind
     env = runtime_env.parse_env(request.env)
     spec = runtime_env.build(
-        script=script, args=list(request.args), working_dir=request.working_dir, pip=list(request.pip), env=env,
+        script=script, args=list(request.args), working_dir=request.working_dir, pip=[*request.pip, *tracker_packages(cfg, kind, builtin=script is None)], env=env,
         settings_env={**runtime_env.builtin_env(cfg, kind), **(extra_env or {})} if script is None else {}, image=runtime_env.image_versions(cfg, kind),
         name=request.name, target=kind,
     )

@@ -39,7 +39,9 @@ ENTRYPOINT = "python -m raydlc.train"
 
 
 SECRET_NAME = "raydlc-secrets"  # `raydlc up` fills it from the caller's environment; files only name it
-SECRET_KEYS = ("HF_TOKEN",)
+# HF_TOKEN for gated models; the experiment trackers' own variables (train.tracking): MLflow's client reads
+# MLFLOW_TRACKING_TOKEN, W&B's WANDB_API_KEY, each from its process's environment.
+SECRET_KEYS = ("HF_TOKEN", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
 
 
 # A Spot GPU node's reclaim reaches Ray through its pod (GPU_CAPACITY_TYPE spot*). On an EC2 Spot interruption
@@ -349,9 +351,13 @@ def runtime_env(cfg: Config, code_uri: str | None = None) -> dict[str, Any]:
     parser: an unquoted `2e-05` would reach Ray as a float, and Ray rejects non-string env_vars.
     The settings are `cluster_job_env`'s, the same `submit --builtin` sends to the cluster.
     """
+    from raydlc.facts.trackers import packages
+
     env: dict[str, Any] = {"env_vars": cluster_job_env(cfg)}
     if code_uri:
         env["py_modules"] = [code_uri]
+    if packages(cfg.train.tracking):  # MLflow's and W&B's clients are not in the image: pinned, as `submit` pins
+        env["pip"] = packages(cfg.train.tracking)
     return env
 
 

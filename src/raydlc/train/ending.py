@@ -31,8 +31,15 @@ class RunEnd:
 
 EndStep = Callable[[RunEnd], Mapping[str, Any]]
 
+
+def _trackers(end: RunEnd) -> Mapping[str, Any]:
+    from raydlc.train.tracking import close_run
+
+    return close_run(end)
+
+
 # (name, step) in the order they run; a name is what a warning says failed.
-STEPS: tuple[tuple[str, EndStep], ...] = ()
+STEPS: tuple[tuple[str, EndStep], ...] = (("trackers", _trackers),)
 
 
 def finish(spec: RunSpec, summary: Mapping[str, Any], steps: Sequence[tuple[str, EndStep]] | None = None) -> dict[str, Any]:

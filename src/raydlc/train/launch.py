@@ -198,6 +198,9 @@ def _fit(spec: RunSpec, p: Prepared, where: RunTarget, on_progress: ProgressFn |
         result = trainer.fit()
     except Exception as e:  # Ray wraps worker errors in its own types
         if follower.stalled is not None:
+            from raydlc.train.tracking import failed
+
+            failed(spec, follower.stalled, step=follower.watch.step)  # the run ends here, never in train.ending
             raise follower.stalled from None
         hint = f"worker logs are in Ray's session dir; checkpoints under {spec.run_dir}"
         raise ray_runtime.run_error(e, f"training run {spec.run_name}", hint) from e
@@ -419,6 +422,7 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "stop_reason": s.get("stop_reason"),
         "cost": cost,
         "skipped_steps": s.get("skipped_steps"),
+        **({"trackers_stopped": s["trackers_stopped"]} if s.get("trackers_stopped") else {}),
     }
 
 

@@ -526,12 +526,13 @@ class Saver:
     longest the loop waited for one save (the budget holds twice that back for the last one).
     """
 
-    def __init__(self, session: Any, rank: int, meta: dict[str, Any]) -> None:
+    def __init__(self, session: Any, rank: int, meta: dict[str, Any], on_sealed: Any = None) -> None:
         import torch.distributed as dist
 
         from raydlc.train.checkpoint import sweep_staging
 
         self.session, self.rank, self.meta = session, rank, meta  # meta: what a checkpoint must match to be continued
+        self.on_sealed = on_sealed  # called with each step whose checkpoint went to Ray (the trackers' event)
         self.group = dist.new_group(backend="gloo")  # DCP's own: its writer thread's collectives
         sweep_staging()  # what workers ended mid-save left on this node
         self.pending: Pending | None = None
@@ -579,6 +580,8 @@ class Saver:
         self.session.report(p.metrics, str(p.directory), ckpt.dir_name(p.step), wait=wait)  # the session owns the directory from here
         self.slowest_s = max(self.slowest_s, self._waited + time.perf_counter() - began)
         self.last_step = p.step
+        if self.on_sealed is not None:
+            self.on_sealed(p.step)
 
     def abandon(self) -> None:
         """Drop the pending save unreported (a reclaim deadline too short to finish it): its writer thread runs
@@ -780,6 +783,13 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
         _train(run, session, RankData(view, rows, held, eval_ids, eval_labels), device, beat, hooks or NoHooks(), nodes=nodes)
 
 
+def device_name(device: torch.device) -> str | None:
+    """The CUDA device's name (what MFU's peak is looked up by); None on a CPU."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def reported_nodes(session: Any) -> list[str]:
     """Collective: every rank's node, by rank (each rank reports its own; train.layout.check_nodes judges)."""
     import torch.distributed as dist
@@ -812,6 +822,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     `nodes`: where this attempt's ranks run, named in the resume record (jobs.restarts: "resumed from N on <node>")."""
     from raydlc.planner.budget import BudgetClock
     from raydlc.train import metrics as mx
+    from raydlc.train import tracking
     from raydlc.train.cadence import Cadence
     from raydlc.train.preempt import PreemptionWatch
 
@@ -821,9 +832,10 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     start_step, history, from_ray = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
         session.progress([{"step": start_step, "resumed": True, "node": on_nodes(nodes)}])  # a restart, or --resume: the driver says so
+    track = tracking.start(run, rank, start_step=start_step, history=history, restarted=from_ray, device_name=device_name(device))
     cadence = Cadence.of(s, gpu=device.type == "cuda")
     watch = PreemptionWatch(session, steps=s.steps)  # drain notices (a Spot reclaim): asked at the same steps on every rank
-    progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta())
+    progress, saver = mx.Progress(session, on=rank == 0, every_s=PROGRESS_EVERY_S), Saver(session, rank, run.checkpoint_meta(), track.checkpoint)
     t.model.train()
     unread: Unread | None = None  # steps whose device values the loop has not read yet
     stopped: dict[str, Any] | None = None  # why the loop ended before STEPS (the budget)
@@ -839,6 +851,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
             stopped = budget_stop(clock, step, history, checkpoint_s=saver.slowest_s, device=device, rank=rank)
         noticed = watch.noticed(step, stopping=stopped is not None)
         if noticed and watch.decision is None:
+            track.event(step, "preemption_notice", "a drain notice: this step is the attempt's last")
             settle(watch, saver, t, beat, start_step)
         due = cadence.due(step, stopping=stopped is not None, preempted=noticed, save_on_notice=watch.saves)
         if not due.read:
@@ -850,9 +863,11 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         if due.validate:
             history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
         progress.add(history[first_new:], now=due.report or due.validate)
+        track.records(history[first_new:])
         saver.poll(t, beat)
         if due.report:
-            metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last, stopped=stopped)
+            metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last,
+                                stopped={**(stopped or {}), **track.summary()} or None)
             if due.save:
                 saver.save(t, step=step, history=history, metrics=metrics, beat=beat)
             else:
@@ -863,6 +878,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         save_again(saver, t, s, history, step=start_step, beat=beat)
     saver.finish(t, beat=beat, wait=watch.notice is not None)
     progress.flush()
+    track.close()
     watch.hold(beat, rank=rank)  # after a drain notice: until Ray Train ends the attempt (it restarts from this checkpoint)
     beat.phase = "finishing: export"
     finalize(t, run, history, rank=rank, stopped=stopped)

@@ -172,6 +172,9 @@ def resolve(train: TrainConfig, cluster: RunTarget, p: Prepared, granted: Grante
     final = decision.apply(sized)
     check_data(final, p)
     check_storage(final, mesh)
+    from raydlc.train.tracking import identity
+
+    tracking_id, tracking_dir = identity(p.resume_meta, storage.join(p.storage, p.run_name))
     return RunSpec(
         train=final,
         spec=p.builtin,
@@ -186,6 +189,8 @@ def resolve(train: TrainConfig, cluster: RunTarget, p: Prepared, granted: Grante
         faults=cluster.faults,
         budget=run_budget(final, cluster, mesh.nodes, started_at=started_at, now=now, step_s=decision.step_time_s),
         layout_note=decision.note,
+        tracking_id=tracking_id,
+        tracking_dir=tracking_dir,
     )
 
 

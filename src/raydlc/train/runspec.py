@@ -81,6 +81,8 @@ class RunSpec(BaseModel):
     faults: Fault | None = None  # tests and drills only (train.faults): the loop's step hooks
     budget: Budget | None = None  # JOB_MAX_COST_USD with the price it is spent at and when the clock started
     layout_note: str | None = None  # where the step came from (the planner, or the config), for people
+    tracking_id: str | None = None  # the job's tracker run (train.tracking): the same across restarts and --resume
+    tracking_dir: str | None = None  # the run directory where tracking began: TensorBoard's events are under its tb/
 
     @model_validator(mode="after")
     def _step_decided(self) -> RunSpec:
@@ -119,4 +121,5 @@ class RunSpec(BaseModel):
             "seed": self.train.seed,
             "data": self.data_digest,
             **self.train.lora_meta(),
+            **({"tracking_id": self.tracking_id, "tracking_dir": self.tracking_dir} if self.tracking_id else {}),  # continued, not matched
         }

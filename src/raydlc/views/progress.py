@@ -207,6 +207,10 @@ def print_summary(s: dict[str, Any], out: Any = console) -> None:
         rows.append(("cost", f"${c['spent_usd']:.2f} of ${c['budget_usd']:.2f} at ${c['usd_per_hour']:.2f}/h{forecast} ({c['price']})"))
     if s.get("restarts"):
         rows.append(("restarts", restarts_text(s["restarts"])))
+    for name, where in (s.get("tracking") or {}).items():  # train.tracking: the command or the run id of each tracker
+        rows.append((name, where))
+    for name, why in (s.get("trackers_stopped") or {}).items():
+        rows.append((f"{name} (stopped)", why))
     for k, v in rows:
         if v is not None or k in ("eval loss", "steps"):
             table.add_row(k, escape(fmt(v)))

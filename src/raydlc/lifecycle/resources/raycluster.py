@@ -58,8 +58,9 @@ class RayClusterView:
         return {"name": self.name, "namespace": self.namespace, "state": self.state, "pods": [asdict(p) for p in self.pods]}
 
 
-def _hf_token() -> str | None:
-    return os.environ.get("HF_TOKEN") or None
+def _secret_values() -> dict[str, str]:
+    """The Secret's keys set in the caller's environment (HF_TOKEN, the trackers' tokens): only their values travel, to the Secret."""
+    return {key: v for key in SECRET_KEYS if (v := os.environ.get(key))}
 
 
 def _keep_replicas(doc: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
@@ -105,12 +106,12 @@ def desired_objects(ctx: Context, kube: k8s.Kube | None = None) -> list[dict[str
     ns = cfg.cluster.namespace
     labels = {OWNER_TAG: cfg.cluster.name, **ownership.labels(cfg)}
     out: list[dict[str, Any]] = [*_namespace_doc(ctx, kube), *_service_account(ctx)]
-    token = _hf_token()
-    if token:
+    values = _secret_values()
+    if values:
         out.append({
             "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": SECRET_NAME, "namespace": ns, "labels": labels},
-            "data": {key: base64.b64encode(token.encode()).decode() for key in SECRET_KEYS[:1]},
+            "data": {key: base64.b64encode(v.encode()).decode() for key, v in values.items()},
         })
     out.extend(ctx.documents("netpol")[FILES["netpol"]]["items"])
     cluster = ctx.documents("raycluster")[FILES["raycluster"]]
@@ -295,7 +296,8 @@ class RayCluster(Resource):
         if obs.state == "ready":
             return StepPlan("none", obs.reason)
         what = ", ".join(_describe(d) for d in desired_objects(ctx, ctx.kube() if ctx.attach else None))
-        secret = " (the Secret's value comes from HF_TOKEN in the environment)" if _hf_token() else ""
+        named = ", ".join(_secret_values())
+        secret = f" (the Secret's values come from {named} in the environment)" if named else ""
         cmd = f"kubernetes apply (create or merge-patch): {what}{secret}"
         if obs.facts.get("token_lost"):
             return StepPlan("replace", f"{obs.reason}; a new token reaches the head only through new pods: the Ray pods are "
