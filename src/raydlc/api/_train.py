@@ -61,6 +61,8 @@ class TrainResult:
     restarts: list[dict[str, Any]] = field(default_factory=list)  # {cause: preemption|failure, at_step, resumed_from, node} (jobs.restarts)
     preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
+    evaluation: dict[str, Any] | None = None  # EVAL_AFTER: the export beside its base, as `raydlc eval --json` gives it
+    model_card: str | None = None  # the export's README.md (evaluate.card), written at the run's end
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:

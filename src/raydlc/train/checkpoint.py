@@ -381,7 +381,8 @@ def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dty
     from raydlc.train import lora_export
 
     lora_export.write(out_dir, sd, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"],
-                      base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged)
+                      base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged,
+                      base_dir=lora.get("base_dir"))
 
 
 def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
