@@ -107,10 +107,10 @@ def test_a_tokenizers_own_template_is_kept_and_matches_the_pipeline(tmp_path: Pa
 def test_lora_on_a_built_in_spec_loads_from_the_paths_its_export_names(tmp_path: Path) -> None:
     """write(base_dir=…): the base beside the adapter; peft on that base gives the merged model's logits."""
     from peft import PeftModel
+    from tests.test_lora_export import ALPHA, RANK, TARGETS, adapters_for
     from transformers import AutoModelForCausalLM
 
     from raydlc.train import lora_export as X
-    from tests.test_lora_export import ALPHA, RANK, TARGETS, adapters_for
 
     info = bpe_info()
     spec = ModelSpec(**{**SPEC.__dict__, "vocab_size": info.vocab_size})

@@ -115,7 +115,7 @@ def card_facts(end: End, records: list[dict[str, Any]]) -> dict[str, Any]:
         "run_name": spec.run_name, "model": t.model_id, "export": export_path(end),
         "base_hub_id": t.model_id if pretrained and not looks_like_path(t.model_id) else None,
         "adapter_base": base.get("path") or t.model_id, "lora": lora, "merged": t.lora_merge,
-        "chat_template": True, "chat_template_name": "the model's own" if spec.tokenizer.template == "model" else "raydlc default (<|im_start|>)",
+        "chat_template": True, "chat_template_name": "the model's own" if spec.tokenizer.template == "model" else "raydlc default (ChatML-style im_start and im_end turns)",
         "data_digest": spec.data_digest, "steps": s.get("steps"), "seq_len": t.seq_len, "global_batch": spec.global_batch,
         "micro_batch": t.batch_size, "grad_accum": t.grad_accum, "learning_rate": t.learning_rate, "warmup_steps": t.warmup_steps,
         "weight_decay": t.weight_decay, "precision": "bf16" if spec.bf16 else "fp32", "seed": t.seed, "loss_on": t.loss_on,

@@ -38,7 +38,9 @@ def run(model: Any, tok: Any, tasks: Sequence[str], *, include_path: str | None 
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if manager is None or any(t not in manager.all_tasks for t in tasks):  # indexing lm-eval's own thousands of tasks takes a while
+        manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise InputError(f"--tasks: lm-eval knows no task {', '.join(unknown)}", hint="lm-eval ls tasks lists them; --include-path adds a folder of task YAMLs")
