@@ -132,6 +132,10 @@ def test_lora_on_a_built_in_spec_loads_from_the_paths_its_export_names(tmp_path:
         a, b = peft_model(ids).logits, merged(ids).logits
     assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
     assert not torch.allclose(a, model(ids).logits, atol=1e-3)  # the adapter changed something
+    from peft import AutoPeftModelForCausalLM  # reads base_model_name_or_path itself: the export alone suffices
+
+    with torch.no_grad():
+        assert torch.allclose(AutoPeftModelForCausalLM.from_pretrained(str(out / "adapter")).eval()(ids).logits, b, atol=1e-4)
 
 
 def test_generate_greedy_is_repeatable_and_compare_with_itself_agrees(chat_export: Path) -> None:

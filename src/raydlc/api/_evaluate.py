@@ -97,11 +97,12 @@ def generate(export: str | os.PathLike[str], *, prompt: str | None = None, promp
     completions of the same prompts come beside.
 
     Example:
+        >>> import tempfile
         >>> import raydlc.api as api
-        >>> api.generate("/no/such/run", prompt="Hi")
-        Traceback (most recent call last):
-        ...
-        raydlc.errors.InputError: /no/such/run: no such directory
+        >>> run = api.train(steps=3, seq_len=32, batch_size=2, workers=1, out=tempfile.mkdtemp(), log_to_driver=False)  # slow
+        >>> result = api.generate(run.run_dir, prompt="Return the", max_new_tokens=8, compare="base", device="cpu")
+        >>> [sorted(o) for o in result.outputs], result.base
+        ([['base', 'fine_tuned', 'prompt']], 'tiny (seeded init)')
     """
     from raydlc.evaluate import exports, generation
     from raydlc.train.model import build_builtin
@@ -135,11 +136,13 @@ def evaluate(export: str | os.PathLike[str], *, data: str | None = None, prompt:
     lm-evaluation-harness `tasks` (comma-separated; `include_path`: a folder of task YAMLs) when lm-eval is installed.
 
     Example:
+        >>> import math, tempfile
         >>> import raydlc.api as api
-        >>> api.evaluate("/no/such/run")
-        Traceback (most recent call last):
-        ...
-        raydlc.errors.InputError: /no/such/run: no such directory
+        >>> run = api.train(steps=3, seq_len=32, batch_size=2, workers=1, out=tempfile.mkdtemp(), log_to_driver=False)  # slow
+        >>> result = api.evaluate(run.run_dir, max_new_tokens=8, device="cpu")
+        >>> held = result.fine_tuned["held_out"]
+        >>> abs(held["perplexity"] / math.exp(run.eval_loss) - 1) < 1e-3, held["perplexity"] < result.base["held_out"]["perplexity"]
+        (True, True)
     """
     from raydlc.evaluate import evaluation, exports
     from raydlc.train.model import build_builtin
