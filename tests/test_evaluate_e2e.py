@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.test_api_train_plan import run_example
 
 import raydlc.api as api
-from tests.test_api_train_plan import run_example
 
 pytestmark = pytest.mark.slow
 

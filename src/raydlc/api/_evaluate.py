@@ -89,6 +89,16 @@ def _sampling(max_new_tokens: int, temperature: float, top_p: float, seed: int) 
     return Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
 
 
+def load_adapter(base: Any, adapter: Path) -> Any:
+    """A LoRA-only export (LORA_MERGE=false) on its base, with peft."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise InputError(f"{adapter} is a LoRA adapter alone, and peft is not installed here",
+                         hint="pip install peft, or train with --merge (the default) for a merged model") from None
+    return PeftModel.from_pretrained(base, str(adapter))
+
+
 def generate(export: str | os.PathLike[str], *, prompt: str | None = None, prompts: str | os.PathLike[str] | None = None,
              chat: bool = False, compare: str | None = None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 0.95,
              seed: int = 0, device: str = "auto") -> GenerateResult:
@@ -113,7 +123,7 @@ def generate(export: str | os.PathLike[str], *, prompt: str | None = None, promp
         raise InputError("nothing to generate from", hint='give --prompt "…" or --prompts FILE')
     s, dev = _sampling(max_new_tokens, temperature, top_p, seed), _device(device)
     tok = exports.load_tokenizer(found)
-    tuned = generation.generate(exports.load_model(found, device=dev), tok, texts, chat=chat, sampling=s)
+    tuned = generation.generate(exports.load_model(found, device=dev, build=build_builtin, load_adapter=load_adapter), tok, texts, chat=chat, sampling=s)
     base_out: list[str] | None = None
     base_name = None
     if compare is not None:
@@ -157,4 +167,4 @@ def evaluate(export: str | os.PathLike[str], *, data: str | None = None, prompt:
     request = evaluation.Request(data=data, prompts=tuple(read_prompts(prompt, prompts)), chat=chat, tasks=tuple(wanted),
                                  include_path=include_path, limit=limit, compare=None if compare == "base" else compare, base=base,
                                  sampling=_sampling(max_new_tokens, 0.0, 1.0, 0), device=_device(device))
-    return EvalResult(**evaluation.evaluate(found, request, build=build_builtin))
+    return EvalResult(**evaluation.evaluate(found, request, build=build_builtin, load_adapter=load_adapter))

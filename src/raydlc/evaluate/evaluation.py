@@ -60,12 +60,12 @@ def one(model: Any, tok: Any, ids: Any, labels: Any, prompts: Sequence[str], r: 
     return out
 
 
-def evaluate(export: Export, r: Request, *, build: BuildBuiltin | None = None) -> dict[str, Any]:
+def evaluate(export: Export, r: Request, *, build: BuildBuiltin | None = None, load_adapter: exports.LoadAdapter | None = None) -> dict[str, Any]:
     """The fine-tuned model and its base, side by side, as one JSON-ready dict."""
     tok = exports.load_tokenizer(export)
     ids, labels, source = held_out(export, r.data)
     prompts = list(r.prompts) or default_prompts(tok, ids)
-    model = exports.load_model(export, device=r.device)
+    model = exports.load_model(export, device=r.device, build=build, load_adapter=load_adapter)
     tuned = one(model, tok, ids, labels, prompts, r)
     del model
     base_model = exports.load_base(export, device=r.device, build=build, override=r.compare) if r.base else None

@@ -76,22 +76,25 @@ def _base_dir(export: Export) -> Path | None:
     return p if p is not None and p.is_dir() else None
 
 
-def load_model(export: Export, *, device: str = "cpu", dtype: Any = None) -> Any:
-    """The fine-tuned model, eval mode: the full/merged weights, else the base with the adapter (peft)."""
+# A LoRA adapter on its loaded base (peft, where installed: the image has none, so the caller hands it in).
+LoadAdapter = Callable[[Any, Path], Any]
+
+
+def load_model(export: Export, *, device: str = "cpu", dtype: Any = None, build: BuildBuiltin | None = None,
+               load_adapter: LoadAdapter | None = None) -> Any:
+    """The fine-tuned model, eval mode: the full/merged weights, else the base with the adapter (`load_adapter`)."""
     from transformers import AutoModelForCausalLM
 
     if export.model_dir is not None:
         return AutoModelForCausalLM.from_pretrained(str(export.model_dir), dtype=dtype or "auto").to(device).eval()
     assert export.adapter_dir is not None
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise InputError(f"{export.root} holds only a LoRA adapter, and peft is not installed here",
-                         hint="pip install peft, or train with --merge (the default) for a merged model") from None
-    base = load_base(export, device=device, dtype=dtype)
+    if load_adapter is None:
+        raise InputError(f"{export.root} holds only a LoRA adapter, and no adapter loader (peft) is at hand here",
+                         hint="pip install peft and run raydlc eval locally, or train with --merge (the default) for a merged model")
+    base = load_base(export, device=device, dtype=dtype, build=build)
     if base is None:
         raise InputError(f"{export.adapter_dir}: the adapter names no base that can be loaded")
-    return PeftModel.from_pretrained(base, str(export.adapter_dir)).to(device).eval()
+    return load_adapter(base, export.adapter_dir).to(device).eval()
 
 
 def load_base(export: Export, *, device: str = "cpu", dtype: Any = None, build: BuildBuiltin | None = None,
