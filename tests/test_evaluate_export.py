@@ -168,3 +168,16 @@ def test_vllm_reads_the_exports_config_where_installed(chat_export: Path) -> Non
     vllm_config = pytest.importorskip("vllm.config", reason="vllm is not installed (an optional check)")
     cfg = vllm_config.ModelConfig(model=str(chat_export), tokenizer=str(chat_export), dtype="float32")
     assert cfg.max_model_len <= 256
+
+
+def test_generation_stops_at_the_end_of_a_turn_where_the_tokenizer_has_it_as_one_token(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    info = bpe_info()
+    tok = to_hf(info, max_length=256)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    model = build_model(ModelSpec(**{**SPEC.__dict__, "vocab_size": len(tok)}), seed=0)
+    save_hf(model.config, model.state_dict(), tmp_path / "e", tokenizer=tok)
+    turn = tok.convert_tokens_to_ids("<|im_end|>")
+    assert GenerationConfig.from_pretrained(str(tmp_path / "e")).eos_token_id == [tok.eos_token_id, turn]
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "e")).config.eos_token_id == tok.eos_token_id

@@ -49,6 +49,7 @@ def default_render(messages: Sequence[Message], loss_on: LossOn) -> list[Segment
 
 # `default_render` as a Hugging Face chat template (Jinja): what the export's tokenizer carries when the data
 # was rendered with the default, so `apply_chat_template` gives the text the model trained on (no EOS: packing adds it).
+END_OF_TURN = "<|im_end|>"
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-END_OF_TURN = "<|im_end|>"  # raydlc's default template (data.formats.DEFAULT_CHAT_TEMPLATE) ends each turn so
+from raydlc.data.formats import END_OF_TURN  # where raydlc's default template ends each turn
+
 
 
 @dataclass(frozen=True)
