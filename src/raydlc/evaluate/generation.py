@@ -10,7 +10,6 @@ from typing import Any
 from raydlc.data.formats import END_OF_TURN  # where raydlc's default template ends each turn
 
 
-
 @dataclass(frozen=True)
 class Sampling:
     """Greedy when `temperature` is 0; else sampled with `top_p`, seeded so a rerun gives the same text."""
