@@ -28,7 +28,7 @@ def test_the_evaluate_example_runs(clean_env: Path, ray_local: Any) -> None:
 
 @pytest.fixture(scope="module")
 def lora_run(ray_local: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return api.train(steps=4, seq_len=32, batch_size=2, workers=1, lr=1e-2, lora_rank=4, eval_after=True,
+    return api.train(steps=4, seq_len=32, batch_size=2, workers=1, lr=1e-2, lora_rank=4, eval_after=True, settings={"WARMUP_STEPS": "0"},
                      out=tmp_path_factory.mktemp("lora"), log_to_driver=False)
 
 

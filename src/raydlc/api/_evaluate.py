@@ -148,7 +148,7 @@ def evaluate(export: str | os.PathLike[str], *, data: str | None = None, prompt:
     Example:
         >>> import math, tempfile
         >>> import raydlc.api as api
-        >>> run = api.train(steps=3, seq_len=32, batch_size=2, workers=1, out=tempfile.mkdtemp(), log_to_driver=False)  # slow
+        >>> run = api.train(steps=6, seq_len=32, batch_size=2, workers=1, out=tempfile.mkdtemp(), log_to_driver=False)  # slow
         >>> result = api.evaluate(run.run_dir, max_new_tokens=8, device="cpu")
         >>> held = result.fine_tuned["held_out"]
         >>> abs(held["perplexity"] / math.exp(run.eval_loss) - 1) < 1e-3, held["perplexity"] < result.base["held_out"]["perplexity"]
