@@ -71,3 +71,15 @@ def test_loss_points_keep_the_first_and_last_step() -> None:
     recs = [{"step": s, "loss": float(s)} for s in range(1, 101)]
     pts = cards.loss_points(recs, 5)
     assert [p[0] for p in pts] == [1, 26, 51, 75, 100] and cards.loss_points([]) == []
+
+
+def test_eval_after_travels_to_a_cluster_job_and_the_ending_skips_evaluation_without_it(tmp_path: Path) -> None:
+    from raydlc.config import load_config
+    from raydlc.evaluate import ending as E
+    from raydlc.render.raycluster import job_env
+
+    assert job_env(load_config(env={"RAYDLC_EVAL_AFTER": "true"}))["RAYDLC_EVAL_AFTER"] == "true"  # python -m raydlc.train reads it
+    assert "RAYDLC_EVAL_AFTER" not in job_env(load_config(env={}))
+    end = ending.RunEnd(run_spec(tmp_path / "r"), {})
+    assert E.evaluation(end) == {}  # EVAL_AFTER=false: no Ray task, nothing added
+    assert E.base_of(run_spec(tmp_path / "r", lora_rank=4)) == {"path": f"{tmp_path / 'r'}/export/base"}
