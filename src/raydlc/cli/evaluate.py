@@ -47,7 +47,7 @@ def eval_cmd(
     prompt: str | None = PROMPT,
     prompts: Path | None = PROMPTS,
     chat: bool = CHAT,
-    tasks: str | None = typer.Option(None, "--tasks", help="lm-evaluation-harness tasks, comma-separated (needs raydlc[eval])."),
+    tasks: str | None = typer.Option(None, "--tasks", help="lm-evaluation-harness tasks, comma-separated (needs lm-eval: the eval extra)."),
     include_path: str | None = typer.Option(None, "--include-path", help="lm-eval: a folder of task YAMLs (tasks on local files)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="lm-eval: examples per task."),
     compare: str | None = typer.Option(None, "--compare", help="The base to compare with (hub id or folder); default: the run's own."),
