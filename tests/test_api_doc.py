@@ -58,6 +58,7 @@ RUN_ELSEWHERE: dict[str, Path] = {
     **dict.fromkeys(("version", "config_show", "nccl", "render", "preflight"), TESTS / "test_api_read_commands.py"),
     **dict.fromkeys(("plan", "scan", "train"), TESTS / "test_api_train_plan.py"),
     "capacity": TESTS / "aws" / "test_api_capacity.py",
+    **dict.fromkeys(("generate", "evaluate"), TESTS / "test_evaluate_e2e.py"),
 }
 
 FIXTURE = "<fixture>"

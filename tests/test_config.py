@@ -154,7 +154,7 @@ def test_template_round_trip_gives_defaults(clean_env: Path) -> None:
 TRAINING_KNOBS = [
     "MODEL_ID", "STEPS", "SEQ_LEN", "BATCH_SIZE", "LEARNING_RATE", "NUM_WORKERS", "DATA", "CHECKPOINT_EVERY",
     "CHECKPOINT_KEEP", "STORAGE_PATH", "MAX_FAILURES", "MAX_PREEMPTIONS", "SHARDING", "WARMUP_STEPS", "WARMUP_RATIO", "LR_SCHEDULE", "MIN_LR_RATIO", "WEIGHT_DECAY", "MAX_GRAD_NORM", "MAX_NONFINITE_STEPS", "SEED",
-    "EVAL_FRACTION", "EVAL_EVERY", "REPORT_EVERY", "HSDP_REPLICAS", "BF16", "ACTIVATION_CHECKPOINTING", "COMPILE",
+    "EVAL_FRACTION", "EVAL_EVERY", "EVAL_AFTER", "REPORT_EVERY", "HSDP_REPLICAS", "BF16", "ACTIVATION_CHECKPOINTING", "COMPILE",
     "USE_GPU", "RUN_NAME", "RESUME", "RESUME_FROM", "STORAGE_SHARED", "PREFLIGHT", "GRAD_ACCUM", "GRAD_SYNC", "MAX_GLOBAL_BATCH",
     "LOSS_ON", "ON_BAD_RECORD", "CHAT_TEMPLATE", "LOSS_CHUNK", "REDUCE_DTYPE", "LORA_RANK", "LORA_ALPHA", "LORA_DROPOUT", "LORA_TARGETS", "LORA_RSLORA", "LORA_MERGE",
     "STALL_MINUTES", "STALL_FIRST_MINUTES", "JOB_MAX_COST_USD",
@@ -172,12 +172,13 @@ def test_every_training_knob_is_a_train_field_settable_from_the_environment(clea
         "RAYDLC_EVAL_FRACTION": "0.1", "RAYDLC_EVAL_EVERY": "5", "RAYDLC_REPORT_EVERY": "2", "RAYDLC_HSDP_REPLICAS": "2",
         "RAYDLC_BF16": "true", "RAYDLC_ACTIVATION_CHECKPOINTING": "true", "RAYDLC_COMPILE": "1", "RAYDLC_USE_GPU": "false",
         "RAYDLC_RUN_NAME": "first", "RAYDLC_RESUME": "yes", "RAYDLC_RESUME_FROM": "s3://b/r/checkpoint_000004",
-        "RAYDLC_STORAGE_SHARED": "true", "RAYDLC_PREFLIGHT": "true",
+        "RAYDLC_STORAGE_SHARED": "true", "RAYDLC_PREFLIGHT": "true", "RAYDLC_EVAL_AFTER": "true",
     }
     t = load_config(env=env).train
     assert (t.warmup_steps, t.weight_decay, t.max_grad_norm, t.seed, t.eval_fraction, t.eval_every, t.report_every) == (3, 0.1, 0.5, 7, 0.1, 5, 2)
     assert (t.hsdp_replicas, t.bf16, t.activation_checkpointing, t.compile, t.use_gpu) == (2, True, True, True, False)
     assert (t.run_name, t.resume, t.resume_from, t.storage_shared, t.preflight) == ("first", True, "s3://b/r/checkpoint_000004", True, True)
+    assert t.eval_after is True and load_config(env={}).train.eval_after is False
     acc = load_config(env={"RAYDLC_GRAD_ACCUM": " Auto ", "RAYDLC_GRAD_SYNC": "all-reduce-once", "RAYDLC_MAX_GLOBAL_BATCH": "65536"}).train
     assert (acc.grad_accum, acc.grad_sync, acc.max_global_batch) == ("auto", "all-reduce-once", 65536)
     assert load_config(env={"RAYDLC_GRAD_ACCUM": "8"}).train.grad_accum == 8

@@ -154,7 +154,7 @@ def test_data_reaches_nothing_of_training_by_any_import() -> None:
 LAYERS: list[tuple[str, list[str]]] = [
     ("command line", ["raydlc.cli"]),
     ("use cases and views", ["raydlc.api", "raydlc.views"]),
-    ("domain", ["raydlc.train", "raydlc.checks", "raydlc.jobs", "raydlc.lifecycle", "raydlc.render", "raydlc.discovery", "raydlc.capacity",
+    ("domain", ["raydlc.train", "raydlc.evaluate", "raydlc.checks", "raydlc.jobs", "raydlc.lifecycle", "raydlc.render", "raydlc.discovery", "raydlc.capacity",
                 "raydlc.data", "raydlc.planner", "raydlc.nccl"]),
     ("edges", ["raydlc.edges"]),
     ("knowledge", ["raydlc.config", "raydlc.facts", "raydlc.schemas", "raydlc"]),

@@ -68,6 +68,8 @@ class TrainResult:
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
     tracking: dict[str, str] = field(default_factory=dict)  # each tracker (train.tracking): the command that opens it, or its run id
     trackers_stopped: dict[str, str] = field(default_factory=dict)  # a tracker that failed, and why: the run went on without it
+    evaluation: dict[str, Any] | None = None  # EVAL_AFTER: the export beside its base, as `raydlc eval --json` gives it
+    model_card: str | None = None  # the export's README.md (evaluate.card), written at the run's end
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:

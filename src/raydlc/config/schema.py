@@ -390,6 +390,11 @@ class TrainConfig(_Section):
     )
     eval_fraction: Annotated[float, Between(0, 1)] = _env("EVAL_FRACTION", "share of the packed sequences held out for eval (at most 64)", default=0.05)
     eval_every: NonNegative = _env("EVAL_EVERY", "steps between eval losses; 0 = ten times over the run and at each checkpoint (always at the end)", default=0)
+    eval_after: bool = _env(
+        "EVAL_AFTER", "after training, evaluate the export beside its base (held-out perplexity, generations; raydlc eval) "
+        "as a Ray task on one GPU worker; the results go into the summary and the model card", default=False,
+        flag=Flag("--eval-after", "Evaluate the export beside its base after training (as raydlc eval does)"),
+    )
     report_every: Count = _env("REPORT_EVERY", "steps between ray.train.report calls (each is a barrier)", default=10)
     hsdp_replicas: NonNegative = _env("HSDP_REPLICAS", "HSDP replica groups; 0 = one per node", default=0)
     bf16: MaybeBool = _env(

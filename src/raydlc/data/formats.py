@@ -47,6 +47,15 @@ def default_render(messages: Sequence[Message], loss_on: LossOn) -> list[Segment
     return out
 
 
+# `default_render` as a Hugging Face chat template (Jinja): what the export's tokenizer carries when the data
+# was rendered with the default, so `apply_chat_template` gives the text the model trained on (no EOS: packing adds it).
+END_OF_TURN = "<|im_end|>"
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 def segments(rec: Any, *, loss_on: LossOn = "assistant", render: Renderer = default_render) -> list[Segment]:
     """The record's segments; `BadRecord` says what is wrong with it."""
     if not isinstance(rec, Mapping):

@@ -25,6 +25,7 @@ class TokenizerInfo:
     vocab_size: int
     tokenizer_json: str | None = None  # trained here; shipped inline
     pretrained: str | None = None  # a hub id or local dir that holds the model's own tokenizer
+    template: str = "default"  # the chat template the data was rendered with: "model" (the tokenizer's own) or "default"
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Any:
@@ -81,14 +82,24 @@ def encoder(tok: Any) -> Any:
     return encode
 
 
-def to_hf(info: TokenizerInfo) -> Any:
-    """A transformers tokenizer to save beside the exported weights."""
-    if info.pretrained is not None:
-        return load_pretrained_tokenizer(info.pretrained)
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
+def to_hf(info: TokenizerInfo, *, max_length: int | None = None) -> Any:
+    """A transformers tokenizer to save beside the exported weights, complete for the tools that read it: the chat
+    template the data was rendered with (the model's own, or raydlc's default) and a finite `model_max_length`
+    (`max_length`: the model's positions, where the tokenizer says none; transformers' "none" is 1e30)."""
+    from raydlc.data.formats import DEFAULT_CHAT_TEMPLATE
 
-    assert info.tokenizer_json is not None
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(info.tokenizer_json), eos_token=EOS, pad_token=EOS, bos_token=None, unk_token=None
-    )
+    if info.pretrained is not None:
+        tok = load_pretrained_tokenizer(info.pretrained)
+    else:
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        assert info.tokenizer_json is not None
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(info.tokenizer_json), eos_token=EOS, pad_token=EOS, bos_token=None, unk_token=None
+        )
+    if info.template != "model" or not getattr(tok, "chat_template", None):
+        tok.chat_template = DEFAULT_CHAT_TEMPLATE
+    if max_length is not None and not 0 < int(getattr(tok, "model_max_length", 0) or 0) <= max_length:
+        tok.model_max_length = int(max_length)
+    return tok

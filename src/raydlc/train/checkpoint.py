@@ -587,7 +587,7 @@ def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dty
 
     lora_export.write(out_dir, sd, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"],
                       base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged,
-                      rslora=bool(lora.get("rslora", False)))
+                      rslora=bool(lora.get("rslora", False)), base_dir=lora.get("base_dir"))
 
 
 def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
@@ -612,10 +612,23 @@ def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any
     if missing:
         raise CheckpointError(f"export: weights missing from the gathered state dict: {missing[:5]}")
     if full.generation_config is not None:
-        full.generation_config.eos_token_id = config.eos_token_id
+        full.generation_config.eos_token_id = _stop_ids(tokenizer, config.eos_token_id)
         full.generation_config.pad_token_id = config.pad_token_id
         full.generation_config.bos_token_id = config.bos_token_id
     out_dir.mkdir(parents=True, exist_ok=True)
     full.save_pretrained(str(out_dir), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
+
+
+def _stop_ids(tokenizer: Any, eos: int | None) -> int | list[int] | None:
+    """Where generation stops: EOS, and the end of a chat turn where the tokenizer has it as one token (Qwen's
+    tokenizers do), so that a chat fine-tune's answer ends with its turn, as the Hub's chat models' configs say."""
+    from raydlc.data.formats import END_OF_TURN
+
+    if tokenizer is None or eos is None:
+        return eos
+    turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    if isinstance(turn, int) and turn != eos and turn != tokenizer.unk_token_id and tokenizer.convert_ids_to_tokens(turn) == END_OF_TURN:
+        return [eos, turn]
+    return eos

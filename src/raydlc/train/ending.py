@@ -13,9 +13,13 @@ trackers' close.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from raydlc.evaluate import ending as evaluate_ending
+from raydlc.train.model import build_builtin
 
 if TYPE_CHECKING:
     from raydlc.train.runspec import RunSpec
@@ -39,7 +43,11 @@ def _trackers(end: RunEnd) -> Mapping[str, Any]:
 
 
 # (name, step) in the order they run; a name is what a warning says failed.
-STEPS: tuple[tuple[str, EndStep], ...] = (("trackers", _trackers),)
+STEPS: tuple[tuple[str, EndStep], ...] = (
+    ("evaluation", functools.partial(evaluate_ending.evaluation, build=build_builtin)),
+    ("model card", evaluate_ending.card),
+    ("trackers", _trackers),
+)
 
 
 def finish(spec: RunSpec, summary: Mapping[str, Any], steps: Sequence[tuple[str, EndStep]] | None = None) -> dict[str, Any]:

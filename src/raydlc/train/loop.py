@@ -634,7 +634,7 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
     from raydlc.train import checkpoint as ckpt
     from raydlc.train import metrics as mx
 
-    tok = to_hf(run.tokenizer) if rank == 0 else None
+    tok = to_hf(run.tokenizer, max_length=getattr(t.model.config, "max_position_embeddings", None) or run.train.seq_len) if rank == 0 else None
     with tempfile.TemporaryDirectory(prefix=ckpt.staging_prefix("export", rank)) as tmp:
         out = Path(tmp)
         ckpt.export_hf(t.model, out / "export", rank=rank, tokenizer=tok, dtype=torch.bfloat16 if run.bf16 else torch.float32,
@@ -653,12 +653,14 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
 def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | None:
     """What the export needs to write a LoRA run's adapter (and merged model); None for full fine-tuning."""
     from raydlc.train.lora import adapted_targets, default_alpha
+    from raydlc.train.lora_export import BASE_DIR
 
     s = run.train
     if s.lora_rank == 0:
         return None
     return {"rank": s.lora_rank, "alpha": default_alpha(s.lora_rank, s.lora_alpha), "dropout": s.lora_dropout,
-            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge, "rslora": s.lora_rslora}
+            "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge, "rslora": s.lora_rslora,
+            "base_dir": f"{run.run_dir.rstrip('/')}/export/{BASE_DIR}" if run.spec is not None else None}
 
 
 # ---- stopping: the budget ------------------------------------------------------------------------

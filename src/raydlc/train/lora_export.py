@@ -34,6 +34,7 @@ B_SUFFIX = ".lora_B.weight"
 ADAPTER_SUFFIXES = (A_SUFFIX, B_SUFFIX)  # as raydlc.train.lora's, repeated so this module stands alone
 PEFT_PREFIX = "base_model.model."  # peft's LoraModel (base_model) wrapping the HF model (model)
 ADAPTER_DIR = "adapter"
+BASE_DIR = "base"  # beside the adapter: the frozen base as a HF model, when it was built here (a built-in spec) and no hub holds it
 CONFIG_NAME = "adapter_config.json"  # peft utils/constants.py CONFIG_NAME
 WEIGHTS_NAME = "adapter_model.safetensors"  # peft utils/constants.py SAFETENSORS_WEIGHTS_NAME
 
@@ -165,14 +166,19 @@ def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequenc
 
 
 def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float, dropout: float, targets: Sequence[str],
-          base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None], rslora: bool = False) -> None:
+          base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None], rslora: bool = False,
+          base_dir: str | None = None) -> None:
     """`out_dir/adapter/` (peft's two files) and, if `merge`, the merged weights handed to `save_merged(weights, folder)`,
     which writes the HF model and tokenizer into that folder (it is `out_dir` once renamed).
+
+    `base_dir`: where `out_dir/base/` will be once published (a built-in spec's base exists nowhere else): the frozen
+    base is written there too, and the adapter names it as its `base_model_name_or_path`, so peft's
+    `AutoPeftModelForCausalLM` (or `PeftModel.from_pretrained` on it) loads the adapter from its own export.
 
     Everything is checked and merged before the disk is touched; the files go into a folder beside `out_dir` that
     is renamed into place at the end, so on any error (here or in `save_merged`) nothing is left.
     """
-    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_model, rslora=rslora)
+    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_dir or base_model, rslora=rslora)
     tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets))
     weights = merged(state, scaling=alpha / (math.sqrt(rank) if rslora else rank)) if merge else None
     _refuse_foreign(out_dir)
@@ -180,6 +186,8 @@ def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float
         _write_adapter(folder / ADAPTER_DIR, tensors, config)
         if weights is not None:
             save_merged(weights, folder)
+        if base_dir is not None:
+            save_merged(split(state)[0], folder / BASE_DIR)
 
 
 def _write_adapter(folder: Path, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:

@@ -50,6 +50,19 @@ def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", dtype: t
     return model
 
 
+def build_builtin(name: str, seed: int) -> nn.Module:
+    """A built-in spec's seeded random init, by name, whole on the CPU: the very values the run started from
+    (`init_weights`, as `build_random_sharded` draws them over the shards), which evaluate compares with."""
+    import torch
+
+    from raydlc.facts.models import get_spec
+
+    model = build_model(get_spec(name), seed=None)
+    with torch.no_grad():
+        init_weights(model, seed=seed)
+    return model
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(model.model.layers)  # type: ignore[attr-defined]
 

@@ -115,7 +115,8 @@ def prepare(
     with dataset.writing(c.plan), ray_runtime.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
     t = made.tokenizer
-    info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained)
+    info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained,
+                         template=t.template)
     R.check_tokenizer(info, c.model)
     data = dataset.TrainData.of(made, eval_fraction=train.eval_fraction, world_size=c.world, seed=train.seed)
     p = Prepared(

@@ -1,0 +1,62 @@
+"""The held-out loss, as training measured it: next-token cross-entropy summed over the label tokens (IGNORE
+elsewhere) of the run's eval rows, over their count; the perplexity is its exponential."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raydlc.errors import InputError
+
+MAX_ROWS = 64  # --data: the first rows of a prepared dataset, as many as a run holds out at most (data.order)
+
+
+@dataclass(frozen=True)
+class Score:
+    loss: float
+    perplexity: float
+    tokens: int
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loss": self.loss, "perplexity": self.perplexity, "tokens": self.tokens, "rows": self.rows}
+
+
+def rows_of(dest: str, rows: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, labels) of a prepared dataset's `rows` (None: its first MAX_ROWS), read as the workers read them."""
+    from raydlc.data.shards import Rows, read_manifest
+
+    m = read_manifest(dest)
+    if m is None:
+        raise InputError(f"{dest}: not a prepared dataset (no manifest)", hint="prepare it with raydlc data prepare, or leave --data out")
+    reader = Rows.open(dest, m)
+    chosen = np.asarray(rows if rows is not None else range(min(MAX_ROWS, len(reader))), dtype=np.int64)
+    if not len(chosen):
+        raise InputError(f"{dest}: no rows to evaluate on")
+    return reader.take(chosen)
+
+
+def score(model: Any, ids: np.ndarray, labels: np.ndarray, *, batch_size: int = 4) -> Score:
+    """Mean next-token loss over the label tokens of these rows, in fp32."""
+    import torch
+    import torch.nn.functional as F
+
+    from raydlc.data.encode import IGNORE
+
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(ids), batch_size):
+            x = torch.as_tensor(ids[i : i + batch_size], dtype=torch.long, device=device)
+            y = torch.as_tensor(labels[i : i + batch_size], dtype=torch.long, device=device)[:, 1:]
+            logits = model(input_ids=x).logits[:, :-1].float()
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE, reduction="sum"))
+            count += int((y != IGNORE).sum())
+    if count == 0:
+        raise InputError("the rows hold no label tokens to score")
+    loss = total / count
+    return Score(loss, math.exp(loss), count, len(ids))
