@@ -116,7 +116,7 @@ def test_train_result_to_dict_keeps_the_summary_order_and_omits_an_absent_prefli
     names = [f.name for f in fields(api.TrainResult)]
     summary = {n: None for n in names if n != "preflight"}
     r = api.TrainResult.from_summary(summary)
-    assert list(r.to_dict()) == [n for n in names if n not in ("preflight", "end_warnings")]  # both omitted when absent
+    assert list(r.to_dict()) == [n for n in names if n not in ("preflight", "end_warnings", "trackers_stopped")]  # omitted when absent
     with_pf = api.TrainResult.from_summary({**summary, "preflight": {"ok": True}})
     assert list(with_pf.to_dict())[-1] == "preflight"
 

@@ -64,12 +64,12 @@ class TrainResult:
     epochs: float | None = None  # passes over the training split: steps x global_batch / train_sequences
     lora: dict[str, Any] | None = None  # a LoRA run: rank, alpha, targets, merged (bool), adapter (its folder); None: full fine-tuning
     params: dict[str, int] | None = None  # trainable and total parameters, from the architecture (None when it is not known)
-    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
     end_warnings: list[str] = field(default_factory=list)  # a step of the run's end that failed (train.ending): the run is kept
     tracking: dict[str, str] = field(default_factory=dict)  # each tracker (train.tracking): the command that opens it, or its run id
     trackers_stopped: dict[str, str] = field(default_factory=dict)  # a tracker that failed, and why: the run went on without it
     evaluation: dict[str, Any] | None = None  # EVAL_AFTER: the export beside its base, as `raydlc eval --json` gives it
     model_card: str | None = None  # the export's README.md (evaluate.card), written at the run's end
+    preflight: dict[str, Any] | None = None  # the collective figures, when PREFLIGHT ran
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
