@@ -520,6 +520,10 @@ DATA = [
     r("data-prepare-seq-len-zero", "data prepare d.jsonl --seq-len 0", 2, "SEQ_LEN", files={"d.jsonl": '{"text": "x"}\n'}),
     r("data-prepare-onto-prepared", "data prepare ds --out other", 2, "already a prepared dataset", files=DATASET),
     r("data-show-nothing-there", "data show nowhere", 2, "no prepared dataset here", sub=True),
+    r("generate-nowhere", "generate nowhere --prompt hi", 2, "no such directory", sub=True),
+    r("generate-not-an-export", "generate d --prompt hi", 2, "neither a run directory", files={"d": DIR}),
+    r("eval-nowhere", "eval nowhere", 2, "no such directory", sub=True),
+    r("eval-not-an-export", "eval d", 2, "neither a run directory", files={"d": DIR}),
     r("data-show-bad-manifest", "data show ds", 2, "not a usable dataset manifest", files={"ds": DIR, "ds/manifest.json": "{}"}),
     r("data-show-shards-mismatch", "data show ds", 2, "does not match its row counts", files={"ds": DIR, "ds/manifest.json": _dataset(seq_len=8, shards=[
         {"name": "shard-00000.bin", "rows": 1, "sha256": SHA, "bytes": 5}])}),
