@@ -52,7 +52,8 @@ CHARTS = {
 # kubernetes/autoscaler charts/cluster-autoscaler 9.59.0 values.yaml: the top-level keys raydlc may set
 # (the chart has no values.schema.json, so helm itself accepts any key; the double is stricter so a typo fails)
 CA_KEYS = {"cloudProvider", "awsRegion", "autoDiscovery", "fullnameOverride", "nameOverride", "image", "rbac", "extraArgs",
-           "nodeSelector", "tolerations", "affinity", "resources", "replicaCount", "podAnnotations", "priorityClassName"}
+           "nodeSelector", "tolerations", "affinity", "resources", "replicaCount", "podAnnotations", "priorityClassName",
+           "expanderPriorities"}
 VALUE_KEYS = {
     "kuberay-operator": {"nodeSelector", "tolerations", "affinity", "image", "resources", "replicas", "watchNamespace",
                          "singleNamespaceInstall"},

@@ -748,7 +748,8 @@ def test_spot_quota_exceeded_under_spot_is_one_clear_error(world) -> None:
     run = lifecycle.up(world.config(RAYDLC_GPU_CAPACITY_TYPE="spot"), timings=FAST)
     gpu = by_step(run)["gpu-nodegroup"]
     assert gpu.outcome == "failed" and "MaxSpotInstanceCountExceeded" in gpu.reason and "(On-Demand)" not in gpu.reason
-    assert "Spot vCPU quota" in (gpu.hint or "") and "spot-then-on-demand" in (gpu.hint or "")
+    hint = getattr(gpu.error, "hint", None) or ""  # the StepFailed's hint
+    assert "Spot vCPU quota" in hint and "spot-then-on-demand" in hint
     assert [c[:2] for c in world.calls("eksctl")].count(["create", "nodegroup"]) == 1  # no other AZ is tried: same quota
 
 
