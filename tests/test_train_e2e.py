@@ -84,10 +84,10 @@ def test_run_writes_checkpoints_metrics_plot_and_a_loadable_export(two_workers: 
     run_dir = Path(s["run_dir"])
     # CHECKPOINT_KEEP=2 (the default): Ray deleted step 2's once step 6's was registered.
     assert sorted(p.name for p in run_dir.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_000004", "checkpoint_000006"]
-    assert s["plot"] is None and not (run_dir / "loss.png").exists()  # the job draws no plot: its caller does
-    from raydlc.views.lossplot import with_plot
-
-    assert Path(with_plot(s)["plot"]).read_bytes()[:4] == b"\x89PNG"
+    # The run's end drew the loss plot first (matplotlib is here), and the card carries its copy, referenced relatively.
+    assert s["plot"] == str(run_dir / "loss.png") and s["plot_note"] is None and Path(s["plot"]).read_bytes()[:4] == b"\x89PNG"
+    assert (run_dir / "export" / "loss.png").read_bytes() == Path(s["plot"]).read_bytes()
+    assert "![training loss](loss.png)" in (run_dir / "export" / "README.md").read_text()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(s["export"])

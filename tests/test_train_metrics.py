@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from raydlc.evaluate import plot as lossplot
 from raydlc.train import metrics as M
-from raydlc.views import lossplot
 
 
 def records() -> list[dict]:

@@ -1,5 +1,6 @@
-"""The job draws no plot: the Ray Train image has no matplotlib (tests/doubles/dlc_env.py), so the
-run's end (rank 0's finalize: export, metrics, summary) must not need it; the caller draws the plot."""
+"""The job draws no plot: the Ray Train image has no matplotlib (tests/doubles/dlc_env.py), so rank 0's
+finalize (export, metrics, summary) must not need it; the driver's run's end draws the plot
+(evaluate.plot, tests/test_run_end_plot.py), and `raydlc submit`'s caller draws it where that end had none."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raydlc.views import lossplot
+from raydlc.evaluate import plot as lossplot
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ from tests.test_train_cadence import Session, one_worker
 from tests.test_train_checkpoint_loop import Storing, run_to_end
 
 from raydlc.config import TrainConfig, load_config
+from raydlc.evaluate.plot import series
 from raydlc.train import checkpoint as C
 from raydlc.train.schedule import lr_at, warmup_steps
-from raydlc.views.lossplot import series
 
 
 def test_cosine_is_the_default_and_decays_from_the_end_of_warm_up_to_the_floor() -> None:

@@ -74,8 +74,8 @@ class SubmitResult:
     @classmethod
     def of(cls, target: JobTarget, done: Submitted) -> SubmitResult:
         """What `jobs.submit` reported, with its warm-up and RayJob as the dicts `--json` prints; the built-in
-        program's loss plot drawn here from its metrics (the image has no matplotlib)."""
-        from raydlc.views.lossplot import with_plot
+        program's loss plot drawn here from its metrics where the job's end drew none (the image has no matplotlib)."""
+        from raydlc.evaluate.plot import with_plot
 
         summary = with_plot(done.summary) if done.summary else done.summary
         return cls(done.job, target, done.attached, done.waited, done.builtin, summary,

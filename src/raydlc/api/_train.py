@@ -49,7 +49,7 @@ class TrainResult:
     checkpoint: str | None
     export: str
     metrics: str
-    plot: str | None  # drawn here after the run, where matplotlib is (the image has none); None with `plot_note` saying why
+    plot: str | None  # drawn by the run's end on the driver (evaluate.ending.loss_plot); None with `plot_note` saying why
     wall_s: float
     stopped_by: str | None = None  # "budget" when JOB_MAX_COST_USD ended the run before STEPS
     stop_reason: str | None = None  # "stopped by the budget: $X of $Y at step N"
@@ -165,9 +165,7 @@ def train(
             raise
         if sigint.interrupted:  # an aborted run can return as if it had ended
             raise _stopped(request.run_name, out)
-    from raydlc.views.lossplot import with_plot
-
-    return TrainResult.from_summary(with_plot(summary))  # the job writes the metrics; the plot is drawn here
+    return TrainResult.from_summary(summary)  # the loss plot is the run's end's first step (evaluate.ending.loss_plot)
 
 
 def _stopped(name: str, out: str) -> Stopped:

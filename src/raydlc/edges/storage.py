@@ -177,10 +177,14 @@ def file_sizes(path: str) -> dict[str, int]:
 
 
 @named
-def read_text(path: str) -> str:
+def read_bytes(path: str) -> bytes:
     fs, p = filesystem(path)
     with fs.open_input_stream(p) as f:
-        return bytes(f.read()).decode()
+        return bytes(f.read())
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode()
 
 
 @named

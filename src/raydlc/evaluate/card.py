@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-LOSS_POINTS = 8  # rows of the loss table: the curve at a glance, where no plot travels with the export
+LOSS_POINTS = 8  # rows of the loss table: the curve as text, beside the plot (or in its place where none was drawn)
 
 
 def metadata(facts: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""The evaluation and the model card as steps of the run's end (train.ending registers them, in this order).
+"""The loss plot, the evaluation and the model card as steps of the run's end (train.ending registers them, in
+this order).
 
 Each takes the `RunEnd` (the run's settings `spec` and its `summary` so far) and returns what it adds to the
 summary. `evaluation` runs only with EVAL_AFTER=true: the same evaluation as `raydlc eval`, as one Ray task on one
 GPU worker (a CPU one on a CPU cluster) of the cluster the run used, its results under `evaluation`. `card` always
 writes the export's `README.md` and `raydlc_run.json` (the base and the held-out rows `raydlc eval` reads), after
-the evaluation so that the card shows it.
+the evaluation so that the card shows it; `loss_plot` draws `loss.png` first, so that the card embeds a copy of it
+(`export/loss.png`, referenced relatively: the export uploaded on its own keeps its card whole).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Any, Protocol
 
 from raydlc import storage
 from raydlc.evaluate import card as cards
+from raydlc.evaluate import plot as plots
 from raydlc.evaluate.exports import PROVENANCE, BuildBuiltin
 
 CARD = "README.md"
+PLOT = "loss.png"  # the card's copy of the loss plot, beside it in the export
 
 
 class End(Protocol):  # train.ending.RunEnd, by shape (evaluate sits below train)
@@ -57,14 +61,20 @@ def provenance(end: End) -> dict[str, Any]:
             "data_digest": spec.data_digest}
 
 
-def _write(end: End, files: Mapping[str, str]) -> str:
+def loss_plot(end: End) -> dict[str, Any]:
+    """The run's end's first step: `loss.png` beside the metrics (`plot`), or `plot_note` saying why not."""
+    drawn = plots.with_plot({**end.summary, "run_dir": end.summary.get("run_dir") or end.spec.run_dir})
+    return {"plot": drawn.get("plot"), "plot_note": drawn.get("plot_note")}
+
+
+def _write(end: End, files: Mapping[str, str | bytes]) -> str:
     """Files into the export, local or in object storage alike (edges.storage.publish)."""
     from raydlc.edges.storage import publish
 
     where = export_path(end)
     with tempfile.TemporaryDirectory(prefix="raydlc-card-") as tmp:
-        for name, text in files.items():
-            (Path(tmp) / name).write_text(text)
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data if isinstance(data, bytes) else data.encode())
         publish(Path(tmp), where)
     return where
 
@@ -145,8 +155,24 @@ def _records(end: End) -> list[dict[str, Any]]:
         return []
 
 
+def _plot_png(end: End) -> bytes | None:
+    """The loss plot the first step drew (a local path or a URI), or None: a card without it is still a card."""
+    from raydlc.edges.storage import read_bytes
+    from raydlc.errors import RaydlcError
+
+    plot = end.summary.get("plot")
+    try:
+        return read_bytes(str(plot)) if plot else None
+    except (OSError, RaydlcError):
+        return None
+
+
 def card(end: End) -> dict[str, Any]:
-    """The export's README.md (the model card) and raydlc_run.json."""
-    text = cards.render(card_facts(end, _records(end)))
-    where = _write(end, {CARD: text, PROVENANCE: json.dumps(provenance(end), indent=1)})
+    """The export's README.md (the model card), raydlc_run.json, and the loss plot it shows (`loss.png`)."""
+    png = _plot_png(end)
+    facts = {**card_facts(end, _records(end)), "plot": PLOT if png else None}
+    files: dict[str, str | bytes] = {CARD: cards.render(facts), PROVENANCE: json.dumps(provenance(end), indent=1)}
+    if png:
+        files[PLOT] = png
+    where = _write(end, files)
     return {"model_card": storage.join(where, CARD)}

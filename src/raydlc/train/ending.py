@@ -7,8 +7,8 @@ step is a function of the `RunEnd` (the resolved run and the summary so far) tha
 to the summary; later steps see what earlier ones added. A step that fails is one warning in the
 summary (`end_warnings`), never a failed run: the weights are already safe in the run directory.
 
-Order (a step registers by its place in `STEPS`): evaluation first, then the model card, then the
-trackers' close.
+Order (a step registers by its place in `STEPS`): the loss plot first (so that the card embeds it and
+the trackers log it), then evaluation, then the model card, then the trackers' close.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def _trackers(end: RunEnd) -> Mapping[str, Any]:
 
 # (name, step) in the order they run; a name is what a warning says failed.
 STEPS: tuple[tuple[str, EndStep], ...] = (
+    ("loss plot", evaluate_ending.loss_plot),
     ("evaluation", functools.partial(evaluate_ending.evaluation, build=build_builtin)),
     ("model card", evaluate_ending.card),
     ("trackers", _trackers),

@@ -416,7 +416,7 @@ def _summary(spec: RunSpec, p: Prepared, result: Any, wall: float) -> dict[str, 
         "checkpoint": ckpt,
         "export": f"{run_dir}/export",
         "metrics": f"{run_dir}/metrics.jsonl",
-        "plot": None,  # drawn by the caller, where matplotlib is (raydlc.views.lossplot)
+        "plot": None,  # drawn by the run's end, where matplotlib is (raydlc.evaluate.plot)
         "wall_s": wall,
         "stopped_by": s.get("stopped_by"),
         "stop_reason": s.get("stop_reason"),

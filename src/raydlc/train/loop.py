@@ -621,7 +621,7 @@ def save_again(saver: Saver, t: Trainer, s: TrainConfig, history: list[dict[str,
 
 def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: int, stopped: dict[str, Any] | None = None) -> None:
     """Export, metrics, summary and the run's settings into the run directory; then drop the FSDP state.
-    The loss plot is the caller's to draw from the metrics (raydlc.views.lossplot): the image has no matplotlib.
+    The loss plot is the driver's to draw from the metrics at the run's end (raydlc.evaluate.plot): the image has no matplotlib.
 
     The export and the metrics files are the run's products; a restart after the last
     checkpoint lands here directly (no steps left) and writes them again, identically.

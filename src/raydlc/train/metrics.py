@@ -1,6 +1,6 @@
 """Metrics of a run: one JSON record per step (JSONL) and their summary; what the loop reports to
-Ray and posts to the driver as it goes. The loss plot is drawn from the JSONL by the caller, where
-matplotlib is (raydlc.views.lossplot): the Ray Train image has none.
+Ray and posts to the driver as it goes. The loss plot is drawn from the JSONL by the run's end on the
+driver, where matplotlib is (raydlc.evaluate.plot): the Ray Train image has none.
 
 Records travel inside checkpoints, so a restarted or resumed run carries its history on
 instead of writing duplicate steps, and the files are written once at the end.

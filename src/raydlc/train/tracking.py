@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydlc import storage
+from raydlc.errors import RaydlcError
 from raydlc.facts.trackers import chosen
 
 if TYPE_CHECKING:
@@ -542,12 +543,22 @@ def failed(run: RunSpec, why: BaseException, *, step: int | None, timeout: float
 def end_files(summary: Mapping[str, Any], tmp: Path) -> list[Path]:
     """The run's end as files: summary.json, metrics.jsonl, and what earlier steps of the run's end left as local
     files (the loss plot `plot`, the evaluation `eval`, the model card `model_card`; `<run>/loss.png` when drawn).
-    The loss plot is drawn by raydlc.views.lossplot, a room above training: where nothing drew it yet, the trackers
-    chart the per-step metrics themselves."""
+    The loss plot is the run's end's first step (evaluate.ending.loss_plot); one drawn into object storage is
+    fetched into `tmp` to be logged. Where none was drawn (no matplotlib), the trackers chart the per-step
+    metrics themselves."""
     import json
 
     out = [tmp / "summary.json"]
     out[0].write_text(json.dumps(dict(summary), indent=1, default=str))
+    plot = summary.get("plot")
+    if isinstance(plot, str) and storage.is_uri(plot):
+        from raydlc.edges.storage import read_bytes
+
+        try:
+            (tmp / "loss.png").write_bytes(read_bytes(plot))
+            out.append(tmp / "loss.png")
+        except (OSError, RaydlcError):
+            pass  # the plot is in the run's storage still; the trackers have its numbers
     run_dir = summary.get("run_dir")
     candidates: list[Any] = [summary.get("metrics"), f"{run_dir}/loss.png" if run_dir else None]
     for key in ("plot", "eval", "model_card"):

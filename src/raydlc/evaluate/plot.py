@@ -1,9 +1,10 @@
-"""The loss plot, drawn where matplotlib is: by `raydlc train`'s driver and `raydlc submit`'s caller
-after the run, from the metrics the run wrote; never on the cluster.
+"""The loss plot: the first step of the run's end (train.ending), so that the model card embeds it and the
+trackers log it; drawn again by `raydlc submit`'s caller where the job's end had no matplotlib.
 
-The Ray Train image has no matplotlib (tests/doubles/dlc_env.py), so the training job writes
-`metrics.jsonl` and the caller turns it into `loss.png` next to it. Without matplotlib, or without
-access to the run's storage, no plot is drawn and a one-line note says why; the run is not failed.
+The Ray Train image has no matplotlib (tests/doubles/dlc_env.py): matplotlib is imported only when drawing,
+and where it is absent, or the run's storage cannot be read or written, no plot is drawn and a one-line
+`plot_note` says why; the run is not failed. A run directory in object storage gets `loss.png` drawn
+locally and published beside its metrics (edges.storage).
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ def draw(summary: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 
 def with_plot(summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary with `plot` (the PNG drawn, or None) and `plot_note` (why not, or None)."""
+    """The summary with `plot` (the PNG drawn, or None) and `plot_note` (why not, or None); a summary whose
+    plot is drawn already is returned as it is."""
+    if summary.get("plot"):
+        return summary
     path, note = draw(summary)
     return {**summary, "plot": path, "plot_note": note}
+
