@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 from raydlc import storage
 from raydlc.evaluate import card as cards
-from raydlc.evaluate import plot as plots
 from raydlc.evaluate.exports import PROVENANCE, BuildBuiltin
 
 CARD = "README.md"
@@ -62,8 +61,11 @@ def provenance(end: End) -> dict[str, Any]:
 
 
 def loss_plot(end: End) -> dict[str, Any]:
-    """The run's end's first step: `loss.png` beside the metrics (`plot`), or `plot_note` saying why not."""
-    drawn = plots.with_plot({**end.summary, "run_dir": end.summary.get("run_dir") or end.spec.run_dir})
+    """The run's end's first step: `loss.png` beside the metrics (`plot`), or `plot_note` saying why not.
+    Imported here: the module names matplotlib, which the image that loads this one has not (tests/test_dlc_env.py)."""
+    from raydlc.evaluate.plot import with_plot
+
+    drawn = with_plot({**end.summary, "run_dir": end.summary.get("run_dir") or end.spec.run_dir})
     return {"plot": drawn.get("plot"), "plot_note": drawn.get("plot_note")}
 
 

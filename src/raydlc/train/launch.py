@@ -120,7 +120,7 @@ def run(
              "train_sequences": p.n_train})
         summary = _fit(spec, p, where, on_progress)
         summary = summary if checked is None else {**summary, "preflight": checked}
-        return ending.finish(spec, summary)  # evaluation, model card, trackers: the run's end (train.ending)
+        return ending.finish(spec, summary)  # loss plot, evaluation, model card, trackers: the run's end (train.ending)
 
 
 @contextlib.contextmanager
