@@ -524,6 +524,8 @@ DATA = [
     r("generate-not-an-export", "generate d --prompt hi", 2, "neither a run directory", files={"d": DIR}),
     r("eval-nowhere", "eval nowhere", 2, "no such directory", sub=True),
     r("eval-not-an-export", "eval d", 2, "neither a run directory", files={"d": DIR}),
+    r("tb-nowhere", "tb nowhere", 2, "nowhere: no such run", sub=True),
+    r("tb-empty", ["tb", ""], 2, "RUN is empty"),
     r("data-show-bad-manifest", "data show ds", 2, "not a usable dataset manifest", files={"ds": DIR, "ds/manifest.json": "{}"}),
     r("data-show-shards-mismatch", "data show ds", 2, "does not match its row counts", files={"ds": DIR, "ds/manifest.json": _dataset(seq_len=8, shards=[
         {"name": "shard-00000.bin", "rows": 1, "sha256": SHA, "bytes": 5}])}),

@@ -32,11 +32,17 @@ def tb(run: str, *, out: str | None = None) -> TensorBoardRun:
         'tensorboard --logdir s3://bucket/runs/run-1/tb'
     """
     from raydlc import storage
+    from raydlc.errors import InputError
     from raydlc.train.prepare import DEFAULT_OUT
+
+    if not isinstance(run, str) or not run:
+        raise InputError("RUN is empty: give a run directory, or a run name under --out", hint="raydlc tb run-<UTC time>")
 
     run_dir = run if (storage.is_uri(run) or os.path.isdir(run)) and out is None else storage.join(storage.resolve(out or DEFAULT_OUT), run)
     if not storage.is_uri(run_dir):
         run_dir = os.path.abspath(run_dir)
+    if not storage.is_uri(run_dir) and not os.path.isdir(run_dir):  # a typo would print a command that opens nothing
+        raise InputError(f"{run}: no such run ({run_dir} does not exist)", hint="raydlc tb RUN takes a run directory, or a run name under --out")
     began = run_dir
     try:  # a local run's settings; an s3:// run is named by the directory given (no network for a command line)
         if not storage.is_uri(run_dir):

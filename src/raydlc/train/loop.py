@@ -858,14 +858,10 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
         due = cadence.due(step, stopping=stopped is not None, preempted=noticed, save_on_notice=watch.saves)
         if not due.read:
             continue
-        first_new = len(history)
-        history.extend(unread.read(tokens_per_step=run.global_batch * s.seq_len, device=device))
-        check_finite(history, s.max_nonfinite_steps, s.checkpoint_every)
+        new = read_due(t, run, data, unread, history, step=step, validate=due.validate, rank=rank)
         unread = None
-        if due.validate:
-            history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
-        progress.add(history[first_new:], now=due.report or due.validate)
-        track.records(history[first_new:])
+        progress.add(new, now=due.report or due.validate)
+        track.records(new)
         saver.poll(t, beat)
         if due.report:
             metrics = mx.report(history, step=step, every=s.report_every, mesh_shape=list(t.mesh.shape), last=due.last,
@@ -878,6 +874,23 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
             break
     if start_step >= s.steps and not from_ray:
         save_again(saver, t, s, history, step=start_step, beat=beat)
+    end_attempt(t, run, history, saver=saver, progress=progress, track=track, watch=watch, beat=beat, rank=rank, stopped=stopped)
+
+
+def read_due(t: Trainer, run: RunSpec, data: RankData, unread: Unread, history: list[dict[str, Any]], *, step: int,
+             validate: bool, rank: int) -> list[dict[str, Any]]:
+    """The unread steps' device values into `history` (checked finite), with an eval loss when one is due: the new records."""
+    s, first_new = run.train, len(history)
+    history.extend(unread.read(tokens_per_step=run.global_batch * s.seq_len, device=t.device))
+    check_finite(history, s.max_nonfinite_steps, s.checkpoint_every)
+    if validate:
+        history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
+    return history[first_new:]
+
+
+def end_attempt(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, saver: Saver, progress: Any, track: Any, watch: Any,
+                beat: Any, rank: int, stopped: dict[str, Any] | None) -> None:
+    """The last save landed, progress and trackers flushed, a drain notice held to its end, then the run's products."""
     saver.finish(t, beat=beat, wait=watch.notice is not None)
     progress.flush()
     track.close()

@@ -180,7 +180,7 @@ def held(c: Claim, *, overwrite: bool) -> Iterator[None]:
         yield
         return
     d = Path(c.run_dir)
-    made = not d.exists()
+    made = _missing(d)  # this run makes these folders (the run's, and --out when new): it removes them if it writes nothing
     d.mkdir(parents=True, exist_ok=True)
     with _locked(d):
         if c.existed and overwrite:
@@ -195,17 +195,27 @@ def held(c: Claim, *, overwrite: bool) -> Iterator[None]:
                 _forget_if_empty(d, made)
 
 
-def _forget_if_empty(d: Path, made: bool) -> None:
+def _missing(d: Path) -> list[Path]:
+    """`d` and those of its parents that do not exist yet, deepest first."""
+    out: list[Path] = []
+    for p in (d, *d.parents):
+        if p.exists():
+            break
+        out.append(p)
+    return out
+
+
+def _forget_if_empty(d: Path, made: list[Path]) -> None:
     """A run that ended before writing anything (bad input found late, Ctrl-C at Ray's start) leaves no
-    record behind, so that its name is free again; the folder goes too when this run made it."""
+    record behind, so that its name is free again; the folders go too when this run made them (--out too)."""
     if {p.name for p in d.iterdir()} - {RECORD, LOCK, RECORD + ".tmp"}:
         return
     for name in (RECORD, RECORD + ".tmp", LOCK):
         with contextlib.suppress(OSError):
             (d / name).unlink()
-    if made:
+    for folder in made:  # deepest first; one another process wrote into meanwhile is not empty and stays
         with contextlib.suppress(OSError):
-            d.rmdir()
+            folder.rmdir()
 
 
 def _in_use(d: Path, pid: str) -> InputError:
