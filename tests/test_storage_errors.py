@@ -133,3 +133,20 @@ def test_an_endpoint_that_accepts_and_never_answers_is_given_up_within_the_reque
         waited = time.monotonic() - t0
     assert waited < 10, waited
     assert "s3://bkt/runs/manifest.json" in str(e.value) and "cannot reach" in str(e.value)
+
+
+def test_publishing_onto_a_file_where_a_folder_goes_is_one_line_naming_the_path(tmp_path: Path) -> None:
+    """shutil.copytree's Error (a list of (source, destination, why)) becomes raydlc's one line (issue 44)."""
+    from raydlc.edges.storage import publish
+    from raydlc.errors import InputError
+
+    local = tmp_path / "local"
+    (local / "export").mkdir(parents=True)
+    (local / "export" / "config.json").write_text("{}")
+    dest = tmp_path / "run"
+    dest.mkdir()
+    (dest / "export").write_text("my notes\n")
+    with pytest.raises(InputError, match=rf"cannot publish the run into {dest / 'export'}") as e:
+        publish(local, str(dest))
+    assert "\n" not in e.value.message and str(local) in (e.value.hint or "")
+    assert (dest / "export").read_text() == "my notes\n"

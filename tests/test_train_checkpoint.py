@@ -326,3 +326,24 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_any_still_arriving(tmp_
     assert [p.name for p in deleted] == [C.dir_name(2)]
     assert sorted(p.name for p in tmp_path.iterdir()) == [C.dir_name(4), C.dir_name(6), C.dir_name(8), "export"]
     assert C.prune(tmp_path, keep=0) == [] and len(list(tmp_path.iterdir())) == 4  # 0 keeps all
+
+
+def test_a_garbled_shard_behind_an_agreeing_manifest_is_raydlcs_line_naming_checkpoint_and_shards(
+        saved: tuple[Path, dict], tmp_path: Path) -> None:
+    """Sizes and SHA-256s rewritten to match a shard whose bytes were zeroed: DCP's torch.load fails in the worker,
+    and the error is raydlc's, naming the checkpoint and its shard files (issue 44)."""
+    d, _weights = saved
+    copy = tmp_path / d.name
+    shutil.copytree(d, copy)
+    shard = next(p for p in copy.iterdir() if p.name.endswith(".distcp"))
+    raw = bytearray(shard.read_bytes())
+    raw[:64] = bytes(64)
+    shard.write_bytes(bytes(raw))
+    manifest = json.loads((copy / C.MANIFEST).read_text())
+    manifest["files"] = C.file_digests(copy)
+    (copy / C.MANIFEST).write_text(json.dumps(manifest))
+    C.verify(copy)  # the manifest agrees: only reading the shard tells
+    model, opt = trained(seed=4)
+    with pytest.raises(CheckpointError, match=rf"checkpoint {copy}: .* in its shards is not plain data \(UnpicklingError\)") as e:
+        C.load(copy, model, opt, rank=0)  # the first item read is a pickled one (DCP would torch.load it weights_only=False)
+    assert "\n" not in e.value.message and len(e.value.message) < 700

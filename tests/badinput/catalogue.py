@@ -110,6 +110,7 @@ CONFIG = [
 VERSION = [
     r("version-bad-flag", "version --jsn", 2, "--jsn", sub=True),
     r("version-extra-argument", "version extra", 2, "extra"),
+    r("tb-bad-flag", "tb --jsn x", 2, "--jsn", sub=True),  # tb (the tracking merge) had no rows; `tb nowhere` still exits 0 (not fixed here)
 ]
 
 S3 = {"RAYDLC_STORAGE_PATH": "s3://bucket/runs"}  # two GPU nodes need storage every node sees
@@ -367,6 +368,47 @@ def _foreign_checkpoint() -> dict[str, str | bytes | None]:
     return {"ckpt/raydlc_checkpoint.json": _manifest(world_size=1, files=listed), **{f"ckpt/{k}": v for k, v in files.items()}}
 
 
+def _agreeing(files: Mapping[str, bytes], **meta: object) -> dict[str, bytes | str]:
+    """A checkpoint `ckpt/` whose manifest agrees with its files (sizes, SHA-256), whatever the files hold."""
+    listed = {k: {"size": len(v), "sha256": hashlib.sha256(v).hexdigest()} for k, v in files.items()}
+    return {"ckpt/raydlc_checkpoint.json": _manifest(world_size=1, files=listed, **meta), **{f"ckpt/{k}": v for k, v in files.items()}}
+
+
+class _CutShard(Mapping[str, "bytes | str"]):
+    """A real DCP checkpoint (torch.distributed.checkpoint.save, one process) whose shard is cut in half and
+    whose manifest was rewritten to agree: built on first use, so the catalogue imports without torch."""
+
+    _files: dict[str, bytes | str] | None = None
+
+    def _built(self) -> dict[str, bytes | str]:
+        if self._files is None:
+            import io
+            import tempfile
+            from pathlib import Path
+
+            import torch
+            import torch.distributed.checkpoint as dcp
+
+            with tempfile.TemporaryDirectory() as tmp:
+                dcp.save({"model": {"w": torch.arange(4096, dtype=torch.float32)}}, checkpoint_id=tmp, no_dist=True)
+                files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+            shard = next(n for n in files if n.endswith(".distcp"))
+            files[shard] = files[shard][: len(files[shard]) // 2]
+            extra = io.BytesIO()
+            torch.save({"step": 5}, extra)
+            type(self)._files = _agreeing({**files, "extra_rank0.pt": extra.getvalue()})
+        return self._files
+
+    def __getitem__(self, key: str) -> bytes | str:
+        return self._built()[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
 DAY_OLD, NOW = 1_700_000_000.0, 1_700_086_400.0  # the run names sort the other way: zebra after run-…
 
 RUN_SAFETY = [  # a run is never overwritten, a checkpoint is never code (issue 44)
@@ -381,6 +423,18 @@ RUN_SAFETY = [  # a run is never overwritten, a checkpoint is never code (issue 
              "elsewhere/config.json": '{"theirs": true}'}),
     r("train-same-run-folder-in-use", "train --out out --run-name r", 2, "is being written by another raydlc train",
       files={"out/r/.raydlc.lock": ""}, locks=("out/r/.raydlc.lock",)),
+    r("train-resume-from-cut-extras-agreeing-manifest", "train --resume-from ckpt --steps 10", 1,
+      "ckpt is corrupt: extra_rank0.pt cannot be read as a torch file (RuntimeError: PytorchStreamReader failed",
+      files=_agreeing({".metadata": b"not read", "extra_rank0.pt": b"PK\x03\x04" + bytes(60)}), sub=True),
+    r("train-resume-from-garbled-extras-agreeing-manifest", "train --resume-from ckpt --steps 10", 1,
+      "ckpt: extra_rank0.pt is not plain data (UnpicklingError) and is refused unread",
+      files=_agreeing({".metadata": b"not read", "extra_rank0.pt": b"\x80\x02garbage" * 4}), hint_lacks="weights_only"),
+    r("train-resume-from-cut-shard-agreeing-manifest", "train --resume-from ckpt --steps 10", 1, "ckpt is corrupt: __0_0.distcp has",
+      files=_CutShard()),
+    r("train-resume-export-is-a-file", "train --out out --run-name r --resume", 2, "out/r/export is a file: the run writes a folder there",
+      files=_under("out/r", {**{k: v for k, v in _run(NOW).items() if not k.startswith("export/")}, "export": "my notes\n"}), sub=True),
+    r("train-model-is-a-file", "train --model notes.txt", 2, "notes.txt is a file, not a directory",
+      files={"notes.txt": "not a model\n"}),
     r("train-resume-from-foreign-pickle", "train --resume-from ckpt --steps 10", 1, "never code", files=_foreign_checkpoint(), sub=True),
     r("train-resume-takes-newest-by-start-time", "train --out out --resume", 1, "run-20260101-000000-000001/checkpoint_000004",
       files={**_under("out/zebra", _run(DAY_OLD)), **_under("out/run-20260101-000000-000001", {**_run(NOW),

@@ -150,7 +150,7 @@ def train(
     claim = runfolder.claim(root, name, resume=request.resume, overwrite=request.overwrite)  # nothing of another run is lost
     emit = on_progress or (lambda record: None)
     checked = None
-    with interrupts.watch() as sigint:
+    with interrupts.watch() as sigint, interrupts.terminating():
         try:
             if request.num_workers > 0:  # with 0 (one per GPU) the checks wait for the cluster's size
                 checked = launch.check(request, where)  # bad input fails here, before Ray, a progress bar or a worker
@@ -162,15 +162,25 @@ def train(
         except BaseException as e:  # Ray Train's own SIGINT handler aborts the run and may sys.exit(0)
             if isinstance(e, KeyboardInterrupt) or sigint.interrupted:
                 raise _stopped(request.run_name, out) from None
+            if isinstance(e, interrupts.Terminated) or sigint.terminated:  # ours, or ray.init's sys.exit(15)
+                raise _stopped(request.run_name, out, by="SIGTERM") from None
             raise
-        if sigint.interrupted:  # an aborted run can return as if it had ended
-            raise _stopped(request.run_name, out)
+        if sigint.interrupted or sigint.terminated:  # an aborted run can return as if it had ended
+            raise _stopped(request.run_name, out, by="Ctrl-C" if sigint.interrupted else "SIGTERM")
     return TrainResult.from_summary(summary)  # the loss plot is the run's end's first step (evaluate.ending.loss_plot)
 
 
-def _stopped(name: str, out: str) -> Stopped:
-    """What Ctrl-C stopped and what is kept: the run's checkpoints, which `--resume` continues from.
-    A save the Ctrl-C cut short is not named (checked by sizes: hashing every shard would hold the exit)."""
+def _stopped(name: str, out: str, by: str = "Ctrl-C") -> Stopped:
+    """What Ctrl-C (or SIGTERM) stopped and what is kept: the run's checkpoints, which `--resume` continues from.
+    A save the signal cut short is not named (checked by sizes: hashing every shard would hold the exit).
+    SIGTERM exits 143 (128 + 15, as a shell reports a process SIGTERM ended), Ctrl-C 130."""
+    stopped = _stopped_by(name, out, by)
+    if by == "SIGTERM":
+        stopped.exit_code = 143
+    return stopped
+
+
+def _stopped_by(name: str, out: str, by: str) -> Stopped:
     from raydlc.train.checkpoint import newest_intact
 
     try:
@@ -178,8 +188,8 @@ def _stopped(name: str, out: str) -> Stopped:
     except (OSError, RaydlcError):
         found = None
     if found is None:
-        return Stopped(f"training run {name} stopped by Ctrl-C before its first checkpoint; nothing to resume from")
-    return Stopped(f"training run {name} stopped by Ctrl-C; its last checkpoint {found.path} is kept and --resume continues from it",
+        return Stopped(f"training run {name} stopped by {by} before its first checkpoint; nothing to resume from")
+    return Stopped(f"training run {name} stopped by {by}; its last checkpoint {found.path} is kept and --resume continues from it",
                    hint=f"raydlc train --resume --out {out} --run-name {name}")
 
 

@@ -98,7 +98,9 @@ def train(
     except Stopped as e:  # the hint: this very command again, with --resume
         again = invoked()
         resume = again if "--resume" in again else [*again, "--resume"]
-        raise Stopped(e.message, hint=shlex.join(["raydlc", *resume]) if e.hint else None) from None
+        again_stopped = Stopped(e.message, hint=shlex.join(["raydlc", *resume]) if e.hint else None)
+        again_stopped.exit_code = e.exit_code  # 143 for SIGTERM
+        raise again_stopped from None
     report(result, json_, lambda: print_summary(result.to_dict()))
 
 

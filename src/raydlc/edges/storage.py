@@ -213,7 +213,12 @@ def publish(local: Path, dest: str) -> None:
         _publish(dest, local)
     else:
         Path(dest).mkdir(parents=True, exist_ok=True)
-        shutil.copytree(local, dest, dirs_exist_ok=True)
+        try:
+            shutil.copytree(local, dest, dirs_exist_ok=True)
+        except shutil.Error as e:  # a list of (source, destination, why): the first, in one line
+            _src, dst, why = e.args[0][0] if e.args and e.args[0] and len(e.args[0][0]) == 3 else ("", dest, str(e))
+            raise InputError(f"cannot publish the run into {dst}: {why}",
+                             hint=f"the run's products are kept in {local}; move what is in the way and copy them") from e
 
 
 @named

@@ -220,6 +220,9 @@ def model_dir(model_id: str) -> Path | None:
                 raise InputError(f"{p}: a hub cache entry without refs/main and with several snapshots", hint=f"pass one of {p / 'snapshots'}/<commit>")
             return snap
         raise InputError(f"model directory {p} has no {CONFIG_FILE}", hint="pass a directory written by save_pretrained (config.json + *.safetensors)")
+    if looks_like_path(model_id) and Path(model_id).expanduser().exists():  # a file, not the folder save_pretrained writes
+        raise InputError(f"model directory {model_id} is a file, not a directory",
+                         hint="pass the folder holding config.json and *.safetensors (written by save_pretrained), a hub id or a built-in spec")
     if looks_like_path(model_id):
         raise InputError(f"model directory {model_id} does not exist", hint=f"pass an existing directory, a hub id (org/name) or a built-in spec: {builtin_names()}")
     if _HUB_ID.match(model_id.strip()):

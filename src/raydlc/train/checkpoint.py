@@ -134,11 +134,37 @@ def _check_names(where: str | Path, m: Manifest) -> None:
 
 def check_data(d: Path, m: Manifest) -> None:
     """Every pickled part of a local checkpoint (DCP's .metadata, each rank's extras) read as plain data:
-    one that names anything else (a pickle's code) is refused here, before DCP or torch unpickles it."""
+    one that names anything else (a pickle's code) is refused here, before DCP or torch unpickles it.
+    The shards are checked against the .metadata too: a manifest that agrees with cut files cannot hide them."""
     for name in sorted(m.files):
         if name.startswith("extra_rank"):
             load_extra(d, d / name)
-    read_metadata(d)
+    _check_shards(d, m, read_metadata(d))
+
+
+_CORRUPT_HINT = "the checkpoint's files do not hold what it says: resume from an earlier checkpoint (--resume-from DIR), or start without --resume"
+
+
+def _check_shards(d: Path, m: Manifest, metadata: Any) -> None:
+    """Every tensor DCP's .metadata places in a shard lies inside a file the manifest lists, by its real size."""
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name, end = getattr(info, "relative_path", None), getattr(info, "offset", 0) + getattr(info, "length", 0)
+        if not isinstance(name, str) or name not in m.files:
+            raise CheckpointError(f"checkpoint {d} is corrupt: its .metadata places data in {name}, which the manifest does not list",
+                                  hint=_CORRUPT_HINT)
+        size = (d / name).stat().st_size
+        if end > size:
+            raise CheckpointError(f"checkpoint {d} is corrupt: {name} has {size} bytes, its .metadata places data up to byte {end}",
+                                  hint=_CORRUPT_HINT)
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception as `Type: its first sentence`, cut to 200 characters: a library's words inside raydlc's one line.
+    An unpickling error is named only: torch's weights-only refusal goes on to suggest weights_only=False."""
+    import pickle
+
+    text = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+    return f"{type(e).__name__}: {text[:200]}" if text and not isinstance(e, pickle.UnpicklingError) else type(e).__name__
 
 
 def verify_remote(uri: str) -> Manifest:
@@ -449,7 +475,19 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
                               hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS, or start without --resume")
     msd, osd = model_state(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, storage_reader=data_reader(d))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=data_reader(d), planner=data_planner(d))
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # a shard garbled behind a manifest that agrees with it: torch's words, in raydlc's line
+        cause = _rank_failure(e)
+        if isinstance(cause, CheckpointError):
+            raise cause from e
+        shards = ", ".join(sorted(n for n in m.files if n.endswith(".distcp"))[:4])
+        raise CheckpointError(f"checkpoint {d} is corrupt: its shards ({shards}) cannot be read ({_first_line(cause)})",
+                              hint=_CORRUPT_HINT) from e
     partial = any(p.requires_grad is False for p in model.parameters())  # LoRA: the adapters only; the base stays as built
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=StateDictOptions(strict=not partial))
@@ -535,6 +573,40 @@ def data_reader(d: Path) -> Any:
     return Reader(str(d))
 
 
+def _rank_failure(e: BaseException) -> BaseException:
+    """The error behind DCP's CheckpointException (which wraps each rank's, traceback and all), else `e`."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))  # (the exception, its traceback summary)
+        return first[0] if isinstance(first, tuple) and first and isinstance(first[0], BaseException) else e
+    return e
+
+
+def data_planner(d: Path) -> Any:
+    """DCP's load planner, its non-tensor items read as data: DCP's own `load_bytes` unpickles a
+    shard's bytes with torch.load, weights_only off (torch 2.13's DefaultLoadPlanner). Each is read with weights_only=True and handed
+    on re-saved, so what DCP unpickles is only what that data-only read produced."""
+    import io
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class Planner(DefaultLoadPlanner):  # type: ignore[misc]
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                obj = torch.load(value, weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as e:
+                raise CheckpointError(f"checkpoint {d}: {read_item.dest_index.fqn} in its shards is not plain data ({type(e).__name__}) "
+                                      "and is refused unread (a checkpoint is data, never code)", hint=_DATA_HINT) from e
+            plain = io.BytesIO()
+            torch.save(obj, plain)
+            plain.seek(0)
+            super().load_bytes(read_item, plain)
+
+    return Planner()
+
+
 def load_extra(d: Path, path: Path) -> dict[str, Any]:
     """A rank's extras (step, RNG states, the run's records) with torch.load(weights_only=True)."""
     import pickle
@@ -554,7 +626,10 @@ def load_extra(d: Path, path: Path) -> dict[str, Any]:
             extra = torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError) as e:
         named = re.search(r"GLOBAL ([\w.]+)", str(e))  # torch's weights-only refusal names what the pickle would call
-        why = f"it names {named.group(1)}" if named else f"{type(e).__name__}"
+        if named is None and not isinstance(e, pickle.UnpicklingError):  # cut short behind a manifest that agrees with it
+            raise CheckpointError(f"checkpoint {d} is corrupt: {path.name} cannot be read as a torch file ({_first_line(e)})",
+                                  hint=_CORRUPT_HINT) from e
+        why = f"it names {named.group(1)}" if named else type(e).__name__  # the weights-only refusal: code and garble alike
         raise CheckpointError(f"checkpoint {d}: {path.name} is not plain data ({why}) and is refused unread "
                               "(a checkpoint is data, never code)", hint=_DATA_HINT) from e
     if not isinstance(extra, dict) or "step" not in extra:

@@ -161,7 +161,18 @@ def claim(root: str, name: str, *, resume: bool, overwrite: bool) -> Claim:
                          hint="choose another --run-name or --out")
     if rec is not None and not (resume or overwrite):
         raise _reused(name, run_dir, rec)
+    if not overwrite and (blocked := _not_a_folder(d)) is not None:  # found now, not when the finished run is copied in
+        raise InputError(f"{blocked} is a file: the run writes a folder there; it is left as it is",
+                         hint="move it away, or choose another --run-name")
     return Claim(run_dir, True, None if rec is None else float(rec["started_at"]))
+
+
+PRODUCTS = ("export",)  # the folder a run publishes into its run folder (beside checkpoint_* and files)
+
+
+def _not_a_folder(run_dir: Path) -> Path | None:
+    """A product folder of the run that exists as something else (a file): publishing would fail on it at the end."""
+    return next((run_dir / n for n in PRODUCTS if (run_dir / n).exists() and not (run_dir / n).is_dir()), None)
 
 
 def _reused(name: str, run_dir: str, rec: dict[str, Any]) -> InputError:
