@@ -110,7 +110,7 @@ CONFIG = [
 VERSION = [
     r("version-bad-flag", "version --jsn", 2, "--jsn", sub=True),
     r("version-extra-argument", "version extra", 2, "extra"),
-    r("tb-bad-flag", "tb --jsn x", 2, "--jsn", sub=True),  # tb (the tracking merge) had no rows; `tb nowhere` still exits 0 (not fixed here)
+    r("tb-bad-flag", "tb --jsn x", 2, "--jsn", sub=True),  # tb: a bad flag (the missing run: tb-nowhere below)
 ]
 
 S3 = {"RAYDLC_STORAGE_PATH": "s3://bucket/runs"}  # two GPU nodes need storage every node sees
