@@ -15,7 +15,7 @@
 # pydantic (which raydlc's config needs) is taken from the wheels in --wheels DIR (default
 # benchmarks/wheels, made by benchmarks/fetch_wheels.sh) when the Python lacks it: unpacked into a
 # throwaway folder put on PYTHONPATH; nothing else is installed, nothing is fetched.
-# --dry-run runs every phase at toy size on the CPU (gloo): the same code paths, no GPU.
+# --dry-run runs every phase at toy size on the CPU (gloo): the same code paths, no GPU, limits tripled.
 # --gpu names the GPU the planner plans for (a key of raydlc.facts.instances.GPUS: h100, h200, l4, ...);
 # default auto: the GPU torch sees (its name), or h100 in a dry run.
 set -uo pipefail
@@ -100,6 +100,8 @@ fi
 STATUS=0
 for entry in "${PHASES[@]}"; do
   name="${entry%%:*}" limit="${entry##*:}" t0=$SECONDS
+  # The limits are sized for the GPU machine (16 cores); a dry run checks code paths on a CPU that may be busy.
+  [ "$DRY_RUN" = 1 ] && limit=$((limit * 3))
   echo "== $name (at most ${limit}s)" | tee -a "$LOG"
   timeout --kill-after=5 "$limit" "$PY" -m torch.distributed.run --standalone --nproc-per-node=1 \
     benchmarks/gpu_check_phases.py "$name" --out "$OUTDIR" --gpu "$GPU" "${TOY[@]}" >>"$LOG" 2>&1

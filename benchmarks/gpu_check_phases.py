@@ -50,7 +50,7 @@ class Size:
 
 def size_for(toy: bool, gpu: str) -> Size:
     if toy:
-        return Size(True, gpu, ("tiny", "tiny-2l", "tiny-7b-shape"), 64, 1, 2, 30, "tiny", 2)
+        return Size(True, gpu, ("tiny", "tiny-2l", "tiny-7b-shape"), 64, 1, 2, 8, "tiny", 2)
     return Size(False, gpu, ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b-fit"), 2048, 2, 5, 30, "qwen2.5-0.5b", 4)
 
 
@@ -460,7 +460,7 @@ def phase_l4(ph: Phase) -> None:
 
 
 def phase_precision(ph: Phase) -> None:
-    """bf16 vs fp32 loss over 30 steps, and the chunked loss's gradients vs the plain loss's."""
+    """bf16 vs fp32 loss over 30 steps (8 in the dry run), and the chunked loss's gradients vs the plain loss's."""
     ph.guarded("bf16 vs fp32 loss", lambda: _bf16_vs_fp32(ph))
     ph.guarded("chunked vs plain loss gradients", lambda: _chunked_vs_plain(ph))
 

@@ -209,7 +209,9 @@ class GpuNodeGroup(Resource):
             err = self._failure(ctx, ng, tool_error)
             errors.append(f"{az}{f' ({kind})' if eksctl.spot(ctx.cfg) else ''}: {err}")
             nodegroups.remove(ctx, self.name, ngname)
-            if spot and cloud.is_spot_quota_error(err) and ctx.cfg.gpu_nodes.capacity_type == "spot-then-on-demand":
+            if spot and cloud.is_spot_quota_error(err):
+                if ctx.cfg.gpu_nodes.capacity_type != "spot-then-on-demand":
+                    break  # the Spot quota is the region's: no other AZ's Spot launch can pass it
                 spot_quota_hit = True
                 continue
             if not cloud.is_capacity_error(err):
