@@ -7,6 +7,7 @@ caller's credentials) are not raydlc's: they come from eksctl's "Minimum IAM pol
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from raydlc import lifecycle
@@ -47,6 +48,9 @@ def _record(world: Any, run: Any) -> set[str]:
 def test_every_call_up_status_and_down_make_is_in_the_list_and_every_own_action_is_called(world: Any) -> None:
     cfg = world.config()
     up = _record(world, lambda: _ok(lifecycle.up(cfg, timings=FAST)))
+    # every resource type the stacks `up` made hold has its handlers' permissions in the list
+    stacked = _stack_types(world)
+    assert "AWS::EC2::VPC" in stacked and sorted(stacked - set(permissions.CFN_HANDLERS)) == []
     status = _record(world, lambda: lifecycle.status(cfg, timings=FAST))
     bucket = world.client("s3").list_buckets()["Buckets"][0]["Name"]
     world.client("s3").create_multipart_upload(Bucket=bucket, Key="runs/r1/checkpoint_000001/big.bin")  # down aborts it
@@ -66,3 +70,33 @@ def test_every_call_up_status_and_down_make_is_in_the_list_and_every_own_action_
 def _ok(run: Any) -> Any:
     assert run.ok, [(r.step, r.reason) for r in run.failed]
     return run
+
+
+def _stack_types(world: Any) -> set[str]:
+    cfn = world.client("cloudformation")
+    types: set[str] = set()
+    for stack in cfn.describe_stacks()["Stacks"]:
+        body = cfn.get_template(StackName=stack["StackName"])["TemplateBody"]
+        template = json.loads(body) if isinstance(body, str) else body
+        types |= {r["Type"] for r in template.get("Resources", {}).values()}
+    return types
+
+
+def test_every_handler_permission_is_granted_to_its_steps_for_up_and_down_and_nothing_left_out_is() -> None:
+    """CFN_HANDLERS (the resource schemas' create+read and delete permissions, tests/doubles/FIDELITY.md) reach the
+    needs: a type's create/read actions are asked for by `up` for every step whose stacks hold it, its delete actions
+    by `down`; the IAM types' actions on roles, never on `*`; what LEFT_OUT names is granted nowhere."""
+    for kind, (steps, create, delete) in permissions.CFN_HANDLERS.items():
+        for step in steps:
+            for order, actions in (("up", create), ("down", delete)):
+                granted = {a for n in permissions.needs_for([step], order) for a in n.actions}
+                assert [a for a in actions if a not in granted] == [], (kind, step, order)
+        assert not set(permissions.LEFT_OUT.get(kind, ())) & {*create, *delete}, kind
+    granted = {a for n in permissions.NEEDS for a in n.actions}
+    assert sorted(a for left in permissions.LEFT_OUT.values() for a in left if a in granted) == []
+    for need in permissions.NEEDS:
+        if any(a.startswith("iam:") and a != "iam:SimulatePrincipalPolicy" for a in need.actions):
+            assert need.resources != ("*",), need.sid
+    # what `up` no longer asks for: an action no schema of these types lists
+    assert "iam:ListInstanceProfilesForRole" not in granted
+
