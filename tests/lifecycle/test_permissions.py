@@ -117,20 +117,24 @@ def test_pass_role_scoped_to_eks_by_passed_to_service_passes_and_to_another_serv
     context the real CreateCluster/CreateNodegroup/CreatePodIdentityAssociation requests carry."""
     policy = _policy(world)
     passing = [st for st in policy["Statement"] if "iam:PassRole" in st["Action"]]
-    assert passing and all(st["Condition"] == {"StringEquals": {"iam:PassedToService": "eks.amazonaws.com"}} for st in passing)
+    # eksctl's roles (cluster, nodes) go to EKS; the pod identity roles to EKS Pod Identity (pods.eks.amazonaws.com)
+    to = {st["Sid"]: st["Condition"]["StringEquals"]["iam:PassedToService"] for st in passing}
+    assert to == {"EksctlPassRoles": "eks.amazonaws.com", "PassPodIdentityRoles": "pods.eks.amazonaws.com",
+                  "PassNodeRoles": "eks.amazonaws.com"}
     _as_user(world, "scoped", policy)
     said: list[str] = []
     permissions.check(aws.session("us-east-2"), _cfg(world), ["storage", "cluster", "gpu-nodegroup"], said.append)
     assert said == ["IAM's policy simulator allows arn:aws:iam::123456789012:user/scoped every action up needs"]
     entries = [{e["ContextKeyName"]: e["ContextKeyValues"] for e in s.get("ContextEntries", [])} for s in world.simulations
                if "iam:PassRole" in s["ActionNames"]]
-    assert entries and all(e["iam:PassedToService"] == ["eks.amazonaws.com"] for e in entries)
+    assert sorted({e["iam:PassedToService"][0] for e in entries}) == ["eks.amazonaws.com", "pods.eks.amazonaws.com"]
     for st in passing:
         st["Condition"] = {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
     world.client("iam").put_user_policy(UserName="scoped", PolicyName="up", PolicyDocument=json.dumps(policy))
     with pytest.raises(InputError) as e:
         permissions.check(aws.session("us-east-2"), _cfg(world), ["cluster"], said.append)
     assert "iam:PassRole on arn:aws:iam::123456789012:role/eksctl-eks-cluster-*" in e.value.message
+    assert "iam:PassRole on arn:aws:iam::123456789012:role/raydlc-eks-cluster-us-east-2-ray" in e.value.message
     assert "--skip-permission-check" in (e.value.hint or "")
 
 

@@ -147,6 +147,11 @@ def _handler_actions(step: str, service: str, delete: bool) -> tuple[str, ...]:
 _ANY = ("*",)
 _EKSCTL_ROLES = ("arn:{partition}:iam::{account}:role/eksctl-{cluster}-*",)
 _TO_EKS = ("iam:PassedToService", "eks.amazonaws.com")
+# eks:CreatePodIdentityAssociation passes its role to EKS Pod Identity, whose service principal is
+# pods.eks.amazonaws.com: AWS's own statement for the identity that creates associations scopes PassRole by it (Amazon
+# EMR on EKS Development Guide, "Option 1: Enable EKS Pod Identity on the EKS Cluster", "Set up EKS pod identity
+# associations: Prerequisite")
+_TO_POD_IDENTITY = ("iam:PassedToService", "pods.eks.amazonaws.com")
 _BUCKET = ("arn:{partition}:s3:::{bucket}",)
 _OBJECTS = ("arn:{partition}:s3:::{bucket}/*",)
 _EKS_SLR = "arn:{partition}:iam::{account}:role/aws-service-role/eks.amazonaws.com/AWSServiceRoleForAmazonEKS"
@@ -198,7 +203,7 @@ NEEDS: tuple[Need, ...] = (
         "iam:CreateOpenIDConnectProvider", "iam:GetOpenIDConnectProvider", "iam:TagOpenIDConnectProvider"),
         ("arn:{partition}:iam::{account}:oidc-provider/*",), "eksctl"),
     Need("PodIdentityRoles", "cluster", _handler_actions("cluster", "iam", delete=False), ("{pod_role_arns}",), "cloudformation"),
-    Need("PassPodIdentityRoles", "cluster", ("iam:PassRole",), ("{pod_role_arns}",), "eksctl", _TO_EKS),
+    Need("PassPodIdentityRoles", "cluster", ("iam:PassRole",), ("{pod_role_arns}",), "eksctl", _TO_POD_IDENTITY),
     Need("EksServiceLinkedRole", "cluster", ("iam:CreateServiceLinkedRole",), (_EKS_SLR,), "cloudformation",
          ("iam:AWSServiceName", "eks.amazonaws.com")),
     Need("EksNodegroupServiceLinkedRole", "gpu-nodegroup", ("iam:CreateServiceLinkedRole",), _NODEGROUP_SLR, "cloudformation",
