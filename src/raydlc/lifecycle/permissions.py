@@ -5,8 +5,8 @@ pod identity association) and makes the cluster's S3 bucket itself. eksctl's own
 policies" (eksctl v0.230.0 userdocs/src/usage/minimum-iam-policies.md: EC2, CloudFormation, EKS, SSM parameters
 under /aws, IAM on `eksctl-*` roles and OIDC providers). raydlc names its pod identity roles itself
 (`raydlc-<cluster>-<region>-…`, raydlc.render.bucket and raydlc.render.autoscaler), outside eksctl's `eksctl-*`
-pattern, so creating them, giving them their inline policy and passing them to EKS
-(`eks:CreatePodIdentityAssociation` passes the role: iam:PassRole) need rights of their own.
+pattern, so creating them, giving them their inline policy and passing them to EKS Pod Identity
+(`eks:CreatePodIdentityAssociation` passes the role: iam:PassRole to pods.eks.amazonaws.com) need rights of their own.
 
 `NEEDS` is the one list: `up` simulates it for the caller (IAM's policy simulator, iam:SimulatePrincipalPolicy) and
 `minimal_policy` turns it into the policy docs/lifecycle.md shows (scripts/iam_policy_doc.py writes that block).
