@@ -9,11 +9,13 @@ pattern, so creating them, giving them their inline policy and passing them to E
 (`eks:CreatePodIdentityAssociation` passes the role: iam:PassRole to pods.eks.amazonaws.com) need rights of their own.
 
 `NEEDS` is the one list: `up` simulates it for the caller (IAM's policy simulator, iam:SimulatePrincipalPolicy) and
-`minimal_policy` turns it into the policy docs/lifecycle.md shows (scripts/iam_policy_doc.py writes that block).
+`managed_policies` turns it into the managed policies docs/lifecycle.md shows (scripts/iam_policy_doc.py writes that
+block): the whole list is longer than one managed policy may be.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -259,18 +261,86 @@ def needs_for(steps: Sequence[str], order: str = "up") -> list[Need]:
     return [n for n in NEEDS if n.step in steps and order in n.orders]
 
 
+def _statement(need: Need, names: Names) -> dict[str, Any] | None:
+    res = resources(need, names)
+    if not res:
+        return None
+    st: dict[str, Any] = {"Sid": need.sid, "Effect": "Allow", "Action": list(need.actions), "Resource": res}
+    if need.condition:
+        st["Condition"] = {"StringEquals": {need.condition[0]: need.condition[1]}}
+    return st
+
+
 def minimal_policy(names: Names) -> dict[str, Any]:
     """The policy to attach to an identity that runs `up` and `down`: one statement per need, scoped by the condition
-    key its requests carry (`iam:PassedToService` on PassRole, as AWS recommends)."""
-    statements = []
-    for need in (*NEEDS, SELF_CHECK):
-        res = resources(need, names)
-        if res:
-            st: dict[str, Any] = {"Sid": need.sid, "Effect": "Allow", "Action": list(need.actions), "Resource": res}
-            if need.condition:
-                st["Condition"] = {"StringEquals": {need.condition[0]: need.condition[1]}}
-            statements.append(st)
+    key its requests carry (`iam:PassedToService` on PassRole, as AWS recommends). Too long for one managed policy:
+    `managed_policies` is what to attach."""
+    statements = [st for need in (*NEEDS, SELF_CHECK) if (st := _statement(need, names))]
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+# IAM's quotas (IAM User Guide, "IAM and AWS STS quotas"; tests/doubles/FIDELITY.md): a customer managed policy holds
+# at most 6,144 characters, white space not counted; at most 10 managed policies attach to a user or role by default
+# (20 on request). An inline policy is smaller still on a user (2,048 in all), so the list goes out as managed policies.
+POLICY_SIZE_QUOTA = 6144
+ATTACHED_POLICIES_QUOTA = 10
+POLICY_NAME_MAX = 128
+# What each managed policy is for, in the order they are shown
+PURPOSES = ("cluster", "identities", "nodegroups", "storage", "down")
+
+
+def purpose(need: Need) -> str:
+    """Which managed policy holds the need: `down`'s own, the storage step's, the node groups' (and the capacity
+    reads that pick their instances), the IAM identities the cluster step makes and passes, or the rest of the cluster
+    step (network, stacks, EKS; and the check itself)."""
+    if need.orders == ("down",):
+        return "down"
+    if need.step == "storage":
+        return "storage"
+    if need.step in ("capacity", "gpu-nodegroup"):
+        return "nodegroups"
+    if need.step and all(a.startswith("iam:") for a in need.actions):
+        return "identities"
+    return "cluster"
+
+
+def iam_size(doc: dict[str, Any]) -> int:
+    """A policy's size as IAM counts it against its quotas: its characters, white space not counted."""
+    return sum(not c.isspace() for c in json.dumps(doc))
+
+
+def _pack(statements: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Whole statements, in order, into as few documents within POLICY_SIZE_QUOTA as taking them in turn gives."""
+    parts: list[list[dict[str, Any]]] = [[]]
+    for st in statements:
+        if parts[-1] and iam_size({"Version": "2012-10-17", "Statement": [*parts[-1], st]}) > POLICY_SIZE_QUOTA:
+            parts.append([])
+        parts[-1].append(st)
+    return parts
+
+
+def managed_policies(names: Names) -> list[tuple[str, dict[str, Any]]]:
+    """`minimal_policy` as customer managed policies to attach together, (name, document) in PURPOSES' order: one per
+    purpose, named `raydlc-<cluster>-<region>-<purpose>` (as the pod identity roles are, so two clusters' do not clash),
+    each within IAM's size quota. Statements are never split (a condition stays with its actions); a purpose whose
+    statements outgrow one document (long names) is numbered `-1`, `-2`, …; a name over IAM's 128 characters is cut
+    and hashed as the roles' are."""
+    from raydlc.render.bucket import _capped
+
+    by_purpose: dict[str, list[dict[str, Any]]] = {p: [] for p in PURPOSES}
+    for need in (*NEEDS, SELF_CHECK):
+        if st := _statement(need, names):
+            by_purpose[purpose(need)].append(st)
+    out = []
+    for name, statements in by_purpose.items():
+        if not statements:
+            continue
+        parts = _pack(statements)
+        for i, part in enumerate(parts, 1):
+            suffix = f"-{i}" if len(parts) > 1 else ""
+            policy_name = _capped(f"raydlc-{names.cluster}-{names.region}-{name}{suffix}", POLICY_NAME_MAX)
+            out.append((policy_name, {"Version": "2012-10-17", "Statement": part}))
+    return out
 
 
 def context_of(need: Need, names: Names) -> dict[str, list[str] | bool]:
@@ -343,7 +413,7 @@ def check(sess: Any, cfg: Any, steps: Sequence[str], say: Any, order: str = "up"
     if lacking:
         raise InputError(
             f"{principal} lacks {len(lacking)} permission(s) `{order}` needs: " + "; ".join(lacking),
-            hint="attach the policy in docs/lifecycle.md (\"What up needs from your identity\") or ask your "
+            hint="attach the policies in docs/lifecycle.md (\"What up needs from your identity\") or ask your "
             "administrator for these actions; nothing was changed. If IAM allows them by what its simulator cannot see "
             "(an SCP, a boundary, a condition), run again with --skip-permission-check",
         )
