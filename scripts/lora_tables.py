@@ -97,7 +97,7 @@ def memory_split(b: dict[str, int]) -> tuple[int, int, int]:
 
 def layout_cell(r: dict[str, Any]) -> str:
     accum = f" × {r['grad_accum']} ({r['sync']})" if r["grad_accum"] > 1 else ""
-    return f"{r['strategy']} mb {r['micro_batch']}{accum}{', AC' if r['activation_checkpointing'] else ''}"
+    return f"{r['strategy']} mb {r['micro_batch']}{accum}{', SAC' if r['activation_checkpointing'] == 'selective' else (', AC' if r['activation_checkpointing'] else '')}"
 
 
 def family_row(model: str, kind: str, fit: Fit | None) -> str:
@@ -136,7 +136,7 @@ def tables() -> str:
         "Per family, each on its smallest cluster: per-GPU memory at the step's peak (weights: the base's own shard plus one "
         "gathered block; trained state: gradients, AdamW, fp32 copies; activations with logits, 0 where the optimizer step "
         "is the peak; the total adds the fixed overhead), "
-        "the recommended layout (mb = micro-batch per GPU, AC = activation checkpointing), planned tokens/s and the "
+        "the recommended layout (mb = micro-batch per GPU, AC = activation checkpointing, SAC = selective), planned tokens/s and the "
         "On-Demand list price per million tokens.",
     ]
     for family in FAMILIES:

@@ -381,10 +381,11 @@ def test_checkpointing_is_searched_and_no_recommendation_plans_above_the_headroo
     for rec in (both, without):
         assert all(c.fits == (c.per_gpu_bytes <= planner.MAX_MEMORY_FRACTION * cap) for c in rec.candidates)
         assert rec.best.per_gpu_bytes <= 0.92 * cap
-    # What `plan` recommends with checkpointing free is that search.
+    # What `plan` recommends with checkpointing free is that search with selective checkpointing too (faster here).
     p = planner.plan(w.at(grad_accum="auto"), G6, free=("activation_checkpointing",), assumptions=fast)
-    assert p.recommendation["activation_checkpointing"] is True and p.activation_checkpointing is True
-    assert p.recommendation["tokens_per_s"] == both.best.tokens_per_s and p.recommendation["needs"] == {}
+    three = planner.recommend(w, G6, checkpointing=planner.AC_SEARCH, assumptions=fast)
+    assert p.recommendation["activation_checkpointing"] == "selective" == p.activation_checkpointing == three.best.activation_checkpointing
+    assert p.recommendation["tokens_per_s"] == three.best.tokens_per_s > both.best.tokens_per_s and p.recommendation["needs"] == {}
     # At the L4's own (lower) MFU compute is dearer: the search keeps the faster of the two, whichever it is.
     l4 = planner.recommend(w, G6, checkpointing=(False, True))
     assert l4.best is not None and l4.best.tokens_per_s == max(c.tokens_per_s for c in l4.candidates if c.fits)

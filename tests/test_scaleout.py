@@ -43,16 +43,15 @@ def test_each_row_is_the_planners_recommendation_at_that_node_count() -> None:
     assert s.nvlink and s.efa and s.network_gbps == 3200 and s.gpu == "h100"
     for r in s.rows:
         layout = planner.layout_for(r.nodes, 8, instance_type="p5.48xlarge")
-        off = planner.recommend(W(spec, activation_checkpointing=False), layout).best
-        on = planner.recommend(W(spec, activation_checkpointing=True), layout).best
+        best = {ac: planner.recommend(W(spec, activation_checkpointing=ac), layout).best for ac in planner.AC_SEARCH}
         if not r.fits:
-            assert off is None and on is None
+            assert all(b is None for b in best.values())
             continue
-        chosen = on if r.activation_checkpointing else off
+        chosen = best[r.activation_checkpointing]
         assert chosen is not None
         assert (r.strategy, r.micro_batch, r.grad_accum, r.sync, r.tokens_per_s) == (
             chosen.strategy, chosen.micro_batch, chosen.grad_accum, chosen.sync, chosen.tokens_per_s)
-        fastest = max(c.tokens_per_s for c in (off, on) if c is not None)
+        fastest = max(c.tokens_per_s for c in best.values() if c is not None)
         assert r.tokens_per_s >= fastest / (1 + planner.DEFAULT_ASSUMPTIONS.tie_fraction) - 1e-6
         assert r.per_gpu_bytes is not None and r.per_gpu_bytes <= planner.gpu_capacity(layout)
         assert r.tokens_per_step == r.global_batch * s.seq_len <= planner.DEFAULT_MAX_GLOBAL_BATCH or r.global_batch == r.gpus

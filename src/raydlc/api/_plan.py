@@ -98,7 +98,7 @@ def _reduce(setting: str) -> str:
     return "fp32" if setting == "auto" else setting
 
 
-def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool, given: set[str]) -> planner.Workload:
+def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool | str, given: set[str]) -> planner.Workload:
     """The planner's workload of the settings; REDUCE_DTYPE left at its default means the policy's own
     reduction (pure-bf16 reduces in its bf16 parameters' dtype, as FSDP2 does without a policy)."""
     from raydlc import planner
@@ -161,7 +161,7 @@ def plan(
     ac = activation_checkpointing if activation_checkpointing is not None else cfg.train.activation_checkpointing
     free = tuple(n for n, env in FREE.items() if (env not in given or (n == "reduce_dtype" and cfg.train.reduce_dtype == "auto"))
                  and (n != "activation_checkpointing" or ac is None))
-    work = _workload(cfg, spec, policy, bool(ac), given)
+    work = _workload(cfg, spec, policy, ac or False, given)
     result = planner.plan(work, layout, strategy=strategy, free=free)
     from raydlc.capacity.prices import gpu_prices
 

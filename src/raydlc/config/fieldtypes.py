@@ -131,6 +131,24 @@ class Blank(Rule):
         return None if value in ("", None) else value
 
 
+_AC_WORDS: dict[str, Any] = {"none": False, "full": True, "auto": None, "": None, "selective": "selective"}
+_BOOL_WORDS = ("0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes")  # what pydantic reads as a bool
+
+
+class CheckpointingMode(Blank):
+    """ACTIVATION_CHECKPOINTING's words: none and full are false and true (what earlier configs wrote), auto is empty."""
+
+    def before(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            return super().before(value)
+        word = value.strip().lower()
+        if word in _AC_WORDS:
+            return _AC_WORDS[word]
+        if word in _BOOL_WORDS:
+            return word
+        raise ValueError(f"must be none, selective, full or auto (or true/false), got {shown(value)}")
+
+
 _SQUASHED_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):/(?!/)")
 
 

@@ -109,7 +109,7 @@ def named_settings(opts: Iterable[Option], values: Mapping[str, Any], *, caller:
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
     for k, v in values.items():  # pydantic would read True as 1: a bool is only a bool setting's value
-        if isinstance(v, bool) and by_keyword[k].kind is not bool:
+        if isinstance(v, bool) and bool not in typing.get_args(by_keyword[k].field.annotation) + (by_keyword[k].field.annotation,):
             from raydlc.errors import InputError
 
             raise InputError(f"{k}: must be {'a whole number' if by_keyword[k].kind is int else 'a ' + by_keyword[k].kind.__name__}, got bool {v}")

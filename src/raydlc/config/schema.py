@@ -22,6 +22,7 @@ from raydlc.config.fieldtypes import (
     Below,
     Between,
     Blank,
+    CheckpointingMode,
     Dns1123,
     FolderName,
     NoUserInfo,
@@ -401,9 +402,10 @@ class TrainConfig(_Section):
         "BF16", "bf16 compute with fp32 master weights (the reduction: REDUCE_DTYPE); empty = on GPUs only", default=None,
         flag=Flag("--bf16/--fp32", "Compute dtype", default="bf16 on GPUs, fp32 on CPUs"),
     )
-    activation_checkpointing: MaybeBool = _env(
-        "ACTIVATION_CHECKPOINTING", "recompute decoder blocks in backward; empty = the planner's choice on a known GPU cluster, off elsewhere", default=None,
-        flag=Flag("--activation-checkpointing/--no-activation-checkpointing", "Recompute decoder blocks in backward", default="the planner's choice on a GPU cluster"),
+    activation_checkpointing: Annotated[bool | Literal["selective"] | None, CheckpointingMode()] = _env(
+        "ACTIVATION_CHECKPOINTING", "recompute decoder blocks in backward: full (true) all of each block, selective its cheap ops and "
+        "every other matmul (train.sac), none (false); empty or auto = the planner's choice on a known GPU cluster, none elsewhere", default=None,
+        flag=Flag("--activation-checkpointing", "Recompute decoder blocks in backward: none, selective, full or auto", default="the planner's choice on a GPU cluster"),
     )
     loss_chunk: NonNegative = _env(
         "LOSS_CHUNK", "tokens per chunk of the cross-entropy over the vocabulary (the full logits never exist); 0 = all at once", default=1024,

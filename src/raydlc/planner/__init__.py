@@ -4,6 +4,8 @@ Pure arithmetic on model specs and instance facts; `from raydlc import planner` 
 """
 
 from raydlc.planner.model import (
+    AC_MODES,
+    AC_SEARCH,
     DEFAULT_ASSUMPTIONS,
     DEFAULT_LOSS_CHUNK,
     DEFAULT_MAX_GLOBAL_BATCH,
@@ -25,6 +27,9 @@ from raydlc.planner.model import (
     Strategy,
     Sync,
     Workload,
+    ac_mode,
+    ac_rank,
+    ac_value,
     activation_bytes,
     activation_parts,
     candidate,
@@ -40,6 +45,8 @@ from raydlc.planner.model import (
     memory_phases,
     peak_phase,
     planned_compile,
+    sac_kept_bytes,
+    sac_recomputed_flops,
     step_time,
     traffic_bytes,
     unit_params,
@@ -63,6 +70,8 @@ from raydlc.planner.search import (
 )
 
 __all__ = [
+    "AC_MODES",
+    "AC_SEARCH",
     "DEFAULT_ASSUMPTIONS",
     "DEFAULT_LOSS_CHUNK",
     "DEFAULT_MAX_GLOBAL_BATCH",
@@ -88,6 +97,9 @@ __all__ = [
     "Sync",
     "TrainingPlan",
     "Workload",
+    "ac_mode",
+    "ac_rank",
+    "ac_value",
     "activation_bytes",
     "activation_parts",
     "candidate",
@@ -108,6 +120,8 @@ __all__ = [
     "planned_compile",
     "recommend",
     "recommend_sharding",
+    "sac_kept_bytes",
+    "sac_recomputed_flops",
     "step_time",
     "traffic_bytes",
     "unit_params",

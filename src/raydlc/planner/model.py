@@ -161,7 +161,7 @@ class Workload:
     grad_accum: int | str = 1
     sync: str = "every"
     policy: str = "bf16-mixed"
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | str = False  # False (none), True (full) or "selective" (`AC_MODES`)
     max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH
     loss_chunk: int = DEFAULT_LOSS_CHUNK  # tokens per chunk of the cross-entropy; 0 = the full logits at once
     reduce_dtype: str | None = None  # "fp32" or "bf16"; None = the policy's own (bf16 only under pure-bf16)
@@ -171,6 +171,7 @@ class Workload:
     lora_dropout: float = 0.0  # LoRA's dropout on the adapters' input; above 0 it saves masks (`lora_dropout_bytes`)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "activation_checkpointing", ac_value(self.activation_checkpointing))
         if self.lora_rank < 0:
             raise InputError(f"the LoRA rank must be 0 (full fine-tuning) or more, got {self.lora_rank}", hint="pass --lora-rank 16 (or 0)")
         if self.lora_rank:
@@ -222,6 +223,17 @@ class Workload:
         return self.lora_rank > 0
 
     @property
+    def compiled_blocks(self) -> bool:
+        """Whether the blocks run compiled: as COMPILE says, except under selective checkpointing, whose op policy
+        must see each op (train.sac: under torch.compile inductor's fused and out= kernels bypass it), so eager."""
+        return self.compile and self.ac != "selective"
+
+    @property
+    def ac(self) -> str:
+        """The checkpointing as a word: none, selective or full."""
+        return ac_mode(self.activation_checkpointing)
+
+    @property
     def targets(self) -> tuple[str, ...]:
         """The projections LoRA adapts: as given, else the family's."""
         return self.lora_targets or LORA_DEFAULT_TARGETS[self.spec.architecture]
@@ -252,7 +264,7 @@ class Candidate:
     bound: str
     cross_node_bytes_per_node: int
     intra_node_bytes_per_gpu: int
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | str = False
 
     @property
     def mode(self) -> tuple[str, str]:
@@ -261,8 +273,31 @@ class Candidate:
 
     def describe(self) -> str:
         accum = f" x {self.grad_accum} accumulated, sync {self.sync}" if self.grad_accum > 1 else ""
-        ac = ", activation checkpointing" if self.activation_checkpointing else ""
+        ac = {"none": "", "full": ", activation checkpointing"}.get(ac_mode(self.activation_checkpointing), ", selective activation checkpointing")
         return f"{self.strategy}, micro-batch {self.micro_batch}{accum}{ac}"
+
+
+AC_MODES: tuple[str, ...] = ("none", "selective", "full")  # cheapest compute first
+AC_SEARCH: tuple[bool | str, ...] = (False, "selective", True)  # what a search with checkpointing free tries
+_AC_VALUES: dict[Any, bool | str] = {False: False, "none": False, True: True, "full": True, "selective": "selective"}
+
+
+def ac_value(value: Any) -> bool | str:
+    """ACTIVATION_CHECKPOINTING as the planner and the loop carry it: False (none), True (full) or "selective"."""
+    try:
+        return _AC_VALUES[value]
+    except (KeyError, TypeError):
+        raise InputError(f"unknown activation checkpointing {value!r}", hint="use none, selective or full (or leave it empty: the planner's choice)") from None
+
+
+def ac_mode(value: Any) -> str:
+    """The checkpointing as a word, none, selective or full; its position in `AC_MODES` orders them by compute."""
+    return {False: "none", True: "full"}.get(ac_value(value), "selective")  # type: ignore[call-overload]
+
+
+def ac_rank(value: Any) -> int:
+    """Order of the checkpointing modes by compute (none, selective, full): a search's tie goes to the cheaper."""
+    return AC_MODES.index(ac_mode(value))
 
 
 def planned_compile(setting: bool | None) -> bool:
@@ -320,14 +355,44 @@ def activation_parts(w: Workload) -> dict[str, int]:
     keeps 8h. With per-block checkpointing only each block's bf16 input (2h) is kept, and one
     block is rebuilt during backward (`recompute`). The logits are `logits_bytes`.
     """
-    spec, checkpointing, tokens = w.spec, w.activation_checkpointing, w.tokens
+    spec, tokens = w.spec, w.tokens
     h, i = spec.hidden_size, spec.intermediate_size
     kv = spec.num_kv_heads * spec.head_dim
     # LoRA keeps what full fine-tuning keeps (a projection's input is saved for A's gradient instead of
     # the base weight's), plus each adapter's rank-wide bf16 intermediate x @ A, saved for B's gradient.
     block = 20 * h + 4 * kv + 8 * i + (2 * w.lora_rank * len(w.targets) + lora_dropout_bytes(w) if w.lora else 0)
-    per_token = (spec.num_layers * 2 * h if checkpointing else spec.num_layers * block) + 8 * h
-    return {"saved": per_token * tokens, "recompute": block * tokens if checkpointing else 0}
+    kept = {"none": block, "full": 2 * h, "selective": 2 * h + sac_kept_bytes(w)}[w.ac]
+    rebuilt = {"none": 0, "full": block, "selective": max(block - sac_kept_bytes(w), 0)}[w.ac]
+    return {"saved": (spec.num_layers * kept + 8 * h) * tokens, "recompute": rebuilt * tokens}
+
+
+def sac_matmuls(w: Workload) -> list[tuple[int, int]]:
+    """(in, out) features of each matmul of one decoder block's forward, in the order they run: q, k, v, o, gate,
+    up, down, each followed by its LoRA adapter's A (in -> rank) and B (rank -> out) when it is a target."""
+    spec = w.spec
+    h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    out: list[tuple[int, int]] = []
+    for name, (fan_in, fan_out) in shapes.items():
+        out.append((fan_in, fan_out))
+        if w.lora and name in w.targets:
+            out += [(fan_in, w.lora_rank), (w.lora_rank, fan_out)]
+    return out
+
+
+def sac_kept_bytes(w: Workload) -> int:
+    """Per token and block, what selective checkpointing (train.sac) keeps beside the block's input: the bf16 output
+    of every odd matmul (1st, 3rd, ...; torchtitan's op_sac keeps every other one) and the attention kernel's output
+    (2 B per query feature) with its fp32 log-sum-exp (4 B per head). Measured on CPU (bf16, LiveBytes): exact."""
+    spec = w.spec
+    odd = sum(fan_out for fan_in, fan_out in sac_matmuls(w)[::2])
+    return 2 * odd + 2 * spec.num_heads * spec.head_dim + 4 * spec.num_heads
+
+
+def sac_recomputed_flops(w: Workload) -> int:
+    """Per token, the forward FLOPs selective checkpointing runs again in backward: every even matmul of every
+    block (2 x in x out each); the elementwise ops it also recomputes are not counted, as nowhere here."""
+    return w.spec.num_layers * sum(2 * fan_in * fan_out for fan_in, fan_out in sac_matmuls(w)[1::2])
 
 
 def lora_dropout_bytes(w: Workload) -> int:
@@ -559,14 +624,18 @@ LORA_FLOPS = ("LoRA: the frozen base costs its forward (2N per token) and its ba
 def flops_per_step(w: Workload) -> float:
     """Per GPU and micro-batch: 6 x params per token (8 with the forward recomputed) plus attention scores
     (and the head's matmul once more with the chunked loss). With LoRA the frozen base skips its
-    weight gradients, 4 x params (6 recomputed), and the adapters add 6 x theirs (`LORA_FLOPS`)."""
+    weight gradients, 4 x params (6 recomputed), and the adapters add 6 x theirs (`LORA_FLOPS`).
+    Selective checkpointing (train.sac) recomputes the even matmuls of each block and no attention:
+    6N plus `sac_recomputed_flops` (for Qwen2/Llama k, o and up: about a third of a block's
+    matmuls, so ~6.7N; torchtitan's op_sac, the same policy, is the source of the split)."""
     spec = w.spec
-    passes = 8 if w.activation_checkpointing else 6
+    passes = 8 if w.ac == "full" else 6
     attention = (passes * 2) * spec.num_layers * spec.hidden_size * w.seq_len
     # The chunked loss computes the head's logits again in backward (train.loss).
     rehead = 2 * spec.vocab_size * spec.hidden_size if w.loss_chunk > 0 else 0
     weights = (passes - 2) * spec.param_count() + 6 * w.adapter_params() if w.lora else passes * spec.param_count()
-    return float(w.tokens * (weights + attention + rehead))
+    recomputed = sac_recomputed_flops(w) if w.ac == "selective" else 0
+    return float(w.tokens * (weights + attention + rehead + recomputed))
 
 
 def step_time(w: Workload, strategy: str, layout: Layout, a: Assumptions = DEFAULT_ASSUMPTIONS) -> dict[str, Any]:
@@ -578,7 +647,7 @@ def step_time(w: Workload, strategy: str, layout: Layout, a: Assumptions = DEFAU
     """
     gpu = instances.GPUS[layout.gpu]
     n, sync = w.accum, w.sync
-    compute_one = flops_per_step(w) / (gpu.bf16_tflops * 1e12 * a.mfu_for(layout.gpu, w.compile))
+    compute_one = flops_per_step(w) / (gpu.bf16_tflops * 1e12 * a.mfu_for(layout.gpu, w.compiled_blocks))
     ag, rs, ar = _micro_batch_bytes(w, strategy, layout)
     # A micro-batch before the last reduces what the sync mode reduces every time; the last reduces all.
     rs_each = rs if sync != "once" else 0.0

@@ -47,7 +47,7 @@ class TrainingPlan:
     seq_len: int
     micro_batch: int
     grad_accum: int
-    activation_checkpointing: bool
+    activation_checkpointing: bool | str
     layout: dict[str, Any]
     gpu_memory_bytes: int
     strategy: str
@@ -156,6 +156,7 @@ def plan(
         activations_bytes={
             "without_checkpointing": model.activation_bytes(w.at(activation_checkpointing=False)),
             "with_checkpointing": model.activation_bytes(w.at(activation_checkpointing=True)),
+            "with_selective_checkpointing": model.activation_bytes(w.at(activation_checkpointing="selective")),
         } | model.activation_parts(w),
         traffic_bytes_per_step=sel.traffic_bytes_per_step,
         step_time_s=sel.step_time_s,
@@ -168,7 +169,7 @@ def plan(
         logits_bytes={"unchunked": model.logits_bytes(w.at(loss_chunk=0)), "chunked": model.logits_bytes(w.at(loss_chunk=w.loss_chunk or DEFAULT_LOSS_CHUNK))}
         | model.logits_parts(w),
         fsdp_units=model.fsdp_units(w.spec),
-        assumptions=asdict(assumptions) | assumptions.stated(layout.gpu, w.compile)
+        assumptions=asdict(assumptions) | assumptions.stated(layout.gpu, w.compiled_blocks)
         | {"precision_bytes": asdict(w.precision), "shard_size": sel.shard_size, "compile": w.compile}
         | ({"lora_flops": model.LORA_FLOPS} if w.lora else {}),
         peak_phase=sel.peak_phase,

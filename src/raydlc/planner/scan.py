@@ -50,7 +50,7 @@ class ScanRow:
     sync: str | None
     micro_batch: int
     grad_accum: int
-    activation_checkpointing: bool
+    activation_checkpointing: bool | str
     global_batch: int
     tokens_per_step: int
     per_gpu_bytes: int | None
@@ -89,12 +89,15 @@ class Scan:
         return ok[-1] if ok else None
 
 
-def _choose(without: planner.Recommendation, with_ac: planner.Recommendation | None, tie: float) -> tuple[planner.Recommendation, bool]:
-    if with_ac is None or with_ac.best is None:
-        return without, False
-    if without.best is None or with_ac.best.tokens_per_s > without.best.tokens_per_s * (1 + tie):
-        return with_ac, True
-    return without, False
+def _choose(recs: dict[bool | str, planner.Recommendation], tie: float) -> tuple[planner.Recommendation, bool | str]:
+    """The cheapest checkpointing (none, selective, full) unless a costlier one is faster by more than the tie margin."""
+    order = sorted(recs, key=planner.ac_rank)
+    rec, ac = recs[order[0]], order[0]
+    for other in order[1:]:
+        cand = recs[other]
+        if cand.best is not None and (rec.best is None or cand.best.tokens_per_s > rec.best.tokens_per_s * (1 + tie)):
+            rec, ac = cand, other
+    return rec, ac
 
 
 def scan(
@@ -102,7 +105,7 @@ def scan(
     node_counts: Sequence[int],
     layout_at: Callable[[int], planner.Layout],
     *,
-    activation_checkpointing: bool | None = None,
+    activation_checkpointing: bool | str | None = None,
     instance_type: str | None = None,
     assumptions: planner.Assumptions = planner.DEFAULT_ASSUMPTIONS,
 ) -> Scan:
@@ -119,9 +122,9 @@ def scan(
     first = layout_at(node_counts[0])
     for n in node_counts:
         layout = layout_at(n)
-        choices = (False, True) if activation_checkpointing is None else (activation_checkpointing,)
+        choices = planner.AC_SEARCH if activation_checkpointing is None else (activation_checkpointing,)
         recs = {ac: planner.recommend(w.at(activation_checkpointing=ac), layout, assumptions=assumptions) for ac in choices}
-        rec, ac = _choose(recs[False], recs.get(True), assumptions.tie_fraction) if False in recs else (recs[True], True)
+        rec, ac = _choose(recs, assumptions.tie_fraction)
         b = rec.best
         linear = eff = None
         if b is not None:
@@ -133,7 +136,7 @@ def scan(
             nodes=n, gpus=n * layout.gpus_per_node, fits=b is not None,
             strategy=b.strategy if b else None, sync=b.sync if b else None,
             micro_batch=b.micro_batch if b else 0, grad_accum=b.grad_accum if b else 0,
-            activation_checkpointing=ac if b else bool(activation_checkpointing),
+            activation_checkpointing=ac if b else (activation_checkpointing or False),
             global_batch=b.global_batch if b else 0, tokens_per_step=b.tokens_per_step if b else 0,
             per_gpu_bytes=b.per_gpu_bytes if b else None, step_time_s=b.step_time_s if b else None,
             tokens_per_s=b.tokens_per_s if b else 0.0, bound=b.bound if b else None,

@@ -22,6 +22,7 @@ from raydlc.planner.model import (
     Candidate,
     Layout,
     Workload,
+    ac_rank,
     candidate,
     gpu_capacity,
     layout_groups,
@@ -80,7 +81,7 @@ def recommend(
     micro_batches: tuple[int, ...] | None = None,
     grad_accums: tuple[int, ...] | None = None,
     syncs: tuple[str, ...] | None = None,
-    checkpointing: tuple[bool, ...] | None = None,
+    checkpointing: tuple[bool | str, ...] | None = None,
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
 ) -> Recommendation:
     """The fastest layout that fits, by tokens/s, among sharding x micro-batch x accumulation x sync.
@@ -93,12 +94,12 @@ def recommend(
     largest micro-batch wins (the assumed MFU does not fall for small matmuls, a real GPU's
     does), then the fewest micro-batches (accumulation only where it buys speed), then the
     least memory. The runner-up is the fastest layout of another sharding or sync mode.
-    `checkpointing` searches activation checkpointing too (none, per block); unset, the
+    `checkpointing` searches activation checkpointing too (False: none, "selective", True: full per block); unset, the
     workload's setting stays. A layout fits within `MAX_MEMORY_FRACTION` of the GPU's memory.
     """
     if checkpointing is not None and len(set(checkpointing)) > 1:
         recs = [recommend(w.at(activation_checkpointing=ac), layout, strategies=strategies, micro_batches=micro_batches,
-                          grad_accums=grad_accums, syncs=syncs, assumptions=assumptions) for ac in sorted(set(checkpointing))]
+                          grad_accums=grad_accums, syncs=syncs, assumptions=assumptions) for ac in sorted(set(checkpointing), key=ac_rank)]
         return _merged(w, layout, recs, strategies, assumptions)
     if checkpointing is not None:
         w = w.at(activation_checkpointing=checkpointing[0])
@@ -157,7 +158,7 @@ def _pick(fastest_first: list[Candidate], tie: float) -> Candidate | None:
         return None
     top = fastest_first[0].tokens_per_s
     near = [c for c in fastest_first if c.tokens_per_s >= top * (1 - tie)]
-    return min(near, key=lambda c: (c.activation_checkpointing, -c.micro_batch, c.grad_accum, c.per_gpu_bytes))
+    return min(near, key=lambda c: (ac_rank(c.activation_checkpointing), -c.micro_batch, c.grad_accum, c.per_gpu_bytes))
 
 
 def _reasons(

@@ -60,7 +60,7 @@ class StepLayout:
     planned: bool  # the planner chose at least one of them
     note: str  # for people: where the choice came from
     step_time_s: float | None = None  # the planner's estimate of one optimizer step, when it planned
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | str = False  # False, True (full) or "selective"
     tokens_per_s: float | None = None  # the planner's estimate, when it planned
     reduce_dtype: str = "fp32"  # REDUCE_DTYPE as set, or auto's choice: fp32 unless only bf16 lets a layout fit
 
@@ -119,7 +119,7 @@ def decide(
             micro_batches=None if accum_auto else (train.batch_size,),
             grad_accums=None if accum_auto else (train.grad_accum,),  # type: ignore[arg-type]
             syncs=None if train.grad_sync == "auto" else (train.grad_sync,),
-            checkpointing=(False, True) if ac_auto else None,
+            checkpointing=planner.AC_SEARCH if ac_auto else None,
         )
         rec = search(work)
         if rec.best is None and train.reduce_dtype == "auto":  # bf16 reduction rounds every sum: only when fp32 fits nowhere
@@ -140,7 +140,7 @@ def decide(
     note = "as configured"
     if wanted and why_not:
         note = f"chosen without the planner ({why_not}): {_in_words(sharding, accum, sync)}"
-    return _checked(StepLayout(sharding, train.batch_size, accum, sync, False, note, activation_checkpointing=bool(train.activation_checkpointing),
+    return _checked(StepLayout(sharding, train.batch_size, accum, sync, False, note, activation_checkpointing=train.activation_checkpointing or False,
                                reduce_dtype="fp32" if train.reduce_dtype == "auto" else train.reduce_dtype))
 
 
@@ -162,7 +162,7 @@ def _workload(train: TrainConfig, model: ModelSpec, max_sequences: int | None) -
     ceiling = train.max_global_batch if max_sequences is None else min(train.max_global_batch, max_sequences * train.seq_len)
     return planner.Workload(
         model, seq_len=train.seq_len, policy="bf16-mixed" if bf16 else "fp32",
-        activation_checkpointing=bool(train.activation_checkpointing), max_global_batch=max(ceiling, 1),
+        activation_checkpointing=train.activation_checkpointing or False, max_global_batch=max(ceiling, 1),
         loss_chunk=train.loss_chunk, reduce_dtype="fp32" if train.reduce_dtype == "auto" else train.reduce_dtype,
         compile=planner.planned_compile(train.compile),
     )
@@ -174,7 +174,7 @@ def _better(work: Any, layout: Any, chosen: Any) -> str:
 
     if chosen.bound == "compute":
         return ""
-    free = planner.recommend(work, layout, checkpointing=(False, True)).best
+    free = planner.recommend(work, layout, checkpointing=planner.AC_SEARCH).best
     if free is None or free.tokens_per_s <= chosen.tokens_per_s * (1 + planner.DEFAULT_ASSUMPTIONS.tie_fraction):
         return ""
     return (f"; WARNING: the layout the settings force is {chosen.bound}-bound at ~{chosen.tokens_per_s:,.0f} tokens/s; "

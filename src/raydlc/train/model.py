@@ -74,7 +74,7 @@ def apply_fsdp(
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
     reshard_after_forward: bool = True,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,
     compile: bool = False,
 ) -> nn.Module:
     """FSDP2 in torchtitan's units: the embeddings, each decoder block, `[final norm, head]`, then the root.
@@ -93,22 +93,23 @@ def apply_fsdp(
     activation checkpointing does: parameter names gain `_checkpoint_wrapped_module.` while the
     state-dict keys do not (the wrapper's hooks strip it), so state dicts, DCP checkpoints and the
     HF export read the same keys whatever the units, and anything keyed by name (the seeded init,
-    LoRA's adapters) must use the state-dict name (`lora.state_name`).
+    LoRA's adapters) must use the state-dict name (`lora.state_name`). `activation_checkpointing`
+    True is full, "selective" op-level selective checkpointing (train.sac), in the same wrapper, blocks
+    not compiled.
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     layers = decoder_layers(model)
-    if compile:
+    if compile and activation_checkpointing != "selective":  # selective runs its blocks eagerly (train.sac says why)
         for layer in layers:
             layer.forward = torch.compile(layer.forward, dynamic=False, fullgraph=True)  # type: ignore[method-assign]
     if activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        from raydlc.train import sac
 
         for i, layer in enumerate(layers):
-            wrapped = checkpoint_wrapper(layer)
-            model.model.layers[i] = wrapped  # type: ignore[attr-defined, index]
+            model.model.layers[i] = sac.wrap(layer, "selective" if activation_checkpointing == "selective" else "full")  # type: ignore[attr-defined, index]
         layers = decoder_layers(model)
     inner, head = model.model, model.lm_head  # type: ignore[attr-defined]
     if not tied(model):

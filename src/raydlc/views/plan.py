@@ -24,7 +24,7 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
     if asked is not None:
         console.print(f"asked: {asked_line(asked)}", highlight=False)
     shown = (f"micro-batch {p.micro_batch}{f' x {p.grad_accum} accumulated' if p.grad_accum > 1 else ''}, "
-             f"activation checkpointing {'on' if p.activation_checkpointing else 'off'}")
+             f"activation checkpointing {ac_word(p.activation_checkpointing)}")
     console.print(f"figures below: {shown}" + (" (the planner's choice where not asked)" if asked is not None else ""), highlight=False)
     if p.lora.get("rank"):
         console.print(f"LoRA rank {p.lora['rank']} on {', '.join(p.lora['targets'])}: {p.lora['adapter_params']:,} adapter parameters "
@@ -64,13 +64,18 @@ def print_plan(p: TrainingPlan, console: Any) -> None:
         console.print(GpuPrices.from_dict(prices).line(), highlight=False)
 
 
+def ac_word(ac: Any) -> str:
+    """How a line shows ACTIVATION_CHECKPOINTING: on (full), off, or selective."""
+    return "selective" if ac == "selective" else ("on" if ac else "off")
+
+
 def asked_line(asked: dict[str, Any]) -> str:
     """What the caller set, each setting left unset named as the planner's to choose."""
     mb, accum, ac = asked.get("micro_batch"), asked.get("grad_accum"), asked.get("activation_checkpointing")
     return ", ".join((
         f"micro-batch {mb}" if mb is not None else "micro-batch: the planner's choice",
         f"{accum} accumulated" if accum is not None else "accumulation: the planner's choice",
-        "activation checkpointing: the planner's choice" if ac is None else f"activation checkpointing {'on' if ac else 'off'}",
+        "activation checkpointing: the planner's choice" if ac is None else f"activation checkpointing {ac_word(ac)}",
     ))
 
 

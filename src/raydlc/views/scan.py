@@ -11,11 +11,16 @@ from raydlc.planner import GB
 from raydlc.planner.scan import Scan
 
 
+def _ac(ac: Any, sep: str) -> str:
+    """AC for full checkpointing, SAC for selective, nothing without."""
+    return f"{sep}SAC" if ac == "selective" else (f"{sep}AC" if ac else "")
+
+
 def _layout(r: Any) -> str:
     if not r.fits:
         return "[red]does not fit[/]"
     accum = f" x {r.grad_accum} ({r.sync})" if r.grad_accum > 1 else ""
-    return f"{r.strategy} mb {r.micro_batch}{accum}{' +AC' if r.activation_checkpointing else ''}"
+    return f"{r.strategy} mb {r.micro_batch}{accum}{_ac(r.activation_checkpointing, ' +')}"
 
 
 def print_scan(s: Scan, console: Any) -> None:
@@ -62,7 +67,7 @@ def plot_scan(s: Scan, path: Path) -> None:
     ax.plot(nodes, [r.tokens_per_s for r in rows], "o-", color="C0", label="predicted")
     ax.plot(nodes, [r.linear_tokens_per_s for r in rows], "--", color="0.5", label=f"linear from {s.reference_nodes} node(s)")
     for r in rows:
-        ax.annotate(f"{r.strategy}{' AC' if r.activation_checkpointing else ''}\nmb{r.micro_batch}x{r.grad_accum}", (r.nodes, r.tokens_per_s),
+        ax.annotate(f"{r.strategy}{_ac(r.activation_checkpointing, ' ')}\nmb{r.micro_batch}x{r.grad_accum}", (r.nodes, r.tokens_per_s),
                     textcoords="offset points", xytext=(0, -26), ha="center", fontsize=7, color="0.3")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
