@@ -197,8 +197,7 @@ def small_dataset(tmp_path: Path) -> tuple[str, Manifest]:
     dest = tmp_path / "ds"
     dest.mkdir()
     ids = np.arange(10 * 4, dtype=np.int32).reshape(10, 4)
-    docs = np.zeros_like(ids)
-    parts = [shards.write_shard(str(dest), 0, ids[:6], -ids[:6], docs[:6]), shards.write_shard(str(dest), 1, ids[6:], -ids[6:], docs[6:])]
+    parts = [shards.write_shard(str(dest), 0, ids[:6], -ids[:6]), shards.write_shard(str(dest), 1, ids[6:], -ids[6:])]
     m = Manifest(4, tuple(parts), {"name": "bpe-300", "sha256": "ab" * 32, "eos_id": 0, "vocab_size": 300}, "default", "assistant",
                  {"spec": "x", "fingerprint": "f"}, pipeline.Counts(records_read=10))
     return str(dest), m

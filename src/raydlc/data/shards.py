@@ -29,9 +29,9 @@ def shard_name(i: int) -> str:
     return f"shard-{i:05d}.bin"
 
 
-def write_shard(dest: str, i: int, ids: np.ndarray, labels: np.ndarray, docs: np.ndarray) -> Shard:
-    """One shard from [rows, seq_len] ids, labels and documents, written through the destination's file system."""
-    block = np.stack([ids, labels, docs], axis=1).astype(ROW_DTYPE, copy=False)
+def write_shard(dest: str, i: int, ids: np.ndarray, labels: np.ndarray, docs: np.ndarray | None = None) -> Shard:
+    """One shard from [rows, seq_len] ids, labels and documents (None: one document per row), written through the destination's file system."""
+    block = np.stack([ids, labels, np.zeros_like(ids) if docs is None else docs], axis=1).astype(ROW_DTYPE, copy=False)
     data = block.tobytes()
     fs, root = filesystem(dest)
     with fs.open_output_stream(f"{root}/{shard_name(i)}") as f:

@@ -364,7 +364,7 @@ def target_tokens(t: Trainer, batches: list[Batch]) -> torch.Tensor:
 
     from raydlc.data.encode import IGNORE
 
-    n = torch.stack([(labels[:, 1:] != IGNORE).sum() for _, labels, _ in batches]).sum()
+    n = torch.stack([(b[1][:, 1:] != IGNORE).sum() for b in batches]).sum()  # b: (ids, labels[, documents])
     dist.all_reduce(n)
     return n
 
