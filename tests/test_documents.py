@@ -24,14 +24,14 @@ SPEC = ModelSpec("docs", 64, 2, 4, 2, 172, 503, False, max_position_embeddings=5
 TOK = {"name": "bpe-503", "sha256": "ab" * 32, "eos_id": 2, "vocab_size": 503}
 
 
-def records(lengths: list[int], seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Records as encode makes them: ids ending in EOS; the first half of each a prompt (no loss)."""
+def records(lengths: list[int], seed: int = 0, *, prompt: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Records as encode makes them: ids ending in EOS; the first half of each a prompt (no loss) unless `prompt` is off."""
     g = np.random.default_rng(seed)
     out = []
     for n in lengths:
         ids = np.append(g.integers(3, SPEC.vocab_size, n - 1), TOK["eos_id"]).astype(np.int32)
         labels = ids.copy()
-        labels[: n // 2] = IGNORE
+        labels[: n // 2 if prompt else 0] = IGNORE
         out.append((ids, labels))
     return out
 
@@ -160,3 +160,32 @@ def test_micro_batches_carry_each_rows_documents() -> None:
     got = micro_batches(ids, ids, np.array([3, 1, 0, 2]), 3, torch.device("cpu"), docs)
     assert [b[2].tolist() for b in got] == [docs[[3, 1, 0]].tolist(), docs[[2]].tolist()]
     assert all(b[2] is None for b in micro_batches(ids, ids, np.arange(4), 2, torch.device("cpu")))
+
+
+def test_the_loops_step_reads_the_documents_and_leaves_each_documents_first_token_out(tmp_path) -> None:
+    """`run_step` on a real Trainer (FSDP2, a world of one) and the shards: with DOCUMENT_MASKING the step's target
+    tokens are the unmasked ones less each later document's first token; off, every one counts."""
+    import types
+
+    from tests.test_train_cadence import one_worker
+    from tests.test_train_step import trainer, world_of_one
+    from raydlc.data.order import global_batch
+    from raydlc.train import loop as L
+
+    recs = records([5, 9, 7, 12, 6, 10, 8, 11, 4, 13, 9, 7, 12, 5], seed=2, prompt=False)  # 118 tokens: 7 blocks of 16
+    m, _ = pack(str(tmp_path), recs, 16)
+    rows, held = shards.Rows.open(str(tmp_path), m), np.zeros(0, dtype=np.int64)
+    data = L.RankData(types.SimpleNamespace(n_train=m.rows, documents=True), rows, held, *rows.take(held))
+    counted = {}
+    for masking in (True, False):
+        run = one_worker(steps=1, document_masking=masking)
+        with world_of_one():
+            t = trainer(1, "every")
+            _, _, out = L.run_step(t, run, data, 1, rank=0, world=1)
+        counted[masking] = int(out.tokens)
+        assert np.isfinite(float(out.loss))
+    picked = global_batch(1, m.rows, run.global_batch, run.train.seed)
+    ids, labels, docs = rows.take_documents(picked)
+    starts_learned = int((D.starts(docs) & (labels != IGNORE))[:, 1:].sum())
+    assert starts_learned > 0 and counted[False] == int((labels[:, 1:] != IGNORE).sum())
+    assert counted[True] == counted[False] - starts_learned
