@@ -169,6 +169,7 @@ def test_the_loops_step_reads_the_documents_and_leaves_each_documents_first_toke
 
     from tests.test_train_cadence import one_worker
     from tests.test_train_step import trainer, world_of_one
+
     from raydlc.data.order import global_batch
     from raydlc.train import loop as L
 
@@ -185,7 +186,7 @@ def test_the_loops_step_reads_the_documents_and_leaves_each_documents_first_toke
         counted[masking] = int(out.tokens)
         assert np.isfinite(float(out.loss))
     picked = global_batch(1, m.rows, run.global_batch, run.train.seed)
-    ids, labels, docs = rows.take_documents(picked)
+    _, labels, docs = rows.take_documents(picked)
     starts_learned = int((D.starts(docs) & (labels != IGNORE))[:, 1:].sum())
     assert starts_learned > 0 and counted[False] == int((labels[:, 1:] != IGNORE).sum())
     assert counted[True] == counted[False] - starts_learned
