@@ -411,6 +411,12 @@ class TrainConfig(_Section):
         "LOSS_CHUNK", "tokens per chunk of the cross-entropy over the vocabulary (the full logits never exist); 0 = all at once", default=1024,
         le=1 << 20, why="a chunk beyond a million tokens is the unchunked loss", flag=Flag("--loss-chunk", "Tokens per chunk of the cross-entropy; 0 = unchunked"),
     )
+    document_masking: bool = _env(
+        "DOCUMENT_MASKING", "packed blocks attend within each document (causal and same-document mask, positions restarting "
+        "per document, no loss on a document's first token): FlexAttention on CUDA with COMPILE, masked SDPA elsewhere; "
+        "a dataset prepared before documents were recorded is one document per block", default=True,
+        flag=Flag("--document-masking/--no-document-masking", "Attend within each packed document only"),
+    )
     reduce_dtype: Literal["auto", "fp32", "bf16"] = _env(
         "REDUCE_DTYPE", "dtype of the gradient reduction (FSDP2's reduce_dtype): bf16 halves its bytes and rounds every sum; "
         "auto = fp32, or bf16 where only bf16 lets a layout fit (the planner's choice on a GPU cluster)", default="auto",

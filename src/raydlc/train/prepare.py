@@ -114,6 +114,9 @@ def prepare(
     address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
     with dataset.writing(c.plan), ray_runtime.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
+    if on_progress is not None and train.document_masking and not made.manifest.documents:
+        on_progress({"stage": "notice", "text": f"{made.dest} was prepared before documents were recorded: each block is one document "
+                                                 "(no document masking); prepare it again to mask"})
     t = made.tokenizer
     info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained,
                          template=t.template)
