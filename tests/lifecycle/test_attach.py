@@ -9,6 +9,7 @@ variants) or absent (kind). "Creates nothing outside the namespace" is checked b
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -314,3 +315,38 @@ def test_attach_then_submit_reaches_the_head_through_the_kube_context_and_down_l
     assert token not in p.stdout + p.stderr
     assert attached.down().ok
     assert attached.made() == [] and attached.outside() == before
+
+
+@pytest.mark.parametrize("attached", [{"variant": "platform", "grant": False}], indirect=True)
+def test_the_port_forward_is_the_users_own_request_without_its_grant_submit_is_one_line_naming_it(attached, tmp_path: Path) -> None:
+    """kubectl's port-forward is authorised as the user (the kubectl double sends the kubeconfig's token: `get`,
+    else `create`, on pods/portforward): with the Role `render --only rbac` prints, `up --attach` passes; once the
+    platform takes the portforward grant back, `submit` fails before anything is submitted, in one line naming it."""
+    import subprocess
+
+    from raydlc import api
+
+    rendered = api.render(only="rbac", settings=attached.settings(), subject=f"User:{platform_world.USER}")
+    (doc,) = rendered.docs.values()
+    attached.platform.apply(doc["items"])
+    role = next(d for d in doc["items"] if d["kind"] == "Role")
+    assert {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]} in role["rules"]
+    assert attached.up().ok
+    attached.platform.apply([{**role, "rules": [r for r in role["rules"] if r["resources"] != ["pods/portforward"]]}])
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.py").write_text("print('never run', flush=True)\n")
+    env, log = servers.doubles_env(tmp_path, sys.executable, {f"{NS}/{RAY}-head-svc:8265": "127.0.0.1:9"})
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS", "RAY_AUTH"))}
+    full.update(env, RAYDLC_ATTACH="true", RAYDLC_KUBE_CONTEXT="platform", RAYDLC_NAMESPACE=NS)
+    p = subprocess.run([sys.executable, "-m", "raydlc", "submit", "hello.py"], capture_output=True, text=True, cwd=work,
+                       env=full, timeout=120)
+    assert p.returncode != 0 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, p.stderr
+    assert f'cannot create resource "pods/portforward" in API group "" in the namespace "{NS}"' in errors[0], errors
+    assert f'User "{platform_world.USER}"' in errors[0] and f"cannot port-forward to {RAY}-head-svc:8265" in errors[0]
+    assert "render --only rbac" in p.stderr  # the hint: the Role that grants it
+    assert any(f'"pods/portforward" in API group "" in the namespace "{NS}"' in m for m in attached.platform.rbac.refused)
+    assert [json.loads(line)["argv"] for line in log.read_text().splitlines() if "port-forward" in line]  # kubectl ran
