@@ -350,3 +350,60 @@ def test_the_port_forward_is_the_users_own_request_without_its_grant_submit_is_o
     assert "render --only rbac" in p.stderr  # the hint: the Role that grants it
     assert any(f'"pods/portforward" in API group "" in the namespace "{NS}"' in m for m in attached.platform.rbac.refused)
     assert [json.loads(line)["argv"] for line in log.read_text().splitlines() if "port-forward" in line]  # kubectl ran
+
+
+def _ray_pod(name: str, role: str, node: str, ip: str, account: str, cluster: str = RAY) -> dict[str, Any]:
+    """A pod as KubeRay makes it for a RayCluster: its labels, node, service account, Running with an IP."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {
+        "ray.io/cluster": cluster, "ray.io/node-type": role}}, "spec": {"nodeName": node, "serviceAccountName": account},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_verify_reads_as_the_user_only_the_nodes_raydlcs_workers_hold_and_names_the_service_account_that_wrote(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Attached, `verify`'s Kubernetes facts are read with the user's own rights: the GPU node another team's worker
+    holds is not judged, the storage answers are named with the ServiceAccount the workers run as (SERVICE_ACCOUNT,
+    not raydlc's `raydlc-ray`), EFA is asked of the nodes only when the run expects it, and a node list the platform
+    refuses is the gpu-nodes row's evidence, never a crash."""
+    import dataclasses
+
+    from raydlc.checks import gate
+    from raydlc.checks.storage_access import StoreAnswer
+    from raydlc.config import load_config
+    from raydlc.edges import kube as k8s
+
+    settings = {"ATTACH": "true", "KUBE_CONTEXT": "platform", "NAMESPACE": NS, "SERVICE_ACCOUNT": "team-a-ray",
+                "GPU_NODE_COUNT": "1", "STORAGE_PATH": "s3://team-a-data/runs"}
+    cfg = load_config(env={f"RAYDLC_{k}": v for k, v in settings.items()})
+    with platform_world.platform_cluster(monkeypatch.setattr, tmp=tmp_path) as p:
+        for pod in (_ray_pod(f"{RAY}-head", "head", "system-0", "10.0.0.5", "team-a-ray"),
+                    _ray_pod(f"{RAY}-gpu-worker-a", "worker", "gpu-0", "10.0.1.5", "team-a-ray"),
+                    _ray_pod("team-b-ray-worker-b", "worker", "gpu-1", "10.0.2.5", "team-b", cluster="team-b-ray")):
+            p.kube.create(pod)
+        user = k8s.Kube(k8s.load_client(p.kubeconfig(), "platform"))
+        facts = gate.kube_facts(user, cfg)
+        assert [n.name for n in facts.nodes] == ["gpu-0"] and facts.note is None  # gpu-1 is the other team's
+        assert {(x.role, x.service_account) for x in facts.pods} == {("head", "team-a-ray"), ("worker", "team-a-ray")}
+        assert gate.storage_target(cfg, "cluster") == ("s3", "s3://team-a-data/runs")
+        bare = load_config(env={f"RAYDLC_{k}": v for k, v in {**settings, "STORAGE_PATH": ""}.items()})
+        assert gate.storage_target(bare, "cluster") == ("unset", None)  # attached, raydlc made no bucket to probe
+
+        wrote = StoreAnswer(f"{RAY}-gpu-worker-a", True, f"{RAY}-gpu-worker-a: wrote, read and deleted under s3://team-a-data/runs")
+        job = gate.JobFact("j", "01000000", "SUCCEEDED")
+        assert facts.nodes[0].efa >= 1
+        no_efa = [dataclasses.replace(facts.nodes[0], efa=0)]  # a platform whose GPU nodes offer no EFA
+        for expect, nodes, status in (("efa", facts.nodes, "pass"), ("efa", no_efa, "fail"), ("socket", no_efa, "pass")):
+            rows = {r.criterion: r for r in gate.gate(gate.Facts(
+                "cluster", job, expect=expect, gpus_per_node=4, gpu_node_count=1, kube_nodes=nodes, pods=facts.pods,
+                storage_kind="s3", storage=[wrote])).rows}
+            assert rows["gpu-nodes"].status == status, (expect, rows["gpu-nodes"])
+        assert rows["storage"].status == "pass"
+        assert "ServiceAccount team-a-ray" in rows["storage"].evidence[-1] and "raydlc-ray" not in " ".join(rows["storage"].evidence)
+
+        code, _ = p.kube.call("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/raydlc-discovery")
+        assert code < 300  # the platform takes the cluster-wide reads back
+        refused = gate.kube_facts(user, cfg)
+        assert refused.nodes == [] and "nodes" in (refused.note or "") and "render --only rbac" in (refused.note or "")
+        row = next(r for r in gate.gate(gate.Facts("cluster", job, gpus_per_node=4, gpu_node_count=1, kube_nodes=refused.nodes,
+                                                   pods=refused.pods, kube_note=refused.note)).rows if r.criterion == "gpu-nodes")
+        assert row.status == "fail" and row.evidence == [refused.note]
