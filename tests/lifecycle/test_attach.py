@@ -407,3 +407,55 @@ def test_verify_reads_as_the_user_only_the_nodes_raydlcs_workers_hold_and_names_
         row = next(r for r in gate.gate(gate.Facts("cluster", job, gpus_per_node=4, gpu_node_count=1, kube_nodes=refused.nodes,
                                                    pods=refused.pods, kube_note=refused.note)).rows if r.criterion == "gpu-nodes")
         assert row.status == "fail" and row.evidence == [refused.note]
+
+
+@pytest.mark.parametrize("attached", ["hyperpod"], indirect=True)
+def test_the_rayjob_is_rendered_for_the_found_workers_applied_as_the_user_in_the_namespace_and_down_removes_only_it(attached) -> None:
+    """`submit --rayjob` attached, up to where KubeRay takes over: the RayJob `submit --rayjob` renders (on the
+    RayCluster `up --attach` rendered against the found HyperPod nodes: 8 GPUs each, their type, taint and EFA) asks
+    for one training worker per found GPU, carries raydlc's labels, and is created with the user's namespaced Role in
+    the namespace; the code zip goes to the team's bucket; `down --attach` removes it with the rest of raydlc's and
+    leaves the platform as it was."""
+    import boto3
+    import yaml
+
+    from raydlc.config import load_config
+    from raydlc.edges import kube as k8s
+    from raydlc.jobs import submit, targets
+
+    attached.settled()
+    before = attached.outside()
+    assert attached.up().ok
+    boto3.client("s3", region_name="us-east-2", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(
+        Bucket="team-a-data", CreateBucketConfiguration={"LocationConstraint": "us-east-2"})  # the team's, given
+
+    cfg = load_config(env={f"RAYDLC_{k}": v for k, v in attached.settings().items()})
+    assert (cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node) == ("g6.12xlarge", 4)  # the defaults, not what was found
+    cfg, bucket, doc = submit._rendered_rayjob(submit._as_found(cfg))
+    env = yaml.safe_load(doc["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["RAYDLC_NUM_WORKERS"] == "16"  # 2 found nodes x 8 GPUs, one Ray Train worker per GPU
+    assert env["RAYDLC_STORAGE_PATH"] == "s3://team-a-data/runs"
+    assert doc["metadata"]["namespace"] == NS and doc["metadata"]["labels"][OWN] == "raydlc"
+    assert doc["spec"]["clusterSelector"] == {"ray.io/cluster": RAY}  # the job runs on the attached RayCluster's workers
+    assert "nodeSelector" not in doc["spec"]["submitterPodTemplate"]["spec"]  # the platform's scheduler picks a CPU node
+    workers = attached.platform.kube.get("RayCluster", RAY, NS)["spec"]["workerGroupSpecs"][0]
+    spec = workers["template"]["spec"]
+    assert spec["nodeSelector"]["node.kubernetes.io/instance-type"] == "ml.p5.48xlarge" and workers["rayStartParams"]["num-gpus"] == "8"
+    assert any(t.get("key") == "nvidia.com/gpu" for t in spec["tolerations"])
+    limits = spec["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "8" and int(limits["vpc.amazonaws.com/efa"]) >= 1  # EFA: the found nodes offer it
+
+    user = k8s.Kube(k8s.load_client(attached.platform.kubeconfig(), "platform"))
+    reached = targets.Reached(targets.JobTarget(targets.CLUSTER), None, user)  # type: ignore[arg-type]  # no head: KubeRay's part
+    said: list[str] = []
+    applied = submit._apply_rayjob(reached, cfg, bucket, doc, yes=False, notice=said.append)
+    assert (applied.namespace, applied.name, applied.replaced) == (NS, cfg.ray.job_name, False) and applied.code_uploaded
+    assert applied.code_zip.startswith("s3://team-a-data/code/")
+    stored = attached.platform.kube.get("RayJob", cfg.ray.job_name, NS)
+    assert stored is not None and stored["spec"]["clusterSelector"] == doc["spec"]["clusterSelector"]
+    assert not attached.platform.rbac.refused, attached.platform.rbac.refused  # the user's namespaced Role was enough
+    assert attached.outside() == before
+
+    assert attached.down().ok
+    assert attached.platform.kube.get("RayJob", cfg.ray.job_name, NS) is None and attached.made() == []
+    assert attached.outside() == before
