@@ -66,35 +66,13 @@ class Attached:
         return api.status(settings=self.settings(**extra))
 
     def outside(self) -> dict[str, Any]:
-        """Every object of the cluster outside the namespace (cluster scope and other namespaces), as stored,
-        and the namespace's objects not labelled as raydlc's: what attach must never touch."""
-        snap = self.platform.snapshot()
-        out = {}
-        for key, obj in snap.items():
-            ns = (obj.get("metadata") or {}).get("namespace")
-            labels = (obj.get("metadata") or {}).get("labels") or {}
-            if ns != NS or labels.get(OWN) != "raydlc":
-                if "/pods/" in key or "/events/" in key:  # the other team's and the operator's pods come and go
-                    continue
-                if labels.get("ray.io/cluster") == RAY or key.endswith(f"/{NS}/{RAY}"):  # KubeRay's, for raydlc's cluster
-                    continue
-                meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
-                out[key] = {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}  # status: the controllers'
-        return out
+        return self.platform.outside(RAY)
 
     def settled(self) -> None:
-        """The emulated operator has reconciled the other team's RayCluster (its head Service exists): what it does
-        to the platform's objects is not raydlc's doing, so the inventory is taken after it."""
-        import time
-
-        until = time.monotonic() + 30
-        while self.platform.kube.get("Service", f"{platform_world.OTHER_TEAM_CLUSTER}-head-svc", NS) is None:
-            assert time.monotonic() < until, "the operator never reconciled the other team's RayCluster"
-            time.sleep(0.1)
+        self.platform.settled()
 
     def made(self) -> list[str]:
-        snap = self.platform.snapshot()
-        return sorted(k for k, o in snap.items() if ((o.get("metadata") or {}).get("labels") or {}).get(OWN) == "raydlc")
+        return self.platform.made()
 
     def account(self) -> dict[str, Any]:
         """What the AWS account holds (moto), read over the API: attach must leave it as it was."""
