@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 PASS, FAIL, NA = "pass", "fail", "not applicable"
 CRITERIA = ("gpu-nodes", "pods", "fi-info", "nccl", "storage", "head-port", "job")
 TITLES = {
-    "gpu-nodes": "GPU nodes: nvidia.com/gpu = GPUS_PER_NODE, vpc.amazonaws.com/efa >= 1",
+    "gpu-nodes": "GPU nodes: nvidia.com/gpu = GPUS_PER_NODE, vpc.amazonaws.com/efa >= 1 (with --expect efa)",
     "pods": "head Ready, every worker Running",
     "fi-info": "fi_info -p efa lists an RDM endpoint on every GPU node",
     "nccl": "NCCL carried the job over {expect} on every node",
