@@ -373,7 +373,7 @@ def test_verify_reads_as_the_user_only_the_nodes_raydlcs_workers_hold_and_names_
         for expect, nodes, status in (("efa", facts.nodes, "pass"), ("efa", no_efa, "fail"), ("socket", no_efa, "pass")):
             rows = {r.criterion: r for r in gate.gate(gate.Facts(
                 "cluster", job, expect=expect, gpus_per_node=4, gpu_node_count=1, kube_nodes=nodes, pods=facts.pods,
-                storage_kind="s3", storage=[wrote])).rows}
+                storage_kind="s3", storage=[wrote], storage_identity=gate._worker_accounts(facts.pods))).rows}
             assert rows["gpu-nodes"].status == status, (expect, rows["gpu-nodes"])
         assert rows["storage"].status == "pass"
         assert "ServiceAccount team-a-ray" in rows["storage"].evidence[-1] and "raydlc-ray" not in " ".join(rows["storage"].evidence)

@@ -86,6 +86,7 @@ class Facts:
     head_reach: HeadReach | None = None  # both sides of the head-port probe; None: not probed
     head_note: str | None = None
     kube_note: str | None = None  # why the nodes could not be read (attached: a cluster read the platform refused)
+    storage_identity: str | None = None  # attached: the ServiceAccount(s) the GPU workers' pods, so the probes, run as
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,13 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
         storage_kind=kind, storage=answered.storage, storage_note=answered.note,
         head_reach=reach, head_note=None if head else "the head Service was not found through Kubernetes",
         kube_note=kube.note if kube else None,
+        storage_identity=_worker_accounts(kube.pods) if kube and cfg.cluster.attach else None,
     )
+
+
+def _worker_accounts(pods: list[Pod]) -> str | None:
+    """The ServiceAccounts the worker pods run as (SERVICE_ACCOUNT attached): the identity the storage probe had."""
+    return ", ".join(sorted({p.service_account for p in pods if p.role == "worker" and p.service_account})) or None
 
 
 def storage_target(cfg: Config, target: str) -> tuple[str, str | None]:
@@ -446,8 +453,7 @@ def _storage(f: Facts) -> Row:
     if not f.storage:
         return _row("storage", FAIL, [f.storage_note or "the storage probe did not run"])
     failed = [a.node for a in f.storage if not a.ok]
-    accounts = sorted({p.service_account for p in f.pods or [] if p.role == "worker" and p.service_account})
-    who = [f"the GPU workers' pods run as ServiceAccount {', '.join(accounts)}: the identity these answers are"] if accounts else []
+    who = [f"the GPU workers' pods run as ServiceAccount {f.storage_identity}: these answers are that identity's"] if f.storage_identity else []
     return _row("storage", FAIL if failed else PASS, [a.evidence for a in f.storage] + who, failed)
 
 
