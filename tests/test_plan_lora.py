@@ -174,3 +174,28 @@ def test_lora_dropout_s_saved_bytes_are_what_the_planner_counts(intermediate: in
     assert lora_dropout_bytes(planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets)) == 0  # p = 0 saves no mask
     more = planner.activation_parts(w)["saved"] - planner.activation_parts(planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets))["saved"]
     assert more == measured * w.tokens * spec.num_layers
+
+
+def test_a_target_pattern_counts_the_adapters_it_builds_and_the_planner_its_projections() -> None:
+    """LORA_TARGET_REGEX (issue 46): the run summary counts exactly the adapters the pattern builds (block 1 only here);
+    the planner, which models every block alike, counts the projections it matches in every block (an upper bound)."""
+    from types import SimpleNamespace
+
+    from raydlc.api._plan import _lora_targets
+    from raydlc.config import TrainConfig
+    from raydlc.facts.models import get_spec
+    from raydlc.train.launch import trained_params
+    from raydlc.train.lora import apply_lora
+    from raydlc.train.model import build_model
+
+    spec, pattern = get_spec("tiny"), r"model\.layers\.1\.(self_attn\.q|mlp\.down)_proj"
+    train = TrainConfig(lora_rank=4, lora_target_regex=pattern)
+    out = trained_params(SimpleNamespace(train=train, run_dir="/r"), SimpleNamespace(model=spec))  # type: ignore[arg-type]
+    model = build_model(spec, device="meta")
+    assert len(apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=(), seed=0, target_regex=pattern)) == 2
+    params = list(model.parameters())
+    assert out["params"] == {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+    assert out["lora"]["targets"] == pattern
+    assert _lora_targets(spec, train) == ("q_proj", "down_proj")
+    assert _lora_targets(spec, TrainConfig(lora_rank=4, lora_targets="v_proj")) == ("v_proj",)
+    assert spec.lora_params(4, ("q_proj", "down_proj")) == spec.num_layers * out["params"]["trainable"]  # every block vs block 1

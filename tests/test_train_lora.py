@@ -234,3 +234,58 @@ def test_activation_checkpointing_builds_the_same_adapters(world: None) -> None:
     """A is seeded by the module's state-dict name, which the checkpoint wrapper does not change."""
     plain, wrapped = full(built().model), full(built(activation_checkpointing=True).model)
     assert set(plain) == set(wrapped) and all(torch.equal(plain[k], wrapped[k]) for k in plain)
+
+
+def test_a_target_pattern_picks_the_layers_it_matches_whole_and_peft_loads_the_export(world: None, tmp_path: Path) -> None:
+    """LORA_TARGET_REGEX (issue 46): matched whole (peft's re.fullmatch) against the full module name, so a layer range
+    works; trained, the export's adapter_config carries the pattern and peft on the export gives the merged model's logits."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    pattern = r"model\.layers\.1\..*_proj"
+    t = built(lora_target_regex=pattern)
+    adapted = {n for n, m in t.model.named_modules() if isinstance(m, LoRALinear)}
+    assert adapted == {f"model.layers.1.{p}" for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert [n for n, p in t.model.named_parameters() if p.requires_grad] == [n for n, _ in t.model.named_parameters() if is_adapter_key(n)]
+    steps(t, data(), 3)
+    state = full(t.model)
+    lora = L.lora_export_settings(t.model, type("Run", (), {"train": settings(lora_target_regex=pattern), "spec": None, "run_dir": str(tmp_path)})())
+    assert lora is not None and lora["target_regex"] == pattern
+    ckpt.export_hf(t.model, tmp_path / "export", rank=0, tokenizer=None, dtype=torch.float32, lora=lora)
+    assert json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())["target_modules"] == pattern
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).eval()
+    frozen = AutoModelForCausalLM.from_config(merged.config)
+    frozen.load_state_dict({k: v for k, v in state.items() if not is_adapter_key(k)}, strict=False)
+    tuned = peft.PeftModel.from_pretrained(frozen.eval(), str(tmp_path / "export" / "adapter"))
+    ids = torch.as_tensor(data(2)[:, :16], dtype=torch.long)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+        with tuned.disable_adapter():  # peft adapted `frozen` in place: its base alone, with the adapters off
+            plain = tuned(input_ids=ids).logits
+        assert (tuned(input_ids=ids).logits - plain).abs().max().item() > 1e-4  # the trained adapters change the output
+
+
+def test_a_target_pattern_that_matches_nothing_or_more_than_projections_stops_the_build() -> None:
+    from raydlc.errors import TrainError
+    from raydlc.train.lora import with_lora
+
+    def build(pattern: str) -> None:
+        with_lora(build_model(get_spec("tiny"), device="meta"), rank=4, alpha=8, dropout=0.0, targets=(), seed=0, target_regex=pattern)
+
+    with pytest.raises(TrainError, match=r"^LORA_TARGET_REGEX 'q_proj' matches no linear layer"):  # whole-name match: q_proj alone is no name
+        build("q_proj")
+    with pytest.raises(TrainError, match=r"^LORA_TARGET_REGEX .* matches lm_head \(Linear\), which is not a block's projection"):
+        build(r"lm_head|.*\.q_proj")
+    with pytest.raises(TrainError, match=r"matches model\.layers\.0\.self_attn \(.*\), which is not a block's projection"):
+        build(r"model\.layers\.0\.self_attn.*")
+
+
+def test_a_checkpoint_of_other_targets_or_pattern_is_refused() -> None:
+    by_name, by_pattern = settings(lora_targets="q_proj").lora_meta(), settings(lora_target_regex=r".*\.q_proj").lora_meta()
+    assert by_pattern == {"lora_rank": 8, "lora_alpha": 16.0, "lora_target_regex": r".*\.q_proj"}
+    assert ckpt.lora_differences(by_pattern, by_pattern) == []
+    assert ckpt.lora_differences(by_name, by_pattern) == [r"lora_target_regex: checkpoint None, now .*\.q_proj"]
+    assert ckpt.lora_differences(by_pattern, by_name) == ["lora_targets: checkpoint None, now q_proj", r"lora_target_regex: checkpoint .*\.q_proj, now None"]
+    assert ckpt.lora_differences(by_pattern, settings(lora_target_regex=r".*\.v_proj").lora_meta()) == [
+        r"lora_target_regex: checkpoint .*\.q_proj, now .*\.v_proj"]

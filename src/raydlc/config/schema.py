@@ -27,6 +27,7 @@ from raydlc.config.fieldtypes import (
     FolderName,
     NoUserInfo,
     OffOrAtLeast,
+    Pattern,
     S3BucketName,
     Shaped,
     StorageLocation,
@@ -442,6 +443,11 @@ class TrainConfig(_Section):
         "LORA_TARGETS", "projections LoRA adapts, comma-separated (q_proj,v_proj); empty = the family's attention and MLP projections "
         "(all seven)", default=None,
     )
+    lora_target_regex: Annotated[str | None, Blank(), Pattern()] = _env(
+        "LORA_TARGET_REGEX", "instead of LORA_TARGETS: a Python regular expression matched whole (re.fullmatch, as peft matches a "
+        "string target_modules) against each linear layer's full name, e.g. .*\\.layers\\.(2[4-9])\\.self_attn\\.(q|v)_proj; "
+        "the adapter's target_modules is the pattern", default=None,
+    )
     lora_rslora: bool = _env(
         "LORA_RSLORA", "rank-stabilised LoRA: the update scaled by alpha / sqrt(rank) instead of alpha / rank (peft's use_rslora; for rank 64 and above)",
         default=False, flag=Flag("--lora-rslora", "Scale the LoRA update by alpha / sqrt(rank) (rsLoRA)"),
@@ -522,7 +528,8 @@ class TrainConfig(_Section):
 
         targets = self.lora_targets_list or next(iter(LORA_DEFAULT_TARGETS.values()))  # every family's default is the same seven
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
-        meta = {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
+        chosen = {"lora_target_regex": self.lora_target_regex} if self.lora_target_regex else {"lora_targets": ",".join(targets)}
+        meta = {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), **chosen}
         return meta | ({"lora_rslora": True} if self.lora_rslora else {})  # absent when off: earlier checkpoints still match
 
     def updated(self, **changes: Any) -> TrainConfig:

@@ -365,6 +365,8 @@ def lora_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
     if rank_then != rank_now:
         return [f"lora_rank: checkpoint {rank_then}, now {rank_now}"]
     found = [f"{k}: checkpoint {saved.get(k)}, now {now[k]}" for k in ("lora_alpha", "lora_targets") if k in now and saved.get(k) != now[k]]
+    if saved.get("lora_target_regex") != now.get("lora_target_regex"):  # absent: chosen by name (LORA_TARGETS)
+        found.append(f"lora_target_regex: checkpoint {saved.get('lora_target_regex')}, now {now.get('lora_target_regex')}")
     rs_then, rs_now = bool(saved.get("lora_rslora", False)), bool(now.get("lora_rslora", False))  # absent: off
     return found + ([f"lora_rslora: checkpoint {rs_then}, now {rs_now}"] if rs_then != rs_now else [])
 
@@ -472,7 +474,7 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
     diff = lora_differences(m.meta, lora) if lora is not None else []
     if diff:
         raise CheckpointError(f"checkpoint {d} was written with other LoRA settings ({'; '.join(diff)})",
-                              hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS, or start without --resume")
+                              hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS (or LORA_TARGET_REGEX), or start without --resume")
     msd, osd = model_state(model, optimizer)
     state = {"model": msd, "optim": osd}
     from torch.distributed.checkpoint.api import CheckpointException
@@ -662,7 +664,7 @@ def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dty
 
     lora_export.write(out_dir, sd, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"],
                       base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged,
-                      rslora=bool(lora.get("rslora", False)), base_dir=lora.get("base_dir"))
+                      rslora=bool(lora.get("rslora", False)), base_dir=lora.get("base_dir"), target_regex=lora.get("target_regex"))
 
 
 def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
