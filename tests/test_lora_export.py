@@ -337,3 +337,32 @@ def test_a_target_pattern_is_written_as_peft_s_string_and_peft_adapts_the_same_m
     with pytest.raises(LoRAExportError, match=r"the pattern .* does not match it whole"):
         write(tmp_path / "narrow", state, targets=("q_proj",), target_regex=r"model\.layers\.1\.self_attn\.q_proj")
     assert not (tmp_path / "wide").exists() and not (tmp_path / "narrow").exists()
+
+
+def test_modules_to_save_are_written_as_peft_saves_them_and_peft_loads_them(tmp_path: Path) -> None:
+    """LORA_MODULES_TO_SAVE (issue 46) on an untied model: the trained head under `base_model.model.lm_head.weight` and
+    `modules_to_save: ["lm_head"]`, as peft's save_pretrained writes them; peft's model (adapters + the saved head) and
+    the merged model both give the hand-computed logits, and a saved module missing from the state is refused."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model, state = trained_state("llama")
+    adapters = X.split(state)[1]
+    head = state["lm_head.weight"] + 0.05 * torch.randn(state["lm_head.weight"].shape, generator=torch.Generator().manual_seed(5))
+    state = {**state, "lm_head.weight": head}
+    out = tmp_path / "export"
+    write(out, state, config=model.config, modules_to_save=["lm_head.weight"])
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["modules_to_save"] == ["lm_head"]
+    assert torch.equal(load_file(str(out / "adapter" / "adapter_model.safetensors"))["base_model.model.lm_head.weight"], head)
+    trained = base("llama")
+    trained.lm_head.weight.data.copy_(head)
+    reference = hand_logits(trained, adapters, ids(), ALPHA / RANK)
+    tuned = peft.PeftModel.from_pretrained(base("llama"), str(out / "adapter"))
+    with torch.no_grad():
+        assert (tuned(ids()).logits - reference).abs().max().item() < 1e-5
+        assert (reference - hand_logits(model, adapters, ids(), ALPHA / RANK)).abs().max().item() > 1e-3  # the head matters
+        merged_model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        assert (merged_model(ids()).logits - reference).abs().max().item() < 1e-4
+    with pytest.raises(LoRAExportError, match=r"model\.norm2\.weight \(LORA_MODULES_TO_SAVE\) is not in the state"):
+        write(tmp_path / "bad", state, modules_to_save=["model.norm2.weight"])
+    assert not (tmp_path / "bad").exists()

@@ -199,3 +199,27 @@ def test_a_target_pattern_counts_the_adapters_it_builds_and_the_planner_its_proj
     assert _lora_targets(spec, train) == ("q_proj", "down_proj")
     assert _lora_targets(spec, TrainConfig(lora_rank=4, lora_targets="v_proj")) == ("v_proj",)
     assert spec.lora_params(4, ("q_proj", "down_proj")) == spec.num_layers * out["params"]["trainable"]  # every block vs block 1
+
+
+def test_modules_to_save_are_planned_as_trained_parameters() -> None:
+    """LORA_MODULES_TO_SAVE (issue 46): the embedding and the head carry gradients and AdamW state, so the planner counts
+    them with the adapters (once on a tied model, where they are one weight); the run summary counts them trainable."""
+    from types import SimpleNamespace
+
+    from raydlc.config import TrainConfig
+    from raydlc.facts.models import get_spec, saved_params
+    from raydlc.train.launch import trained_params
+
+    tied, untied = get_spec("tiny"), SPECS["llama-3.1-8b"]
+    assert tied.tie_embeddings and not untied.tie_embeddings
+    assert saved_params(tied, ("embed_tokens", "lm_head")) == saved_params(tied, ("lm_head",)) == tied.embedding_params()
+    assert saved_params(untied, ("embed_tokens", "lm_head")) == 2 * untied.embedding_params() and saved_params(untied, ("norm",)) == 0
+    plain = planner.Workload(untied, lora_rank=16)
+    saving = planner.Workload(untied, lora_rank=16, lora_saved_params=untied.embedding_params())
+    assert saving.trained_params() == plain.trained_params() + untied.embedding_params()
+    p, e = plain.trained_params(), untied.embedding_params()
+    more = planner.memory_bytes(saving, 8)["optimizer"] - planner.memory_bytes(plain, 8)["optimizer"]
+    assert more == (-(-(p + e) // 8) - -(-p // 8)) * saving.precision.optimizer and more > 0  # AdamW's moments of the shard
+    out = trained_params(SimpleNamespace(train=TrainConfig(lora_rank=4, lora_modules_to_save="embed_tokens"), run_dir="/r"),  # type: ignore[arg-type]
+                         SimpleNamespace(model=tied))
+    assert out["params"]["trainable"] == tied.lora_params(4) + tied.embedding_params()

@@ -289,3 +289,71 @@ def test_a_checkpoint_of_other_targets_or_pattern_is_refused() -> None:
     assert ckpt.lora_differences(by_pattern, by_name) == ["lora_targets: checkpoint None, now q_proj", r"lora_target_regex: checkpoint .*\.q_proj, now None"]
     assert ckpt.lora_differences(by_pattern, settings(lora_target_regex=r".*\.v_proj").lora_meta()) == [
         r"lora_target_regex: checkpoint .*\.q_proj, now .*\.v_proj"]
+
+
+def test_modules_to_save_train_in_full_checkpoint_resume_and_export_as_peft_saves_them(world: None, tmp_path: Path) -> None:
+    """LORA_MODULES_TO_SAVE (issue 46): the embedding (tied: the head too, one weight) trains in fp32 beside the adapters,
+    the optimizer holds it, the checkpoint holds it and a resume continues exactly; the export's merged model has its
+    trained values and peft loads the adapter (modules_to_save, both tied names) to the merged model's logits."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    kw = {"lora_modules_to_save": "embed_tokens", "lora_targets": "q_proj,v_proj"}
+    emb = "model.embed_tokens.weight"
+    bf16 = dict(built(bf16=True, **kw).model.named_parameters())
+    assert bf16[emb].dtype == torch.float32 and bf16["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16  # trained in fp32 like the adapters
+    t = built(**kw)
+    trained = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert emb in trained and all(is_adapter_key(n) for n in trained if n != emb)
+    assert any(p is dict(t.model.named_parameters())[emb] for g in t.optimizer.param_groups for p in g["params"])
+    before = full(t.model)[emb].clone()
+    ids = data()
+    steps(t, ids, 2)
+    after = full(t.model)
+    assert (after[emb] - before).abs().max().item() > 1e-3  # the embedding moved
+    import torch.distributed.checkpoint as dcp
+
+    d = tmp_path / ckpt.dir_name(2)
+    ckpt.save(d, t.model, t.optimizer, step=2, rank=0, world_size=1, extra={}, meta=settings(**kw).lora_meta())
+    held = [k.removeprefix("model.") for k in dcp.FileSystemReader(str(d)).read_metadata().state_dict_metadata if k.startswith("model.")]
+    assert emb in held and all(k == emb or is_adapter_key(k) for k in held), held
+    going = steps(t, ids, 2)
+    again = built(**kw)
+    ckpt.load(d, again.model, again.optimizer, rank=0, lora=settings(**kw).lora_meta())
+    assert torch.equal(full(again.model)[emb], after[emb])
+    assert steps(again, ids, 2) == going  # the embedding's moments restored too: the same steps
+    with pytest.raises(CheckpointError, match="lora_modules_to_save: checkpoint embed_tokens, now None"):
+        ckpt.load(d, built(lora_targets="q_proj,v_proj").model, again.optimizer, rank=0, lora=settings(lora_targets="q_proj,v_proj").lora_meta())
+
+    state = full(t.model)
+    run = type("Run", (), {"train": settings(**kw), "spec": None, "run_dir": str(tmp_path)})()
+    lora = L.lora_export_settings(t.model, run)
+    assert lora is not None and lora["modules_to_save"] == ["lm_head.weight", emb]  # tied: one weight, both names
+    ckpt.export_hf(t.model, tmp_path / "export", rank=0, tokenizer=None, dtype=torch.float32, lora=lora)
+    config = json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())
+    assert config["modules_to_save"] == ["embed_tokens", "lm_head"]
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(tmp_path / "export" / "adapter" / "adapter_model.safetensors"))
+    assert torch.equal(adapter["base_model.model." + emb], state[emb].float()) and torch.equal(adapter["base_model.model.lm_head.weight"], state[emb].float())
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"), dtype=torch.float32).eval()
+    assert torch.equal(merged.state_dict()[emb], state[emb].float())
+    frozen = AutoModelForCausalLM.from_config(merged.config, dtype=torch.float32)
+    frozen.load_state_dict({k: before if k == emb else v.float() for k, v in state.items() if not is_adapter_key(k)}, strict=False)
+    tuned = peft.PeftModel.from_pretrained(frozen.eval(), str(tmp_path / "export" / "adapter"))
+    x = torch.as_tensor(data(2)[:, :16], dtype=torch.long)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(input_ids=x).logits, merged(input_ids=x).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_modules_to_save_that_name_no_module_or_a_target_stop_the_build() -> None:
+    from raydlc.errors import TrainError
+    from raydlc.train.lora import with_lora
+
+    def build(names: tuple[str, ...], targets: tuple[str, ...] = ("q_proj",)) -> None:
+        with_lora(build_model(get_spec("tiny"), device="meta"), rank=4, alpha=8, dropout=0.0, targets=targets, seed=0, modules_to_save=names)
+
+    with pytest.raises(TrainError, match=r"^LORA_MODULES_TO_SAVE 'wte' names no module of the model"):
+        build(("wte",))
+    with pytest.raises(TrainError, match=r"^LORA_MODULES_TO_SAVE 'q_proj' is a LoRA target too"):
+        build(("q_proj",))

@@ -134,6 +134,13 @@ def lora_targets_of(spec: ModelSpec, names: tuple[str, ...], regex: str | None) 
     return names or LORA_DEFAULT_TARGETS[spec.architecture]
 
 
+def saved_params(spec: ModelSpec, names: tuple[str, ...]) -> int:
+    """LORA_MODULES_TO_SAVE's parameters as the planner counts them: the embedding and the head (one weight when tied);
+    other modules (a norm) are too small to count."""
+    parts = {n.rpartition(".")[2] for n in names} & {"embed_tokens", "lm_head"}
+    return spec.embedding_params() * (1 if spec.tie_embeddings else len(parts)) if parts else 0
+
+
 def lora_params_of(spec: ModelSpec, rank: int, names: tuple[str, ...], regex: str | None) -> int:
     """Adapter parameters as trained: with a pattern, only the blocks it matches count (it may pick a layer range)."""
     if not regex:

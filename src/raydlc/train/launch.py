@@ -443,9 +443,10 @@ def trained_params(spec: RunSpec, p: Prepared) -> dict[str, Any]:
         out["lora"] = {"rank": s.lora_rank, "alpha": meta["lora_alpha"], "targets": targets,
                        "merged": s.lora_merge, "adapter": f"{spec.run_dir}/export/adapter"}
     if model is not None:
-        from raydlc.facts.models import lora_params_of
+        from raydlc.facts.models import lora_params_of, saved_params
 
         base = model.param_count()
         adapters = lora_params_of(model, s.lora_rank, s.lora_targets_list, s.lora_target_regex) if out["lora"] else 0
-        out["params"] = {"trainable": adapters or base, "total": base + adapters}
+        trained = adapters + saved_params(model, s.lora_modules_to_save_list) if out["lora"] else base
+        out["params"] = {"trainable": trained, "total": base + adapters}
     return out

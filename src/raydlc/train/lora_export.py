@@ -103,7 +103,7 @@ def peft_adapter_state(adapters: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], base_model: str | None,
-                   rslora: bool = False, target_regex: str | None = None) -> dict[str, Any]:
+                   rslora: bool = False, target_regex: str | None = None, modules_to_save: Sequence[str] = ()) -> dict[str, Any]:
     """peft's LoraConfig as saved (`PeftConfigMixin.save_pretrained`): LoRA (rsLoRA with `rslora`: peft's `use_rslora`,
     scaling alpha / sqrt(r)) on a causal LM, the fields peft 0.17+ reads; those left out take LoraConfig's defaults,
     which are what raydlc trains (no DoRA, no bias). With `target_regex`, `target_modules` is that string, which peft
@@ -125,12 +125,28 @@ def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence
         "use_dora": False,
         "lora_bias": False,
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": saved_module_names(modules_to_save) or None,
         "layers_to_transform": None,
         "layers_pattern": None,
         "rank_pattern": {},
         "alpha_pattern": {},
     }
+
+
+def saved_module_names(keys: Sequence[str]) -> list[str]:
+    """peft's `modules_to_save` of the saved parameters' keys: each module's last name (embed_tokens, lm_head), which peft
+    matches as `(^|.*\\.)name($|\\..*)` against module names (`tuners_utils.check_target_module_exists`)."""
+    return sorted({k.rpartition(".")[0].rpartition(".")[2] for k in keys})
+
+
+def saved_tensors(state: Mapping[str, Tensor], keys: Sequence[str]) -> dict[str, Tensor]:
+    """LORA_MODULES_TO_SAVE's trained weights under peft's saved keys, `base_model.model.<module>.<param>` (the
+    ModulesToSaveWrapper's `modules_to_save.default.` removed, `utils/save_and_load.py`); a tied head is saved under
+    both names, since peft wraps (and loads) the embedding and the head apart."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise LoRAExportError(f"LoRA export: {missing[0]} (LORA_MODULES_TO_SAVE) is not in the state", hint=_PAIR_HINT)
+    return {PEFT_PREFIX + k: state[k].detach().to("cpu").clone() for k in keys}  # a copy each: safetensors refuses shared memory
 
 
 def _check_hyper(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], target_regex: str | None = None) -> None:
@@ -184,7 +200,7 @@ def _targeted(targets: Sequence[str], target_regex: str | None) -> Callable[[str
 
 def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float, dropout: float, targets: Sequence[str],
           base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None], rslora: bool = False,
-          base_dir: str | None = None, target_regex: str | None = None) -> None:
+          base_dir: str | None = None, target_regex: str | None = None, modules_to_save: Sequence[str] = ()) -> None:
     """`out_dir/adapter/` (peft's two files) and, if `merge`, the merged weights handed to `save_merged(weights, folder)`,
     which writes the HF model and tokenizer into that folder (it is `out_dir` once renamed).
 
@@ -196,8 +212,8 @@ def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float
     is renamed into place at the end, so on any error (here or in `save_merged`) nothing is left.
     """
     config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_dir or base_model, rslora=rslora,
-                            target_regex=target_regex)
-    tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets, target_regex=target_regex))
+                            target_regex=target_regex, modules_to_save=modules_to_save)
+    tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets, target_regex=target_regex)) | saved_tensors(state, modules_to_save)
     weights = merged(state, scaling=alpha / (math.sqrt(rank) if rslora else rank)) if merge else None
     _refuse_foreign(out_dir)
     with _staged(out_dir) as folder:

@@ -80,6 +80,7 @@ def check_lora(train: TrainConfig, model: ModelSpec | None) -> None:
     projection's smaller side (beyond min(in, out) the update is no longer low-rank, only bigger)."""
     if train.lora_rank == 0:
         given = [n for n, v in (("LORA_ALPHA", train.lora_alpha), ("LORA_TARGETS", train.lora_targets), ("LORA_TARGET_REGEX", train.lora_target_regex),
+                                ("LORA_MODULES_TO_SAVE", train.lora_modules_to_save),
                                 ("LORA_DROPOUT", train.lora_dropout or None), ("LORA_MERGE", None if train.lora_merge else False)) if v is not None]
         if given:
             raise InputError(f"{', '.join(given)} given while LORA_RANK is 0 (LoRA off, full fine-tuning): they would change nothing",
@@ -90,6 +91,11 @@ def check_lora(train: TrainConfig, model: ModelSpec | None) -> None:
                          hint="keep one of them")
     if model is None:
         return
+    modules = {k.rpartition(".")[0] for k in model.tensor_shapes()}
+    unknown = [n for n in train.lora_modules_to_save_list if not any(m == n or m.endswith("." + n) for m in modules)]
+    if unknown:
+        raise InputError(f"LORA_MODULES_TO_SAVE {unknown[0]!r} names no module of {model.name}",
+                         hint="name modules such as embed_tokens or lm_head (the embedding and the head)")
     from raydlc.facts.models import lora_targets_of
 
     shapes = model.projections()
