@@ -357,3 +357,23 @@ def test_modules_to_save_that_name_no_module_or_a_target_stop_the_build() -> Non
         build(("wte",))
     with pytest.raises(TrainError, match=r"^LORA_MODULES_TO_SAVE 'q_proj' is a LoRA target too"):
         build(("q_proj",))
+
+
+def test_a_saved_module_loads_pretrained_in_fp32_under_bf16_and_trains(world: None, tmp_path: Path) -> None:
+    """LORA_MODULES_TO_SAVE on the pretrained path (`weights.build_sharded`) with bf16 compute: the saved embedding holds
+    the file's values in fp32 (the base stays bf16), and a step moves it."""
+    from safetensors.torch import load_file
+    from tests.test_weights import TINY, export
+
+    directory = export(TINY["llama-tied"], tmp_path / "m", "60KB")
+    saved: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        saved |= load_file(str(f))
+    t = L.build(settings(model_id=str(directory), seq_len=16, lora_modules_to_save="embed_tokens"), spec=None, mesh=plan_mesh("fsdp", [1]),
+                device=torch.device("cpu"), bf16=True)
+    emb = "model.embed_tokens.weight"
+    state = full(t.model)
+    assert state[emb].dtype == torch.float32 and torch.equal(state[emb].to(saved[emb].dtype), saved[emb])
+    assert state["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    steps(t, np.random.default_rng(0).integers(0, 64, size=(16, 16), dtype=np.int32), 1)
+    assert not torch.equal(full(t.model)[emb], state[emb])
