@@ -195,7 +195,7 @@ def test_a_target_pattern_counts_the_adapters_it_builds_and_the_planner_its_proj
     assert len(apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=(), seed=0, target_regex=pattern)) == 2
     params = list(model.parameters())
     assert out["params"] == {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
-    assert out["lora"]["targets"] == pattern
+    assert out["lora"]["targets"] == [pattern]  # a list as by name: the summary and the card join it
     assert _lora_targets(spec, train) == ("q_proj", "down_proj")
     assert _lora_targets(spec, TrainConfig(lora_rank=4, lora_targets="v_proj")) == ("v_proj",)
     assert spec.lora_params(4, ("q_proj", "down_proj")) == spec.num_layers * out["params"]["trainable"]  # every block vs block 1
@@ -222,4 +222,4 @@ def test_modules_to_save_are_planned_as_trained_parameters() -> None:
     assert more == (-(-(p + e) // 8) - -(-p // 8)) * saving.precision.optimizer and more > 0  # AdamW's moments of the shard
     out = trained_params(SimpleNamespace(train=TrainConfig(lora_rank=4, lora_modules_to_save="embed_tokens"), run_dir="/r"),  # type: ignore[arg-type]
                          SimpleNamespace(model=tied))
-    assert out["params"]["trainable"] == tied.lora_params(4) + tied.embedding_params()
+    assert out["params"]["trainable"] == tied.lora_params(4) + tied.embedding_params() and out["lora"]["modules_to_save"] == ["embed_tokens"]
