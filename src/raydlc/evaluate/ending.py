@@ -120,7 +120,9 @@ def card_facts(end: End, records: list[dict[str, Any]]) -> dict[str, Any]:
     if t.lora_rank > 0:
         adapter = storage.join(export_path(end), "adapter", "adapter_config.json")
         conf = _read_json(adapter)
-        lora = {"rank": t.lora_rank, "alpha": conf.get("lora_alpha", t.lora_alpha), "targets": conf.get("target_modules") or []}
+        targets = conf.get("target_modules") or []
+        lora = {"rank": t.lora_rank, "alpha": conf.get("lora_alpha", t.lora_alpha),
+                "targets": [targets] if isinstance(targets, str) else targets}  # a LORA_TARGET_REGEX pattern is one string
     pretrained = spec.spec is None
     base = base_of(spec)
     return {

@@ -278,7 +278,7 @@ def add_lora(model: nn.Module, settings: TrainConfig, *, bf16: bool) -> nn.Modul
     return with_lora(
         model, rank=settings.lora_rank, alpha=default_alpha(settings.lora_rank, settings.lora_alpha), dropout=settings.lora_dropout,
         targets=targets_of(model.config, settings.lora_targets_list), seed=settings.seed, base_dtype=torch.bfloat16 if bf16 else None,
-        rslora=settings.lora_rslora,
+        rslora=settings.lora_rslora, target_regex=settings.lora_target_regex, modules_to_save=settings.lora_modules_to_save_list,
     )
 
 
@@ -659,7 +659,7 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
 
 def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | None:
     """What the export needs to write a LoRA run's adapter (and merged model); None for full fine-tuning."""
-    from raydlc.train.lora import adapted_targets, default_alpha
+    from raydlc.train.lora import adapted_targets, default_alpha, saved_parameters
     from raydlc.train.lora_export import BASE_DIR
 
     s = run.train
@@ -667,6 +667,7 @@ def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | Non
         return None
     return {"rank": s.lora_rank, "alpha": default_alpha(s.lora_rank, s.lora_alpha), "dropout": s.lora_dropout,
             "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge, "rslora": s.lora_rslora,
+            "target_regex": s.lora_target_regex, "modules_to_save": sorted(saved_parameters(model, s.lora_modules_to_save_list)),
             "base_dir": f"{run.run_dir.rstrip('/')}/export/{BASE_DIR}" if run.spec is not None else None}
 
 
