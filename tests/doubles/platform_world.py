@@ -34,8 +34,8 @@ import helm
 import servers
 from world import NODE_FACTS, Kube, node_allocatable
 
-USER, USER_TOKEN = "alice", "alice-token"
-OWNER_LABEL = "app.kubernetes.io/managed-by"  # the user raydlc runs as
+USER, USER_TOKEN = "alice", "alice-token"  # the user raydlc runs as
+OWNER_LABEL = "app.kubernetes.io/managed-by"
 TEAM_GROUP = "ml-team-a"
 NAMESPACE = "team-a"
 OTHER_TEAM_CLUSTER = "team-b-ray"
