@@ -83,3 +83,17 @@ def test_eval_after_travels_to_a_cluster_job_and_the_ending_skips_evaluation_wit
     end = ending.RunEnd(run_spec(tmp_path / "r"), {})
     assert E.evaluation(end) == {}  # EVAL_AFTER=false: no Ray task, nothing added
     assert E.base_of(run_spec(tmp_path / "r", lora_rank=4)) == {"path": f"{tmp_path / 'r'}/export/base"}
+
+
+def test_a_lora_card_shows_a_target_pattern_whole(tmp_path: Path) -> None:
+    """LORA_TARGET_REGEX (issue 46): the adapter's target_modules is one string; the card names it whole, not letter by letter."""
+    run = tmp_path / "run-x"
+    s = summary(run)
+    (run / "export" / "adapter").mkdir()
+    pattern = r"model\.layers\.1\..*_proj"
+    (run / "export" / "adapter" / "adapter_config.json").write_text(json.dumps({"lora_alpha": 8, "target_modules": pattern}))
+    from raydlc.evaluate.ending import card_facts
+
+    facts = card_facts(ending.RunEnd(run_spec(run, lora_rank=4, lora_target_regex=pattern), s), [])
+    assert facts["lora"]["targets"] == [pattern]
+    assert f"| LoRA targets | {pattern} |" in ModelCard(cards.render({**facts, "loss_points": [(1, 2.0, None)]})).text.replace("\\|", "|")

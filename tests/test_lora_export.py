@@ -308,3 +308,61 @@ def test_rslora_scales_by_alpha_over_sqrt_rank_in_the_layer_the_export_and_peft(
     merged_model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     with torch.no_grad():
         assert (merged_model(ids()).logits - reference).abs().max().item() < 1e-4
+
+
+def test_a_target_pattern_is_written_as_peft_s_string_and_peft_adapts_the_same_modules(tmp_path: Path) -> None:
+    """LORA_TARGET_REGEX (issue 46): `target_modules` is the pattern itself, which peft matches whole against each module's
+    full name; the adapters on the layers it picks (block 1's q and v only) load with no missing key and give the
+    hand-computed logits, as the merged model does."""
+    from transformers import AutoModelForCausalLM
+
+    pattern = r"model\.layers\.1\.self_attn\.(q|v)_proj"
+    model = base("llama")
+    adapters = {k: v for k, v in adapters_for(model).items() if k.startswith(("model.layers.1.self_attn.q_proj.", "model.layers.1.self_attn.v_proj."))}
+    assert len(adapters) == 4
+    state = {**model.state_dict(), **adapters}
+    out = tmp_path / "export"
+    write(out, state, config=model.config, targets=("q_proj", "v_proj"), target_regex=pattern)
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["target_modules"] == pattern
+    tuned = peft.PeftModel.from_pretrained(base("llama"), str(out / "adapter"))
+    adapted = {n.removeprefix("base_model.model.") for n, m in tuned.named_modules() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")}
+    assert adapted == {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"}
+    reference = hand_logits(model, adapters, ids(), ALPHA / RANK)
+    with torch.no_grad():
+        assert (tuned(ids()).logits - reference).abs().max().item() < 1e-5
+        merged_model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        assert (merged_model(ids()).logits - reference).abs().max().item() < 1e-4
+    with pytest.raises(LoRAExportError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight is a target's weight with no adapter"):
+        write(tmp_path / "wide", state, targets=("q_proj",), target_regex=r".*\.(q|v)_proj")  # peft would adapt block 0 too
+    with pytest.raises(LoRAExportError, match=r"the pattern .* does not match it whole"):
+        write(tmp_path / "narrow", state, targets=("q_proj",), target_regex=r"model\.layers\.1\.self_attn\.q_proj")
+    assert not (tmp_path / "wide").exists() and not (tmp_path / "narrow").exists()
+
+
+def test_modules_to_save_are_written_as_peft_saves_them_and_peft_loads_them(tmp_path: Path) -> None:
+    """LORA_MODULES_TO_SAVE (issue 46) on an untied model: the trained head under `base_model.model.lm_head.weight` and
+    `modules_to_save: ["lm_head"]`, as peft's save_pretrained writes them; peft's model (adapters + the saved head) and
+    the merged model both give the hand-computed logits, and a saved module missing from the state is refused."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model, state = trained_state("llama")
+    adapters = X.split(state)[1]
+    head = state["lm_head.weight"] + 0.05 * torch.randn(state["lm_head.weight"].shape, generator=torch.Generator().manual_seed(5))
+    state = {**state, "lm_head.weight": head}
+    out = tmp_path / "export"
+    write(out, state, config=model.config, modules_to_save=["lm_head.weight"])
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["modules_to_save"] == ["lm_head"]
+    assert torch.equal(load_file(str(out / "adapter" / "adapter_model.safetensors"))["base_model.model.lm_head.weight"], head)
+    trained = base("llama")
+    trained.lm_head.weight.data.copy_(head)
+    reference = hand_logits(trained, adapters, ids(), ALPHA / RANK)
+    tuned = peft.PeftModel.from_pretrained(base("llama"), str(out / "adapter"))
+    with torch.no_grad():
+        assert (tuned(ids()).logits - reference).abs().max().item() < 1e-5
+        assert (reference - hand_logits(model, adapters, ids(), ALPHA / RANK)).abs().max().item() > 1e-3  # the head matters
+        merged_model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        assert (merged_model(ids()).logits - reference).abs().max().item() < 1e-4
+    with pytest.raises(LoRAExportError, match=r"model\.norm2\.weight \(LORA_MODULES_TO_SAVE\) is not in the state"):
+        write(tmp_path / "bad", state, modules_to_save=["model.norm2.weight"])
+    assert not (tmp_path / "bad").exists()

@@ -59,6 +59,9 @@ def test_the_summary_says_what_lora_trained_and_full_fine_tuning_says_so() -> No
     full = {**SUMMARY, "lora": None, "params": {"trainable": 2574848, "total": 2574848}}
     flat = " ".join(line.strip("│ ") for line in drawn(full, terminal=False).splitlines())
     assert "off (full fine-tuning): 2.57M of 2.57M parameters trained (100.0%)" in flat and "LoRA adapter" not in flat
+    saving = {**SUMMARY, "lora": {**SUMMARY["lora"], "modules_to_save": ["embed_tokens", "lm_head"]}}
+    flat = " ".join(line.strip("│ ") for line in drawn(saving, terminal=False).splitlines())
+    assert "(and embed_tokens, lm_head in full)" in flat
     few = {**SUMMARY, "epochs": 0.5, "steps": 10, "train_sequences": 320}
     assert "WARNING" not in drawn(few, terminal=False)
 

@@ -174,3 +174,52 @@ def test_lora_dropout_s_saved_bytes_are_what_the_planner_counts(intermediate: in
     assert lora_dropout_bytes(planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets)) == 0  # p = 0 saves no mask
     more = planner.activation_parts(w)["saved"] - planner.activation_parts(planner.Workload(spec, seq_len=64, lora_rank=8, lora_targets=targets))["saved"]
     assert more == measured * w.tokens * spec.num_layers
+
+
+def test_a_target_pattern_counts_the_adapters_it_builds_and_the_planner_its_projections() -> None:
+    """LORA_TARGET_REGEX (issue 46): the run summary counts exactly the adapters the pattern builds (block 1 only here);
+    the planner, which models every block alike, counts the projections it matches in every block (an upper bound)."""
+    from types import SimpleNamespace
+
+    from raydlc.api._plan import _lora_targets
+    from raydlc.config import TrainConfig
+    from raydlc.facts.models import get_spec
+    from raydlc.train.launch import trained_params
+    from raydlc.train.lora import apply_lora
+    from raydlc.train.model import build_model
+
+    spec, pattern = get_spec("tiny"), r"model\.layers\.1\.(self_attn\.q|mlp\.down)_proj"
+    train = TrainConfig(lora_rank=4, lora_target_regex=pattern)
+    out = trained_params(SimpleNamespace(train=train, run_dir="/r"), SimpleNamespace(model=spec))  # type: ignore[arg-type]
+    model = build_model(spec, device="meta")
+    assert len(apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=(), seed=0, target_regex=pattern)) == 2
+    params = list(model.parameters())
+    assert out["params"] == {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+    assert out["lora"]["targets"] == [pattern]  # a list as by name: the summary and the card join it
+    assert _lora_targets(spec, train) == ("q_proj", "down_proj")
+    assert _lora_targets(spec, TrainConfig(lora_rank=4, lora_targets="v_proj")) == ("v_proj",)
+    assert spec.lora_params(4, ("q_proj", "down_proj")) == spec.num_layers * out["params"]["trainable"]  # every block vs block 1
+
+
+def test_modules_to_save_are_planned_as_trained_parameters() -> None:
+    """LORA_MODULES_TO_SAVE (issue 46): the embedding and the head carry gradients and AdamW state, so the planner counts
+    them with the adapters (once on a tied model, where they are one weight); the run summary counts them trainable."""
+    from types import SimpleNamespace
+
+    from raydlc.config import TrainConfig
+    from raydlc.facts.models import get_spec, saved_params
+    from raydlc.train.launch import trained_params
+
+    tied, untied = get_spec("tiny"), SPECS["llama-3.1-8b"]
+    assert tied.tie_embeddings and not untied.tie_embeddings
+    assert saved_params(tied, ("embed_tokens", "lm_head")) == saved_params(tied, ("lm_head",)) == tied.embedding_params()
+    assert saved_params(untied, ("embed_tokens", "lm_head")) == 2 * untied.embedding_params() and saved_params(untied, ("norm",)) == 0
+    plain = planner.Workload(untied, lora_rank=16)
+    saving = planner.Workload(untied, lora_rank=16, lora_saved_params=untied.embedding_params())
+    assert saving.trained_params() == plain.trained_params() + untied.embedding_params()
+    p, e = plain.trained_params(), untied.embedding_params()
+    more = planner.memory_bytes(saving, 8)["optimizer"] - planner.memory_bytes(plain, 8)["optimizer"]
+    assert more == (-(-(p + e) // 8) - -(-p // 8)) * saving.precision.optimizer and more > 0  # AdamW's moments of the shard
+    out = trained_params(SimpleNamespace(train=TrainConfig(lora_rank=4, lora_modules_to_save="embed_tokens"), run_dir="/r"),  # type: ignore[arg-type]
+                         SimpleNamespace(model=tied))
+    assert out["params"]["trainable"] == tied.lora_params(4) + tied.embedding_params() and out["lora"]["modules_to_save"] == ["embed_tokens"]

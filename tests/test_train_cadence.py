@@ -126,6 +126,9 @@ class Rows:
         ids = (np.asarray(rows, dtype=np.int64)[:, None] * 31 + np.arange(self.seq_len)) % 4000 + 10
         return ids, ids.copy()
 
+    def take_documents(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+        return (*self.take(rows), None)  # a dataset of the older format: no documents recorded
+
 
 class Session:
     """What Ray Train would give a worker of one: its reports, with the checkpoint each registered, and rank 0's progress."""
@@ -185,7 +188,7 @@ def loop(run: RunSpec, hooks: Hooks, monkeypatch: pytest.MonkeyPatch) -> dict[st
     monkeypatch.setattr(L, "finalize", lambda t, run, history, *, rank, stopped=None: finished.update(history=history, stopped=stopped))
     held = np.arange(100, 104)
     ids, labels = Rows(16).take(held)
-    data = L.RankData(SimpleNamespace(n_train=96), Rows(16), held, ids, labels)
+    data = L.RankData(SimpleNamespace(n_train=96, documents=False), Rows(16), held, ids, labels)
     L._train(run, hooks.session, data, torch.device("cpu"), Quiet(), hooks)
     return finished
 

@@ -234,3 +234,146 @@ def test_activation_checkpointing_builds_the_same_adapters(world: None) -> None:
     """A is seeded by the module's state-dict name, which the checkpoint wrapper does not change."""
     plain, wrapped = full(built().model), full(built(activation_checkpointing=True).model)
     assert set(plain) == set(wrapped) and all(torch.equal(plain[k], wrapped[k]) for k in plain)
+
+
+def test_a_target_pattern_picks_the_layers_it_matches_whole_and_peft_loads_the_export(world: None, tmp_path: Path) -> None:
+    """LORA_TARGET_REGEX (issue 46): matched whole (peft's re.fullmatch) against the full module name, so a layer range
+    works; trained, the export's adapter_config carries the pattern and peft on the export gives the merged model's logits."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    pattern = r"model\.layers\.1\..*_proj"
+    t = built(lora_target_regex=pattern)
+    adapted = {n for n, m in t.model.named_modules() if isinstance(m, LoRALinear)}
+    assert adapted == {f"model.layers.1.{p}" for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert [n for n, p in t.model.named_parameters() if p.requires_grad] == [n for n, _ in t.model.named_parameters() if is_adapter_key(n)]
+    steps(t, data(), 3)
+    state = full(t.model)
+    lora = L.lora_export_settings(t.model, type("Run", (), {"train": settings(lora_target_regex=pattern), "spec": None, "run_dir": str(tmp_path)})())
+    assert lora is not None and lora["target_regex"] == pattern
+    ckpt.export_hf(t.model, tmp_path / "export", rank=0, tokenizer=None, dtype=torch.float32, lora=lora)
+    assert json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())["target_modules"] == pattern
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).eval()
+    frozen = AutoModelForCausalLM.from_config(merged.config)
+    frozen.load_state_dict({k: v for k, v in state.items() if not is_adapter_key(k)}, strict=False)
+    tuned = peft.PeftModel.from_pretrained(frozen.eval(), str(tmp_path / "export" / "adapter"))
+    ids = torch.as_tensor(data(2)[:, :16], dtype=torch.long)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+        with tuned.disable_adapter():  # peft adapted `frozen` in place: its base alone, with the adapters off
+            plain = tuned(input_ids=ids).logits
+        assert (tuned(input_ids=ids).logits - plain).abs().max().item() > 1e-4  # the trained adapters change the output
+
+
+def test_a_target_pattern_that_matches_nothing_or_more_than_projections_stops_the_build() -> None:
+    from raydlc.errors import TrainError
+    from raydlc.train.lora import with_lora
+
+    def build(pattern: str) -> None:
+        with_lora(build_model(get_spec("tiny"), device="meta"), rank=4, alpha=8, dropout=0.0, targets=(), seed=0, target_regex=pattern)
+
+    with pytest.raises(TrainError, match=r"^LORA_TARGET_REGEX 'q_proj' matches no linear layer"):  # whole-name match: q_proj alone is no name
+        build("q_proj")
+    with pytest.raises(TrainError, match=r"^LORA_TARGET_REGEX .* matches lm_head \(Linear\), which is not a block's projection"):
+        build(r"lm_head|.*\.q_proj")
+    with pytest.raises(TrainError, match=r"matches model\.layers\.0\.self_attn \(.*\), which is not a block's projection"):
+        build(r"model\.layers\.0\.self_attn.*")
+
+
+def test_a_checkpoint_of_other_targets_or_pattern_is_refused() -> None:
+    by_name, by_pattern = settings(lora_targets="q_proj").lora_meta(), settings(lora_target_regex=r".*\.q_proj").lora_meta()
+    assert by_pattern == {"lora_rank": 8, "lora_alpha": 16.0, "lora_target_regex": r".*\.q_proj"}
+    assert ckpt.lora_differences(by_pattern, by_pattern) == []
+    assert ckpt.lora_differences(by_name, by_pattern) == [r"lora_target_regex: checkpoint None, now .*\.q_proj"]
+    assert ckpt.lora_differences(by_pattern, by_name) == ["lora_targets: checkpoint None, now q_proj", r"lora_target_regex: checkpoint .*\.q_proj, now None"]
+    assert ckpt.lora_differences(by_pattern, settings(lora_target_regex=r".*\.v_proj").lora_meta()) == [
+        r"lora_target_regex: checkpoint .*\.q_proj, now .*\.v_proj"]
+
+
+def test_modules_to_save_train_in_full_checkpoint_resume_and_export_as_peft_saves_them(world: None, tmp_path: Path) -> None:
+    """LORA_MODULES_TO_SAVE (issue 46): the embedding (tied: the head too, one weight) trains in fp32 beside the adapters,
+    the optimizer holds it, the checkpoint holds it and a resume continues exactly; the export's merged model has its
+    trained values and peft loads the adapter (modules_to_save, both tied names) to the merged model's logits."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    kw = {"lora_modules_to_save": "embed_tokens", "lora_targets": "q_proj,v_proj"}
+    emb = "model.embed_tokens.weight"
+    bf16 = dict(built(bf16=True, **kw).model.named_parameters())
+    assert bf16[emb].dtype == torch.float32 and bf16["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16  # trained in fp32 like the adapters
+    t = built(**kw)
+    trained = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert emb in trained and all(is_adapter_key(n) for n in trained if n != emb)
+    assert any(p is dict(t.model.named_parameters())[emb] for g in t.optimizer.param_groups for p in g["params"])
+    before = full(t.model)[emb].clone()
+    ids = data()
+    steps(t, ids, 2)
+    after = full(t.model)
+    assert (after[emb] - before).abs().max().item() > 1e-3  # the embedding moved
+    import torch.distributed.checkpoint as dcp
+
+    d = tmp_path / ckpt.dir_name(2)
+    ckpt.save(d, t.model, t.optimizer, step=2, rank=0, world_size=1, extra={}, meta=settings(**kw).lora_meta())
+    held = [k.removeprefix("model.") for k in dcp.FileSystemReader(str(d)).read_metadata().state_dict_metadata if k.startswith("model.")]
+    assert emb in held and all(k == emb or is_adapter_key(k) for k in held), held
+    going = steps(t, ids, 2)
+    again = built(**kw)
+    ckpt.load(d, again.model, again.optimizer, rank=0, lora=settings(**kw).lora_meta())
+    assert torch.equal(full(again.model)[emb], after[emb])
+    assert steps(again, ids, 2) == going  # the embedding's moments restored too: the same steps
+    with pytest.raises(CheckpointError, match="lora_modules_to_save: checkpoint embed_tokens, now None"):
+        ckpt.load(d, built(lora_targets="q_proj,v_proj").model, again.optimizer, rank=0, lora=settings(lora_targets="q_proj,v_proj").lora_meta())
+
+    state = full(t.model)
+    run = type("Run", (), {"train": settings(**kw), "spec": None, "run_dir": str(tmp_path)})()
+    lora = L.lora_export_settings(t.model, run)
+    assert lora is not None and lora["modules_to_save"] == ["lm_head.weight", emb]  # tied: one weight, both names
+    ckpt.export_hf(t.model, tmp_path / "export", rank=0, tokenizer=None, dtype=torch.float32, lora=lora)
+    config = json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())
+    assert config["modules_to_save"] == ["embed_tokens", "lm_head"]
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(tmp_path / "export" / "adapter" / "adapter_model.safetensors"))
+    assert torch.equal(adapter["base_model.model." + emb], state[emb].float()) and torch.equal(adapter["base_model.model.lm_head.weight"], state[emb].float())
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"), dtype=torch.float32).eval()
+    assert torch.equal(merged.state_dict()[emb], state[emb].float())
+    frozen = AutoModelForCausalLM.from_config(merged.config, dtype=torch.float32)
+    frozen.load_state_dict({k: before if k == emb else v.float() for k, v in state.items() if not is_adapter_key(k)}, strict=False)
+    tuned = peft.PeftModel.from_pretrained(frozen.eval(), str(tmp_path / "export" / "adapter"))
+    x = torch.as_tensor(data(2)[:, :16], dtype=torch.long)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(input_ids=x).logits, merged(input_ids=x).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_modules_to_save_that_name_no_module_or_a_target_stop_the_build() -> None:
+    from raydlc.errors import TrainError
+    from raydlc.train.lora import with_lora
+
+    def build(names: tuple[str, ...], targets: tuple[str, ...] = ("q_proj",)) -> None:
+        with_lora(build_model(get_spec("tiny"), device="meta"), rank=4, alpha=8, dropout=0.0, targets=targets, seed=0, modules_to_save=names)
+
+    with pytest.raises(TrainError, match=r"^LORA_MODULES_TO_SAVE 'wte' names no module of the model"):
+        build(("wte",))
+    with pytest.raises(TrainError, match=r"^LORA_MODULES_TO_SAVE 'q_proj' is a LoRA target too"):
+        build(("q_proj",))
+
+
+def test_a_saved_module_loads_pretrained_in_fp32_under_bf16_and_trains(world: None, tmp_path: Path) -> None:
+    """LORA_MODULES_TO_SAVE on the pretrained path (`weights.build_sharded`) with bf16 compute: the saved embedding holds
+    the file's values in fp32 (the base stays bf16), and a step moves it."""
+    from safetensors.torch import load_file
+    from tests.test_weights import TINY, export
+
+    directory = export(TINY["llama-tied"], tmp_path / "m", "60KB")
+    saved: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        saved |= load_file(str(f))
+    t = L.build(settings(model_id=str(directory), seq_len=16, lora_modules_to_save="embed_tokens"), spec=None, mesh=plan_mesh("fsdp", [1]),
+                device=torch.device("cpu"), bf16=True)
+    emb = "model.embed_tokens.weight"
+    state = full(t.model)
+    assert state[emb].dtype == torch.float32 and torch.equal(state[emb].to(saved[emb].dtype), saved[emb])
+    assert state["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    steps(t, np.random.default_rng(0).integers(0, 64, size=(16, 16), dtype=np.int32), 1)
+    assert not torch.equal(full(t.model)[emb], state[emb])

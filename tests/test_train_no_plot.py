@@ -34,7 +34,7 @@ run = one_worker(steps=3, report_every=1, checkpoint_every=0)
 run = run.model_validate({**run.model_dump(), "run_dir": str(out / "run-x"), "tokenizer": info.__dict__})
 held = np.arange(100, 104)
 ids, labels = Rows(16).take(held)
-data = L.RankData(types.SimpleNamespace(n_train=96), Rows(16), held, ids, labels)
+data = L.RankData(types.SimpleNamespace(n_train=96, documents=False), Rows(16), held, ids, labels)
 with world_of_one():
     L._train(run, Session(), data, torch.device("cpu"), Quiet(), L.NoHooks())
 print("matplotlib loaded:", any(m == "matplotlib" or m.startswith("matplotlib.") for m, v in sys.modules.items() if v is not None))

@@ -7,6 +7,10 @@ on the address asked (127.0.0.1 unless told otherwise), prints kubectl's `Forwar
 line, and relays every connection to where the scenario says that Service's pod really
 listens (`forward`: {"NS/NAME:PORT": "host:port"}, the local Ray head's dashboard in the tests)
 until it is terminated.
+
+With a kubeconfig user's token (the platform world, tests/doubles/platform_world.py) every request is that
+user's, authorised by the world's RBAC: the Service's get, the pods' list and the port-forward itself
+(`authorize`: `get` or `create` on `pods/portforward`); a refusal fails with the API server's Forbidden message.
 """
 
 from __future__ import annotations
@@ -58,23 +62,53 @@ def _relay(listener: socket.socket, target: tuple[str, int]) -> None:
         threading.Thread(target=_pipe, args=(upstream, conn), daemon=True).start()
 
 
+def may(kube: Kube, verb: str, ns: str, pod: str) -> bool:
+    """The API server's decision on `verb pods/portforward` for the kubeconfig's user (a SelfSubjectAccessReview
+    answers it as the request would be answered); a kmock without the platform's authorizer (no review answered)
+    allows everything, as it does every other request."""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {"resourceAttributes": {
+        "verb": verb, "group": "", "resource": "pods", "subresource": "portforward", "namespace": ns, "name": pod}}}
+    _, body = kube.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+    st = (body or {}).get("status") if isinstance(body, dict) else None
+    return not isinstance(st, dict) or bool(st.get("allowed"))
+
+
+def authorize(kube: Kube, ns: str, pod: str) -> None:
+    """The port-forward request itself, as kubectl 1.33 makes it against an API server before 1.35: a WebSocket
+    upgrade (a GET: `get pods/portforward`); refused, client-go's fallback dialer retries over SPDY (a POST:
+    `create pods/portforward`), and the API server's refusal of that is what kubectl prints. Allowed, nothing is
+    sent (kmock is no kubelet: the relay below stands in for the stream). A kubeconfig without a token is the
+    test's own admin."""
+    if not kube.token or may(kube, "get", ns, pod) or may(kube, "create", ns, pod):
+        return
+    code, body = kube.call("POST", f"/api/v1/namespaces/{ns}/pods/{pod}/portforward")  # refused: never reaches kmock
+    if code == 403:
+        fail(f"error: error upgrading connection: {(body or {}).get('message')}")
+
+
 def port_forward(kube: Kube, ns: str, resource: str, ports: str, address: str) -> None:
     kind, _, name = resource.partition("/")
     if kind not in ("svc", "service", "services"):
         fail(f"error: this double forwards Services only, got {resource!r}")
-    svc = kube.get("Service", name, ns)
-    if svc is None:
+    code, svc = kube.call("GET", kube.path("Service", ns, name))
+    if code == 403:
+        fail(f"Error from server (Forbidden): {svc.get('message')}")
+    if code != 200:
         fail(f'Error from server (NotFound): services "{name}" not found')
     local, _, remote = ports.rpartition(":")
     svc_ports = [int(p["port"]) for p in (svc.get("spec") or {}).get("ports") or []]
     if int(remote) not in svc_ports:
         fail(f"error: Service {name} does not have a service port {remote}")
     selector = (svc.get("spec") or {}).get("selector") or {}
-    pods = [p for p in kube.list("Pod", ns) if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
+    code, listed = kube.call("GET", kube.path("Pod", ns))
+    if code == 403:
+        fail(f"Error from server (Forbidden): {listed.get('message')}")
+    pods = [p for p in (listed or {}).get("items") or [] if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if not running:
         phase = (pods[0].get("status") or {}).get("phase", "Pending") if pods else "none"
         fail(f"error: unable to forward port because pod is not running. Current status={phase}")
+    authorize(kube, ns, running[0]["metadata"]["name"])
     target = (scenario().get("forward") or {}).get(f"{ns}/{name}:{remote}")
     if not target:
         fail(f"error: the test gave no place to forward {ns}/{name}:{remote} to (scenario 'forward')")

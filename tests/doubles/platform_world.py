@@ -35,6 +35,7 @@ import servers
 from world import NODE_FACTS, Kube, node_allocatable
 
 USER, USER_TOKEN = "alice", "alice-token"  # the user raydlc runs as
+OWNER_LABEL = "app.kubernetes.io/managed-by"
 TEAM_GROUP = "ml-team-a"
 NAMESPACE = "team-a"
 OTHER_TEAM_CLUSTER = "team-b-ray"
@@ -375,6 +376,36 @@ class Platform:
 
     def snapshot(self) -> dict[str, Any]:
         return self.server.snapshot()
+
+    def outside(self, ray_cluster: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        """Every object of the cluster outside the namespace (cluster scope and other namespaces), as stored,
+        and the namespace's objects not labelled as raydlc's: what attach must never touch."""
+        out = {}
+        for key, obj in self.snapshot().items():
+            ns = (obj.get("metadata") or {}).get("namespace")
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if ns != namespace or labels.get(OWNER_LABEL) != "raydlc":
+                if "/pods/" in key or "/events/" in key:  # the other team's and the operator's pods come and go
+                    continue
+                if labels.get("ray.io/cluster") == ray_cluster or key.endswith(f"/{namespace}/{ray_cluster}"):  # KubeRay's, for raydlc's cluster
+                    continue
+                meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+                out[key] = {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}  # status: the controllers'
+        return out
+
+    def settled(self, namespace: str = NAMESPACE) -> None:
+        """The emulated operator has reconciled the other team's RayCluster (its head Service exists): what it does
+        to the platform's objects is not raydlc's doing, so the inventory is taken after it."""
+        import time
+
+        until = time.monotonic() + 30
+        while self.kube.get("Service", f"{OTHER_TEAM_CLUSTER}-head-svc", namespace) is None:
+            assert time.monotonic() < until, "the operator never reconciled the other team's RayCluster"
+            time.sleep(0.1)
+
+    def made(self) -> list[str]:
+        """The objects labelled as raydlc's."""
+        return sorted(k for k, o in self.snapshot().items() if ((o.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL) == "raydlc")
 
 
 # ---------------------------------------------------------------------- the variants

@@ -160,8 +160,9 @@ PATHS = {
 class Kube:
     """Just enough of the Kubernetes API for the doubles and the emulated controllers."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url.rstrip("/")
+        self.token = token  # a kubeconfig user's bearer token: its requests go through the API server's authorizer
 
     @classmethod
     def from_kubeconfig(cls, path: str, context: str | None = None) -> Kube:
@@ -174,7 +175,8 @@ class Kube:
         if ctx is None:
             fail(f"Error in configuration: context was not found for specified context: {context}")
         cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-        return cls(cluster["server"])
+        user = next((u.get("user") or {} for u in doc.get("users") or [] if u.get("name") == ctx.get("user")), {})
+        return cls(cluster["server"], user.get("token"))
 
     def path(self, kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
         base, plural, namespaced = PATHS[kind]
@@ -183,8 +185,10 @@ class Kube:
 
     def call(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": ctype, "Accept": "application/json"})
+        headers = {"Content-Type": ctype, "Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 raw = resp.read()

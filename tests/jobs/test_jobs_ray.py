@@ -444,6 +444,78 @@ def test_up_submit_verify_down_offline(head: targets.HeadRecord, second_node: st
     assert world.tagged("eks-cluster") == {}
 
 
+def test_attach_submit_verify_down_on_the_platform_world(head: targets.HeadRecord, second_node: str, third_node: str,
+                                                         moto_server: str, tmp_path: Path) -> None:
+    """The same path on a cluster a platform team runs (tests/doubles/platform_world.py): `up --attach` with the
+    user's namespaced Role, then `submit` and `verify` as that user through KUBE_CONTEXT (the kubectl double's
+    port-forward authorised as the user), the job on the local head and its two GPU raylets standing in for the
+    RayCluster's pods; the gate proves the transport (EFA carried on both nodes, fi_info, the found GPU nodes, the
+    head's port kept by the NetworkPolicy) with only raydlc's namespaced rights; `down --attach` leaves the platform's
+    release, CRDs, nodes and the other team's RayCluster as they were. Without STORAGE_PATH the storage row is not
+    applicable (raydlc made no bucket); the pods run as the SERVICE_ACCOUNT given."""
+    import netpolicy
+    import platform_world
+    from kuberay import Operator
+
+    from raydlc.config import load_config
+    from raydlc.lifecycle import Timings, orders
+    from raydlc.lifecycle.context import with_plain_kubeconfig
+
+    ns, ray = platform_world.NAMESPACE, "ray-train-cluster"
+    settings = {"ATTACH": "true", "KUBE_CONTEXT": "platform", "NAMESPACE": ns, "SERVICE_ACCOUNT": "team-a-ray",
+                "IDLE_MINUTES": "0", "GPU_NODE_COUNT": "2"}
+    fast = Timings(poll_s=0.1, pods_s=90, stuck_s=60)
+    servers.reset_moto(moto_server)
+    with pytest.MonkeyPatch.context() as mp:
+        for k in list(os.environ):
+            if k.startswith(("RAYDLC_", "AWS_", "KUBECONFIG")):
+                mp.delenv(k)
+        aws = {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+        for k, v in aws.items():
+            mp.setenv(k, v)
+        with platform_world.platform_cluster(mp.setattr, tmp=tmp_path) as p, Operator(p.server.url) as op:
+            mp.setenv("KUBECONFIG", str(p.kubeconfig()))
+            p.kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "team-a-ray", "namespace": ns}})
+            p.settled()
+            before = p.outside(ray)
+            cfg = load_config(env={f"RAYDLC_{k}": v for k, v in settings.items()})
+            assert orders.up(with_plain_kubeconfig(cfg), timings=fast).ok
+            pods = [x for x in p.kube.list("Pod", ns) if (x["metadata"].get("labels") or {}).get("ray.io/cluster") == ray]
+            assert pods and {x["spec"].get("serviceAccountName") for x in pods} == {"team-a-ray"}
+            p.rbac.refused.clear()  # from here on, every refusal would be submit's or verify's
+
+            work = tmp_path / "job"
+            work.mkdir()
+            (work / "print_nccl.py").write_text(NCCL_PRINTER)
+            (work / "efa_a.log").write_bytes((NCCL / "mixed_composed_efa_and_socket" / "node-a.log").read_bytes())
+            (work / "efa_b.log").write_bytes((NCCL / "efa_nccl527_noprefix_gdr.log").read_bytes())
+            env, log = servers.doubles_env(tmp_path, sys.executable, {f"{ns}/{ray}-head-svc:8265": head.dashboard_url.removeprefix("http://")})
+            env.update({f"RAYDLC_{k}": v for k, v in settings.items()}, KUBECONFIG=str(p.kubeconfig()), **aws)
+            args = [f"{second_node.split('/')[1]}=efa_a.log", f"{third_node.split('/')[1]}=efa_b.log"]
+            s = cli("submit", "print_nccl.py", "--name", "attached-path", "--json", "--", *args, cwd=work, env=env)
+            assert s.returncode == 0 and last_json(s)["target"] == "cluster", s.stderr[-3000:]
+            with netpolicy.Kubelet(p.server.url) as kubelet:  # runs verify's probe pod against the NetworkPolicy up made
+                v = cli("verify", "--job", "attached-path", "--json", cwd=work, env=env)
+            doc = last_json(v)
+            rows = {r["criterion"]: r for r in doc["criteria"]}
+            assert {c: r["status"] for c, r in rows.items()} == {
+                **dict.fromkeys(("gpu-nodes", "pods", "fi-info", "nccl", "head-port", "job"), "pass"), "storage": "not applicable"}, json.dumps(doc, indent=1)
+            assert v.returncode == 0 and doc["passed"] and len(kubelet.seen) == 1 and not kubelet.errors
+            assert sorted(e.split(":")[0] for e in rows["gpu-nodes"]["evidence"]) == ["gpu-0", "gpu-1"]  # the nodes its workers hold
+            assert all("efa, carried" in e for e in rows["nccl"]["evidence"]) and len(rows["nccl"]["evidence"]) == 2
+            assert not p.rbac.refused, p.rbac.refused  # every read and write of submit and verify was the user's Role's
+            forwards = [json.loads(line)["argv"] for line in log.read_text().splitlines() if "port-forward" in line]
+            assert len(forwards) == 2 and all(a[a.index("--context") + 1] == "platform" for a in forwards)
+            assert not [x for x in p.kube.list("Pod", ns) if "netprobe" in x["metadata"]["name"]]  # the probe pod is gone
+            assert p.outside(ray) == before  # submit and verify made nothing outside raydlc's objects in the namespace
+
+            assert orders.down(with_plain_kubeconfig(cfg), timings=fast).ok
+            assert p.made() == [] and p.outside(ray) == before
+            assert p.kube.get("RayCluster", platform_world.OTHER_TEAM_CLUSTER, ns) is not None
+        assert not op.errors, op.errors[:3]
+
+
 # ---- down --local, last -------------------------------------------------------------------------
 
 

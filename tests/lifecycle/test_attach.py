@@ -9,6 +9,7 @@ variants) or absent (kind). "Creates nothing outside the namespace" is checked b
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -65,35 +66,13 @@ class Attached:
         return api.status(settings=self.settings(**extra))
 
     def outside(self) -> dict[str, Any]:
-        """Every object of the cluster outside the namespace (cluster scope and other namespaces), as stored,
-        and the namespace's objects not labelled as raydlc's: what attach must never touch."""
-        snap = self.platform.snapshot()
-        out = {}
-        for key, obj in snap.items():
-            ns = (obj.get("metadata") or {}).get("namespace")
-            labels = (obj.get("metadata") or {}).get("labels") or {}
-            if ns != NS or labels.get(OWN) != "raydlc":
-                if "/pods/" in key or "/events/" in key:  # the other team's and the operator's pods come and go
-                    continue
-                if labels.get("ray.io/cluster") == RAY or key.endswith(f"/{NS}/{RAY}"):  # KubeRay's, for raydlc's cluster
-                    continue
-                meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
-                out[key] = {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}  # status: the controllers'
-        return out
+        return self.platform.outside(RAY)
 
     def settled(self) -> None:
-        """The emulated operator has reconciled the other team's RayCluster (its head Service exists): what it does
-        to the platform's objects is not raydlc's doing, so the inventory is taken after it."""
-        import time
-
-        until = time.monotonic() + 30
-        while self.platform.kube.get("Service", f"{platform_world.OTHER_TEAM_CLUSTER}-head-svc", NS) is None:
-            assert time.monotonic() < until, "the operator never reconciled the other team's RayCluster"
-            time.sleep(0.1)
+        self.platform.settled()
 
     def made(self) -> list[str]:
-        snap = self.platform.snapshot()
-        return sorted(k for k, o in snap.items() if ((o.get("metadata") or {}).get("labels") or {}).get(OWN) == "raydlc")
+        return self.platform.made()
 
     def account(self) -> dict[str, Any]:
         """What the AWS account holds (moto), read over the API: attach must leave it as it was."""
@@ -314,3 +293,147 @@ def test_attach_then_submit_reaches_the_head_through_the_kube_context_and_down_l
     assert token not in p.stdout + p.stderr
     assert attached.down().ok
     assert attached.made() == [] and attached.outside() == before
+
+
+@pytest.mark.parametrize("attached", [{"variant": "platform", "grant": False}], indirect=True)
+def test_the_port_forward_is_the_users_own_request_without_its_grant_submit_is_one_line_naming_it(attached, tmp_path: Path) -> None:
+    """kubectl's port-forward is authorised as the user (the kubectl double sends the kubeconfig's token: `get`,
+    else `create`, on pods/portforward): with the Role `render --only rbac` prints, `up --attach` passes; once the
+    platform takes the portforward grant back, `submit` fails before anything is submitted, in one line naming it."""
+    import subprocess
+
+    from raydlc import api
+
+    rendered = api.render(only="rbac", settings=attached.settings(), subject=f"User:{platform_world.USER}")
+    (doc,) = rendered.docs.values()
+    attached.platform.apply(doc["items"])
+    role = next(d for d in doc["items"] if d["kind"] == "Role")
+    assert {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]} in role["rules"]
+    assert attached.up().ok
+    attached.platform.apply([{**role, "rules": [r for r in role["rules"] if r["resources"] != ["pods/portforward"]]}])
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.py").write_text("print('never run', flush=True)\n")
+    env, log = servers.doubles_env(tmp_path, sys.executable, {f"{NS}/{RAY}-head-svc:8265": "127.0.0.1:9"})
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("RAYDLC_", "RAY_ADDRESS", "RAY_AUTH"))}
+    full.update(env, RAYDLC_ATTACH="true", RAYDLC_KUBE_CONTEXT="platform", RAYDLC_NAMESPACE=NS)
+    p = subprocess.run([sys.executable, "-m", "raydlc", "submit", "hello.py"], capture_output=True, text=True, cwd=work,
+                       env=full, timeout=120)
+    assert p.returncode != 0 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, p.stderr
+    assert f'cannot create resource "pods/portforward" in API group "" in the namespace "{NS}"' in errors[0], errors
+    assert f'User "{platform_world.USER}"' in errors[0] and f"cannot port-forward to {RAY}-head-svc:8265" in errors[0]
+    assert "render --only rbac" in p.stderr  # the hint: the Role that grants it
+    assert any(f'"pods/portforward" in API group "" in the namespace "{NS}"' in m for m in attached.platform.rbac.refused)
+    assert [json.loads(line)["argv"] for line in log.read_text().splitlines() if "port-forward" in line]  # kubectl ran
+
+
+def _ray_pod(name: str, role: str, node: str, ip: str, account: str, cluster: str = RAY) -> dict[str, Any]:
+    """A pod as KubeRay makes it for a RayCluster: its labels, node, service account, Running with an IP."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {
+        "ray.io/cluster": cluster, "ray.io/node-type": role}}, "spec": {"nodeName": node, "serviceAccountName": account},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_verify_reads_as_the_user_only_the_nodes_raydlcs_workers_hold_and_names_the_service_account_that_wrote(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Attached, `verify`'s Kubernetes facts are read with the user's own rights: the GPU node another team's worker
+    holds is not judged, the storage answers are named with the ServiceAccount the workers run as (SERVICE_ACCOUNT,
+    not raydlc's `raydlc-ray`), EFA is asked of the nodes only when the run expects it, and a node list the platform
+    refuses is the gpu-nodes row's evidence, never a crash."""
+    import dataclasses
+
+    from raydlc.checks import gate
+    from raydlc.checks.storage_access import StoreAnswer
+    from raydlc.config import load_config
+    from raydlc.edges import kube as k8s
+
+    settings = {"ATTACH": "true", "KUBE_CONTEXT": "platform", "NAMESPACE": NS, "SERVICE_ACCOUNT": "team-a-ray",
+                "GPU_NODE_COUNT": "1", "STORAGE_PATH": "s3://team-a-data/runs"}
+    cfg = load_config(env={f"RAYDLC_{k}": v for k, v in settings.items()})
+    with platform_world.platform_cluster(monkeypatch.setattr, tmp=tmp_path) as p:
+        for pod in (_ray_pod(f"{RAY}-head", "head", "system-0", "10.0.0.5", "team-a-ray"),
+                    _ray_pod(f"{RAY}-gpu-worker-a", "worker", "gpu-0", "10.0.1.5", "team-a-ray"),
+                    _ray_pod("team-b-ray-worker-b", "worker", "gpu-1", "10.0.2.5", "team-b", cluster="team-b-ray")):
+            p.kube.create(pod)
+        user = k8s.Kube(k8s.load_client(p.kubeconfig(), "platform"))
+        facts = gate.kube_facts(user, cfg)
+        assert [n.name for n in facts.nodes] == ["gpu-0"] and facts.note is None  # gpu-1 is the other team's
+        assert {(x.role, x.service_account) for x in facts.pods} == {("head", "team-a-ray"), ("worker", "team-a-ray")}
+        assert gate.storage_target(cfg, "cluster") == ("s3", "s3://team-a-data/runs")
+        bare = load_config(env={f"RAYDLC_{k}": v for k, v in {**settings, "STORAGE_PATH": ""}.items()})
+        assert gate.storage_target(bare, "cluster") == ("unset", None)  # attached, raydlc made no bucket to probe
+
+        wrote = StoreAnswer(f"{RAY}-gpu-worker-a", True, f"{RAY}-gpu-worker-a: wrote, read and deleted under s3://team-a-data/runs")
+        job = gate.JobFact("j", "01000000", "SUCCEEDED")
+        assert facts.nodes[0].efa >= 1
+        no_efa = [dataclasses.replace(facts.nodes[0], efa=0)]  # a platform whose GPU nodes offer no EFA
+        for expect, nodes, status in (("efa", facts.nodes, "pass"), ("efa", no_efa, "fail"), ("socket", no_efa, "pass")):
+            rows = {r.criterion: r for r in gate.gate(gate.Facts(
+                "cluster", job, expect=expect, gpus_per_node=4, gpu_node_count=1, kube_nodes=nodes, pods=facts.pods,
+                storage_kind="s3", storage=[wrote], storage_identity=gate._worker_accounts(facts.pods))).rows}
+            assert rows["gpu-nodes"].status == status, (expect, rows["gpu-nodes"])
+        assert rows["storage"].status == "pass"
+        assert "ServiceAccount team-a-ray" in rows["storage"].evidence[-1] and "raydlc-ray" not in " ".join(rows["storage"].evidence)
+
+        code, _ = p.kube.call("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/raydlc-discovery")
+        assert code < 300  # the platform takes the cluster-wide reads back
+        refused = gate.kube_facts(user, cfg)
+        assert refused.nodes == [] and "nodes" in (refused.note or "") and "render --only rbac" in (refused.note or "")
+        row = next(r for r in gate.gate(gate.Facts("cluster", job, gpus_per_node=4, gpu_node_count=1, kube_nodes=refused.nodes,
+                                                   pods=refused.pods, kube_note=refused.note)).rows if r.criterion == "gpu-nodes")
+        assert row.status == "fail" and row.evidence == [refused.note]
+
+
+@pytest.mark.parametrize("attached", ["hyperpod"], indirect=True)
+def test_the_rayjob_is_rendered_for_the_found_workers_applied_as_the_user_in_the_namespace_and_down_removes_only_it(attached) -> None:
+    """`submit --rayjob` attached, up to where KubeRay takes over: the RayJob `submit --rayjob` renders (on the
+    RayCluster `up --attach` rendered against the found HyperPod nodes: 8 GPUs each, their type, taint and EFA) asks
+    for one training worker per found GPU, carries raydlc's labels, and is created with the user's namespaced Role in
+    the namespace; the code zip goes to the team's bucket; `down --attach` removes it with the rest of raydlc's and
+    leaves the platform as it was."""
+    import boto3
+    import yaml
+
+    from raydlc.config import load_config
+    from raydlc.edges import kube as k8s
+    from raydlc.jobs import submit, targets
+
+    attached.settled()
+    before = attached.outside()
+    assert attached.up().ok
+    boto3.client("s3", region_name="us-east-2", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(
+        Bucket="team-a-data", CreateBucketConfiguration={"LocationConstraint": "us-east-2"})  # the team's, given
+
+    cfg = load_config(env={f"RAYDLC_{k}": v for k, v in attached.settings().items()})
+    assert (cfg.gpu_nodes.instance_type, cfg.gpu_nodes.gpus_per_node) == ("g6.12xlarge", 4)  # the defaults, not what was found
+    cfg, bucket, doc = submit._rendered_rayjob(submit._as_found(cfg))
+    env = yaml.safe_load(doc["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["RAYDLC_NUM_WORKERS"] == "16"  # 2 found nodes x 8 GPUs, one Ray Train worker per GPU
+    assert env["RAYDLC_STORAGE_PATH"] == "s3://team-a-data/runs"
+    assert doc["metadata"]["namespace"] == NS and doc["metadata"]["labels"][OWN] == "raydlc"
+    assert doc["spec"]["clusterSelector"] == {"ray.io/cluster": RAY}  # the job runs on the attached RayCluster's workers
+    assert "nodeSelector" not in doc["spec"]["submitterPodTemplate"]["spec"]  # the platform's scheduler picks a CPU node
+    workers = attached.platform.kube.get("RayCluster", RAY, NS)["spec"]["workerGroupSpecs"][0]
+    spec = workers["template"]["spec"]
+    assert spec["nodeSelector"]["node.kubernetes.io/instance-type"] == "ml.p5.48xlarge" and workers["rayStartParams"]["num-gpus"] == "8"
+    assert any(t.get("key") == "nvidia.com/gpu" for t in spec["tolerations"])
+    limits = spec["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "8" and int(limits["vpc.amazonaws.com/efa"]) >= 1  # EFA: the found nodes offer it
+
+    user = k8s.Kube(k8s.load_client(attached.platform.kubeconfig(), "platform"))
+    reached = targets.Reached(targets.JobTarget(targets.CLUSTER), None, user)  # type: ignore[arg-type]  # no head: KubeRay's part
+    said: list[str] = []
+    applied = submit._apply_rayjob(reached, cfg, bucket, doc, yes=False, notice=said.append)
+    assert (applied.namespace, applied.name, applied.replaced) == (NS, cfg.ray.job_name, False) and applied.code_uploaded
+    assert applied.code_zip.startswith("s3://team-a-data/code/")
+    stored = attached.platform.kube.get("RayJob", cfg.ray.job_name, NS)
+    assert stored is not None and stored["spec"]["clusterSelector"] == doc["spec"]["clusterSelector"]
+    assert not attached.platform.rbac.refused, attached.platform.rbac.refused  # the user's namespaced Role was enough
+    assert attached.outside() == before
+
+    assert attached.down().ok
+    assert attached.platform.kube.get("RayJob", cfg.ray.job_name, NS) is None and attached.made() == []
+    assert attached.outside() == before

@@ -341,6 +341,10 @@ def verify(*, job: str | None = None, expect: str = "efa", local: bool = False, 
     from raydlc.edges import aws
 
     with aws.command_budget("verify"), _reached(local, address, config, settings) as (reached, cfg):
+        if cfg.cluster.attach and reached.kube is not None:
+            from raydlc.lifecycle.attach import priced_as_found
+
+            cfg = priced_as_found(cfg)  # GPUs per node as the RayCluster's workers were rendered on the found nodes
         facts = gate.collect(reached, cfg, job_id=job, expect=expect)
     return gate.gate(facts)
 

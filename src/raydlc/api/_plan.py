@@ -98,6 +98,20 @@ def _reduce(setting: str) -> str:
     return "fp32" if setting == "auto" else setting
 
 
+def _lora_targets(spec: Any, t: Any) -> tuple[str, ...]:
+    """The planner counts LoRA per projection in every block: a LORA_TARGET_REGEX that picks some blocks is counted as
+    all of them (an upper bound on the adapters' bytes)."""
+    from raydlc.facts.models import lora_targets_of
+
+    return lora_targets_of(spec, t.lora_targets_list, t.lora_target_regex) if t.lora_target_regex and t.lora_rank else t.lora_targets_list
+
+
+def _saved(spec: Any, t: Any) -> int:
+    from raydlc.facts.models import saved_params
+
+    return saved_params(spec, t.lora_modules_to_save_list) if t.lora_rank else 0
+
+
 def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool | str, given: set[str]) -> planner.Workload:
     """The planner's workload of the settings; REDUCE_DTYPE left at its default means the policy's own
     reduction (pure-bf16 reduces in its bf16 parameters' dtype, as FSDP2 does without a policy)."""
@@ -108,7 +122,7 @@ def _workload(cfg: Any, spec: Any, policy: str, activation_checkpointing: bool |
         spec, seq_len=t.seq_len, micro_batch=t.batch_size, grad_accum=t.grad_accum, sync=t.grad_sync, policy=policy,
         activation_checkpointing=activation_checkpointing, max_global_batch=t.max_global_batch,
         loss_chunk=t.loss_chunk, reduce_dtype=_reduce(t.reduce_dtype) if policy != "pure-bf16" or "REDUCE_DTYPE" in given else None,
-        compile=planner.planned_compile(t.compile), lora_rank=t.lora_rank, lora_targets=t.lora_targets_list, lora_dropout=t.lora_dropout,
+        compile=planner.planned_compile(t.compile), lora_rank=t.lora_rank, lora_targets=_lora_targets(spec, t), lora_saved_params=_saved(spec, t), lora_dropout=t.lora_dropout,
     )
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 PASS, FAIL, NA = "pass", "fail", "not applicable"
 CRITERIA = ("gpu-nodes", "pods", "fi-info", "nccl", "storage", "head-port", "job")
 TITLES = {
-    "gpu-nodes": "GPU nodes: nvidia.com/gpu = GPUS_PER_NODE, vpc.amazonaws.com/efa >= 1",
+    "gpu-nodes": "GPU nodes: nvidia.com/gpu = GPUS_PER_NODE, vpc.amazonaws.com/efa >= 1 (with --expect efa)",
     "pods": "head Ready, every worker Running",
     "fi-info": "fi_info -p efa lists an RDM endpoint on every GPU node",
     "nccl": "NCCL carried the job over {expect} on every node",
@@ -62,6 +62,7 @@ class Pod:
     phase: str
     ready: bool
     node: str | None = None
+    service_account: str | None = None  # spec.serviceAccountName: the identity the pod's cloud calls are made as
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class Facts:
     storage_note: str | None = None  # why there is no answer to judge
     head_reach: HeadReach | None = None  # both sides of the head-port probe; None: not probed
     head_note: str | None = None
+    kube_note: str | None = None  # why the nodes could not be read (attached: a cluster read the platform refused)
+    storage_identity: str | None = None  # attached: the ServiceAccount(s) the GPU workers' pods, so the probes, run as
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class KubeFacts:
     nodes: list[KubeNode]
     pods: list[Pod]
     names: dict[str, str]
+    note: str | None = None  # why `nodes` is empty although the cluster has nodes
 
 
 def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect: str = "efa") -> Facts:
@@ -123,7 +127,14 @@ def collect(reached: Reached, cfg: Config, *, job_id: str | None = None, expect:
         nccl_workers=logs.workers if logs else None, nccl_lost=logs.lost if logs else {},
         storage_kind=kind, storage=answered.storage, storage_note=answered.note,
         head_reach=reach, head_note=None if head else "the head Service was not found through Kubernetes",
+        kube_note=kube.note if kube else None,
+        storage_identity=_worker_accounts(kube.pods) if kube and cfg.cluster.attach else None,
     )
+
+
+def _worker_accounts(pods: list[Pod]) -> str | None:
+    """The ServiceAccounts the worker pods run as (SERVICE_ACCOUNT attached): the identity the storage probe had."""
+    return ", ".join(sorted({p.service_account for p in pods if p.role == "worker" and p.service_account})) or None
 
 
 def storage_target(cfg: Config, target: str) -> tuple[str, str | None]:
@@ -136,7 +147,8 @@ def storage_target(cfg: Config, target: str) -> tuple[str, str | None]:
         return "s3", bucket.uri
     if cfg.train.storage_path is not None:
         return ("s3" if scheme(cfg.train.storage_path) == "s3" else "path"), None
-    return ("s3", "") if target == "cluster" else ("unset", None)
+    # attached, raydlc made no bucket and its head pod names none: there is no run prefix to prove
+    return ("s3", "") if target == "cluster" and not cfg.cluster.attach else ("unset", None)
 
 
 def _job_fact(job: Job | None) -> JobFact | None:
@@ -211,24 +223,40 @@ def _head_reach(reached: Reached, cfg: Config, head: str, inside: dict[str, dict
 
 
 def kube_facts(kube: Kube, cfg: Config) -> KubeFacts:
-    """Nodes with their allocatable GPUs and EFA, and the RayCluster's head and worker pods, through the gateway."""
+    """Nodes with their allocatable GPUs and EFA, and the RayCluster's head and worker pods, through the gateway.
+
+    Attached, the cluster is the platform's: only the nodes the RayCluster's workers run on are raydlc's to judge
+    (another team's GPU nodes are not), and a node list the platform refuses is a note, not a failure to read."""
     from raydlc.edges import kube as k8s
+    from raydlc.errors import KubeError
     from raydlc.render.nodes import EFA_RESOURCE, GPU_RESOURCE, GPU_ROLE, ROLE
 
-    nodes = []
-    for n in kube.nodes():
-        capacity = (n.get("status") or {}).get("capacity") or {}
-        gpu_node = k8s.labels_of(n).get(ROLE) == GPU_ROLE or GPU_RESOURCE in capacity
-        nodes.append(KubeNode(k8s.name_of(n), gpu_node, k8s.allocatable(n, GPU_RESOURCE), k8s.allocatable(n, EFA_RESOURCE), k8s.node_ready(n)))
     pods, names = [], {}
     for p in kube.pods(cfg.cluster.namespace, labels={"ray.io/cluster": cfg.ray.cluster_name}):
         role = k8s.labels_of(p).get("ray.io/node-type", "")
         if role not in ("head", "worker"):
             continue
-        pods.append(Pod(k8s.name_of(p), role, k8s.pod_phase(p), k8s.pod_ready(p), k8s.pod_node(p)))
+        account = (p.get("spec") or {}).get("serviceAccountName")
+        pods.append(Pod(k8s.name_of(p), role, k8s.pod_phase(p), k8s.pod_ready(p), k8s.pod_node(p), account))
         ip = (p.get("status") or {}).get("podIP")
         if ip:
             names[ip] = k8s.name_of(p)
+    attached = cfg.cluster.attach
+    held = {p.node for p in pods if p.role == "worker" and p.node}
+    try:
+        listed = kube.nodes()
+    except KubeError as e:
+        if not attached:
+            raise
+        return KubeFacts([], pods, names, f"the GPU nodes could not be read: {e.message} "
+                                           "(`raydlc render --only rbac` prints the read-only ClusterRole that grants it)")
+    nodes = []
+    for n in listed:
+        if attached and k8s.name_of(n) not in held:
+            continue
+        capacity = (n.get("status") or {}).get("capacity") or {}
+        gpu_node = attached or k8s.labels_of(n).get(ROLE) == GPU_ROLE or GPU_RESOURCE in capacity
+        nodes.append(KubeNode(k8s.name_of(n), gpu_node, k8s.allocatable(n, GPU_RESOURCE), k8s.allocatable(n, EFA_RESOURCE), k8s.node_ready(n)))
     return KubeFacts(nodes, pods, names)
 
 
@@ -284,7 +312,7 @@ def _gpu_nodes(f: Facts) -> Row:
         wrong = []
         if f.gpus_per_node is not None and n.gpus != f.gpus_per_node:
             wrong.append(f"nvidia.com/gpu allocatable {n.gpus}, GPUS_PER_NODE is {f.gpus_per_node}")
-        if n.efa < 1:
+        if n.efa < 1 and f.expect == "efa":  # EFA is asked of the nodes only when the run is to use it
             wrong.append(f"vpc.amazonaws.com/efa allocatable {n.efa}")
         if not n.ready:
             wrong.append("not Ready")
@@ -293,6 +321,8 @@ def _gpu_nodes(f: Facts) -> Row:
             evidence.append(f"{n.name}: {'; '.join(wrong)}")
         else:
             evidence.append(f"{n.name}: {n.gpus} GPUs, {n.efa} EFA allocatable, Ready")
+    if not gpu and f.kube_note:
+        return _row("gpu-nodes", FAIL, [f.kube_note])
     if f.gpu_node_count is not None and len(gpu) != f.gpu_node_count:
         evidence.insert(0, f"{len(gpu)} GPU nodes found, GPU_NODE_COUNT is {f.gpu_node_count}")
         return _row("gpu-nodes", FAIL, evidence, failed)
@@ -423,7 +453,8 @@ def _storage(f: Facts) -> Row:
     if not f.storage:
         return _row("storage", FAIL, [f.storage_note or "the storage probe did not run"])
     failed = [a.node for a in f.storage if not a.ok]
-    return _row("storage", FAIL if failed else PASS, [a.evidence for a in f.storage], failed)
+    who = [f"the GPU workers' pods run as ServiceAccount {f.storage_identity}: these answers are that identity's"] if f.storage_identity else []
+    return _row("storage", FAIL if failed else PASS, [a.evidence for a in f.storage] + who, failed)
 
 
 def _head_port(f: Facts) -> Row:

@@ -124,6 +124,19 @@ class Shaped(Rule):
 
 
 @dataclass(frozen=True)
+class Pattern(Rule):
+    """A Python regular expression (`re`): one that does not compile is refused here, not in a worker."""
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            return
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise ValueError(f"must be a Python regular expression ({e}), got {shown(value)}") from None
+
+
+@dataclass(frozen=True)
 class Blank(Rule):
     """An empty value (`RAYDLC_GPU_AZ=`, `bf16: ""`) means not set: None, decided later."""
 

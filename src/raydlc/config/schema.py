@@ -27,6 +27,7 @@ from raydlc.config.fieldtypes import (
     FolderName,
     NoUserInfo,
     OffOrAtLeast,
+    Pattern,
     S3BucketName,
     Shaped,
     StorageLocation,
@@ -61,6 +62,7 @@ _CONTEXT = re.compile(r"^\S{1,253}$")
 # A ServiceAccount's name is a DNS-1123 subdomain (Kubernetes apimachinery validation.IsDNS1123Subdomain): at most 253
 _SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LORA_TARGETS = re.compile(r"^(q|k|v|o|gate|up|down)_proj(,(q|k|v|o|gate|up|down)_proj)*$")
+_LORA_SAVE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*$")
 _TRACKING = re.compile(r"^(none|(tensorboard|mlflow|wandb)(,(tensorboard|mlflow|wandb))*)$")
 
 # A number with no bound of its own still gets one: a 26-digit node count is a typo, not a plan.
@@ -411,6 +413,12 @@ class TrainConfig(_Section):
         "LOSS_CHUNK", "tokens per chunk of the cross-entropy over the vocabulary (the full logits never exist); 0 = all at once", default=1024,
         le=1 << 20, why="a chunk beyond a million tokens is the unchunked loss", flag=Flag("--loss-chunk", "Tokens per chunk of the cross-entropy; 0 = unchunked"),
     )
+    document_masking: bool = _env(
+        "DOCUMENT_MASKING", "packed blocks attend within each document (causal and same-document mask, positions restarting "
+        "per document, no loss on a document's first token): FlexAttention on CUDA with COMPILE, masked SDPA elsewhere; "
+        "a dataset prepared before documents were recorded is one document per block", default=True,
+        flag=Flag("--document-masking/--no-document-masking", "Attend within each packed document only"),
+    )
     reduce_dtype: Literal["auto", "fp32", "bf16"] = _env(
         "REDUCE_DTYPE", "dtype of the gradient reduction (FSDP2's reduce_dtype): bf16 halves its bytes and rounds every sum; "
         "auto = fp32, or bf16 where only bf16 lets a layout fit (the planner's choice on a GPU cluster)", default="auto",
@@ -435,6 +443,16 @@ class TrainConfig(_Section):
                                                        "gate_proj, up_proj, down_proj")] = _env(
         "LORA_TARGETS", "projections LoRA adapts, comma-separated (q_proj,v_proj); empty = the family's attention and MLP projections "
         "(all seven)", default=None,
+    )
+    lora_target_regex: Annotated[str | None, Blank(), Pattern()] = _env(
+        "LORA_TARGET_REGEX", "instead of LORA_TARGETS: a Python regular expression matched whole (re.fullmatch, as peft matches a "
+        "string target_modules) against each linear layer's full name, e.g. .*\\.layers\\.(2[4-9])\\.self_attn\\.(q|v)_proj; "
+        "the adapter's target_modules is the pattern", default=None,
+    )
+    lora_modules_to_save: Annotated[str | None, Blank(), Shaped(_LORA_SAVE, "comma-separated module names such as embed_tokens,lm_head")] = _env(
+        "LORA_MODULES_TO_SAVE", "modules trained in full beside the adapters (peft's modules_to_save), comma-separated, e.g. "
+        "embed_tokens,lm_head for tokens the base never trained; checkpointed with the adapters and exported as peft saves them; "
+        "on a tied model the embedding and the head are one weight, saved under both names", default=None,
     )
     lora_rslora: bool = _env(
         "LORA_RSLORA", "rank-stabilised LoRA: the update scaled by alpha / sqrt(rank) instead of alpha / rank (peft's use_rslora; for rank 64 and above)",
@@ -507,6 +525,11 @@ class TrainConfig(_Section):
         """LORA_TARGETS as names, in order, once each; () = the family's default."""
         return tuple(dict.fromkeys(self.lora_targets.split(","))) if self.lora_targets else ()
 
+    @property
+    def lora_modules_to_save_list(self) -> tuple[str, ...]:
+        """LORA_MODULES_TO_SAVE as names, in order, once each."""
+        return tuple(dict.fromkeys(self.lora_modules_to_save.split(","))) if self.lora_modules_to_save else ()
+
     def lora_meta(self) -> dict[str, Any]:
         """What a checkpoint of this run must match to be continued under LoRA: the rank (0 = full
         fine-tuning, also what a checkpoint from before LoRA counts as), alpha and targets as resolved."""
@@ -516,7 +539,9 @@ class TrainConfig(_Section):
 
         targets = self.lora_targets_list or next(iter(LORA_DEFAULT_TARGETS.values()))  # every family's default is the same seven
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
-        meta = {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), "lora_targets": ",".join(targets)}
+        chosen = {"lora_target_regex": self.lora_target_regex} if self.lora_target_regex else {"lora_targets": ",".join(targets)}
+        meta = {"lora_rank": self.lora_rank, "lora_alpha": float(alpha), **chosen}
+        meta |= {"lora_modules_to_save": ",".join(self.lora_modules_to_save_list)} if self.lora_modules_to_save else {}  # absent: none
         return meta | ({"lora_rslora": True} if self.lora_rslora else {})  # absent when off: earlier checkpoints still match
 
     def updated(self, **changes: Any) -> TrainConfig:

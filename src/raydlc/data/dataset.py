@@ -247,12 +247,13 @@ class TrainData:
     shard_names: tuple[str, ...]
     eval_rows: tuple[int, ...]
     digest: str
+    documents: bool = True  # the shards record each token's document (False: a dataset of the older format)
 
     @classmethod
     def of(cls, made: Made, *, eval_fraction: float, world_size: int, seed: int) -> TrainData:
         m = made.manifest
         held = eval_rows(m.rows, eval_fraction=eval_fraction, world_size=world_size, seed=seed)
-        return cls(made.dest, m.seq_len, tuple(s.rows for s in m.shards), tuple(s.name for s in m.shards), tuple(held.tolist()), m.digest)
+        return cls(made.dest, m.seq_len, tuple(s.rows for s in m.shards), tuple(s.name for s in m.shards), tuple(held.tolist()), m.digest, m.documents)
 
     @property
     def rows(self) -> int:
@@ -267,11 +268,12 @@ class TrainData:
         return self.rows - self.n_eval
 
     def open(self) -> S.Rows:
-        return S.Rows(self.dest, list(self.shard_rows), list(self.shard_names), self.seq_len)
+        return S.Rows(self.dest, list(self.shard_rows), list(self.shard_names), self.seq_len, 3 if self.documents else 2)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainData:
-        return cls(d["dest"], int(d["seq_len"]), tuple(d["shard_rows"]), tuple(d["shard_names"]), tuple(d["eval_rows"]), d["digest"])
+        return cls(d["dest"], int(d["seq_len"]), tuple(d["shard_rows"]), tuple(d["shard_names"]), tuple(d["eval_rows"]), d["digest"],
+                   bool(d.get("documents", True)))

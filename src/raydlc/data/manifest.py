@@ -14,7 +14,8 @@ from typing import Any
 
 from raydlc.errors import InputError
 
-FORMAT = "raydlc-prepared/1"
+FORMAT = "raydlc-prepared/2"  # shards of [rows, 3, seq_len]: ids, labels, each token's document in its row
+OLD_FORMAT = "raydlc-prepared/1"  # shards of [rows, 2, seq_len]: no document boundaries (read as one document per row)
 NAME = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -52,6 +53,16 @@ class Manifest:
     format: str = FORMAT
 
     @property
+    def documents(self) -> bool:
+        """Its shards record each token's document (this format); an older dataset's do not."""
+        return self.format == FORMAT
+
+    @property
+    def planes(self) -> int:
+        """Values per token in a shard: ids and labels, and the document where recorded."""
+        return 3 if self.documents else 2
+
+    @property
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
@@ -75,15 +86,15 @@ class Manifest:
         """Parsed and checked field by field; anything else is an `InputError` naming `where`."""
         try:
             doc = json.loads(text)
-            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, OLD_FORMAT):
                 raise ValueError(f"not a {FORMAT} manifest (format {doc.get('format') if isinstance(doc, dict) else None!r})")
             shards = tuple(Shard(**s) for s in doc["shards"])
             counts = Counts(**doc["counts"])
             m = cls(int(doc["seq_len"]), shards, dict(doc["tokenizer"]), str(doc["chat_template"]), str(doc["loss_on"]),
-                    dict(doc["source"]), counts)
+                    dict(doc["source"]), counts, str(doc["format"]))
         except (ValueError, KeyError, TypeError) as e:
             raise InputError(f"{where}: not a usable dataset manifest ({e})", hint="prepare it again: raydlc data prepare SOURCE --out DEST") from e
-        if not shards or any(s.rows < 1 or s.bytes != s.rows * 2 * m.seq_len * 4 for s in shards):
+        if not shards or any(s.rows < 1 or s.bytes != s.rows * m.planes * m.seq_len * 4 for s in shards):
             raise InputError(f"{where}: the shard list does not match its row counts", hint="prepare it again: raydlc data prepare SOURCE --out DEST")
         return m
 

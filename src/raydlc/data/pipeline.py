@@ -24,7 +24,7 @@ import numpy as np
 from raydlc.data import shards as S
 from raydlc.data.corpus import BUNDLED
 from raydlc.data.encode import IGNORE, TokenizerSpec, digest, encode_batch
-from raydlc.data.manifest import NAME, TOKENIZER_FILE, Counts, Manifest, Shard
+from raydlc.data.manifest import FORMAT, NAME, TOKENIZER_FILE, Counts, Manifest, Shard
 from raydlc.data.sources import Source, Unit, read_unit, sample_texts
 from raydlc.edges.storage import filesystem
 from raydlc.errors import InputError
@@ -55,19 +55,21 @@ def source_key(spec: str) -> str:
 
 
 def dataset_key(source: Source, tokenizer_name: str, recipe: Recipe) -> str:
-    """The folder name a run prepares into and finds again: same source, tokenizer and recipe, same key."""
-    text = json.dumps([source_key(source.spec), source.fingerprint, tokenizer_name, recipe.seq_len, recipe.loss_on, recipe.chat_template, recipe.on_bad_record])
+    """The folder name a run prepares into and finds again: same source, tokenizer, recipe and shard format, same key."""
+    text = json.dumps([source_key(source.spec), source.fingerprint, tokenizer_name, recipe.seq_len, recipe.loss_on, recipe.chat_template, recipe.on_bad_record,
+                       FORMAT])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def matches(m: Manifest, source: Source, tok_name: str, recipe: Recipe) -> bool:
-    """An existing dataset can be reused: the same source (unchanged), tokenizer and recipe.
+    """An existing dataset can be reused: the same source (unchanged), tokenizer and recipe, in this format
+    (an older one, without document boundaries, is prepared again).
 
     The manifest names the template used: `default` also answers a request for the model's own
     when the (same) tokenizer has none.
     """
     template_ok = m.chat_template in (recipe.chat_template, "default")
-    return template_ok and (m.source.get("fingerprint"), source_key(str(m.source.get("spec"))), m.tokenizer.get("name"), m.seq_len, m.loss_on) == (
+    return template_ok and m.format == FORMAT and (m.source.get("fingerprint"), source_key(str(m.source.get("spec"))), m.tokenizer.get("name"), m.seq_len, m.loss_on) == (
         source.fingerprint, source_key(source.spec), tok_name, recipe.seq_len, recipe.loss_on
     )
 
@@ -168,6 +170,8 @@ class Packer:
         self.per_shard = max(1, S.SHARD_TOKENS // seq_len) * seq_len
         self.ids: list[np.ndarray] = []
         self.labels: list[np.ndarray] = []
+        self.docs: list[np.ndarray] = []  # each token's record, counted over the whole stream
+        self.records = 0
         self.pending = 0
         self.read = self.used = self.tokens = self.loss_tokens = self.split = 0
         self.skipped: dict[str, int] = {}
@@ -194,17 +198,19 @@ class Packer:
         labels = pc.list_flatten(batch["labels"]).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
         self.ids.append(ids)
         self.labels.append(labels)
+        self.docs.append(np.repeat(np.arange(self.records, self.records + len(lengths), dtype=np.int64), lengths))
+        self.records += len(lengths)
         self.pending += len(ids)
         while self.pending >= self.per_shard:
             self._flush(self.per_shard)
 
     def _flush(self, n: int) -> None:
-        ids, labels = np.concatenate(self.ids), np.concatenate(self.labels)
-        head_ids, head_labels = ids[:n].reshape(-1, self.seq_len), labels[:n].reshape(-1, self.seq_len)
-        self.shards.append(S.write_shard(self.dest, len(self.shards), head_ids, head_labels))
+        ids, labels, docs = np.concatenate(self.ids), np.concatenate(self.labels), np.concatenate(self.docs)
+        head_ids, head_labels, head_docs = (a[:n].reshape(-1, self.seq_len) for a in (ids, labels, docs))
+        self.shards.append(S.write_shard(self.dest, len(self.shards), head_ids, head_labels, head_docs - head_docs[:, :1]))
         self.tokens += n
         self.loss_tokens += int(np.count_nonzero(head_labels != IGNORE))
-        self.ids, self.labels, self.pending = [ids[n:]], [labels[n:]], len(ids) - n
+        self.ids, self.labels, self.docs, self.pending = [ids[n:]], [labels[n:]], [docs[n:]], len(ids) - n
 
     def finish(self) -> tuple[Counts, list[Shard]]:
         full = self.pending - self.pending % self.seq_len

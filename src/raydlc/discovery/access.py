@@ -54,7 +54,7 @@ def namespace_needs(*, service_account_given: bool = True) -> tuple[Need, ...]:
         *_each(("get",), "", "namespaces", "up: the namespace exists"),
         *_each(("get", "list", "create", "patch", "delete"), "ray.io", "rayclusters", "up/down/status: the RayCluster"),
         *_each(("get", "list", "create", "patch", "delete"), "ray.io", "rayjobs", "submit --rayjob, job status/stop"),
-        *_each(("get", "list", "create", "delete"), "", "pods", "status, verify's probe pods (the storage probe as the service account)"),
+        *_each(("get", "list", "create", "delete"), "", "pods", "status; verify's head-port probe pod (its storage probe runs in the Ray worker pods, as SERVICE_ACCOUNT)"),
         *_each(("get",), "", "pods", "logs: the head's and the probes' logs", sub="log"),
         # kubectl port-forward: SPDY is a POST (`create`); the WebSocket upgrade (kubectl >= 1.31) is a GET (`get`),
         # and kube-apiserver >= 1.35 checks `create` on it too (kubernetes/kubernetes#134577): both, for any version

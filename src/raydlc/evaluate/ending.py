@@ -56,7 +56,7 @@ def provenance(end: End) -> dict[str, Any]:
     m = read_manifest(str(dest)) if dest else None
     rows = eval_rows(m.rows, eval_fraction=spec.train.eval_fraction, world_size=spec.mesh.world_size, seed=spec.train.seed).tolist() if m else []
     return {"run_name": spec.run_name, "model": spec.train.model_id, "base": base_of(spec), "dataset": dest, "eval_rows": rows,
-            "eval_loss": s.get("eval_loss"), "seq_len": spec.train.seq_len, "chat_template": spec.tokenizer.template,
+            "eval_loss": s.get("eval_loss"), "document_masking": spec.train.document_masking, "seq_len": spec.train.seq_len, "chat_template": spec.tokenizer.template,
             "data_digest": spec.data_digest}
 
 
@@ -120,7 +120,9 @@ def card_facts(end: End, records: list[dict[str, Any]]) -> dict[str, Any]:
     if t.lora_rank > 0:
         adapter = storage.join(export_path(end), "adapter", "adapter_config.json")
         conf = _read_json(adapter)
-        lora = {"rank": t.lora_rank, "alpha": conf.get("lora_alpha", t.lora_alpha), "targets": conf.get("target_modules") or []}
+        targets = conf.get("target_modules") or []
+        lora = {"rank": t.lora_rank, "alpha": conf.get("lora_alpha", t.lora_alpha),
+                "targets": [targets] if isinstance(targets, str) else targets}  # a LORA_TARGET_REGEX pattern is one string
     pretrained = spec.spec is None
     base = base_of(spec)
     return {

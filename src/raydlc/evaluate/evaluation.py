@@ -31,29 +31,30 @@ class Request:
     device: str = "cpu"
 
 
-def held_out(export: Export, data: str | None) -> tuple[Any, Any, dict[str, Any]]:
-    """(ids, labels, where from): `data`'s first rows, else the run's own eval rows."""
+def held_out(export: Export, data: str | None) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(ids, labels, documents, where from): `data`'s first rows, else the run's own eval rows, masked by
+    document as the run trained (a record from before DOCUMENT_MASKING: on, its default)."""
     if data is not None:
-        ids, labels = scoring.rows_of(data, None)
-        return ids, labels, {"dataset": data, "rows": "first", "run_eval_loss": None}
+        ids, labels, docs = scoring.rows_of(data, None)
+        return ids, labels, docs, {"dataset": data, "rows": "first", "run_eval_loss": None}
     run = export.run
     if not run.get("dataset") or not run.get("eval_rows"):
         from raydlc.errors import InputError
 
         raise InputError(f"{export.root}: the export names no held-out data (no {exports.PROVENANCE} from a raydlc run)",
                          hint="pass --data DATASET (a prepared dataset, raydlc data prepare)")
-    ids, labels = scoring.rows_of(str(run["dataset"]), list(run["eval_rows"]))
-    return ids, labels, {"dataset": run["dataset"], "rows": "held out by the run", "run_eval_loss": run.get("eval_loss")}
+    ids, labels, docs = scoring.rows_of(str(run["dataset"]), list(run["eval_rows"]), masking=bool(run.get("document_masking", True)))
+    return ids, labels, docs, {"dataset": run["dataset"], "rows": "held out by the run", "run_eval_loss": run.get("eval_loss")}
 
 
 def default_prompts(tok: Any, ids: Any, n: int = DEFAULT_PROMPTS) -> list[str]:
     return [tok.decode(list(row[:PROMPT_TOKENS]), skip_special_tokens=True) for row in ids[:n]]
 
 
-def one(model: Any, tok: Any, ids: Any, labels: Any, prompts: Sequence[str], r: Request) -> dict[str, Any]:
+def one(model: Any, tok: Any, rows: tuple[Any, Any, Any], prompts: Sequence[str], r: Request) -> dict[str, Any]:
     from raydlc.evaluate import harness
 
-    out: dict[str, Any] = {"held_out": scoring.score(model, ids, labels).to_dict(),
+    out: dict[str, Any] = {"held_out": scoring.score(model, *rows).to_dict(),
                            "generations": generation.generate(model, tok, prompts, chat=r.chat, sampling=r.sampling)}
     if r.tasks:
         out["tasks"] = harness.run(model, tok, r.tasks, include_path=r.include_path, limit=r.limit)
@@ -63,13 +64,13 @@ def one(model: Any, tok: Any, ids: Any, labels: Any, prompts: Sequence[str], r: 
 def evaluate(export: Export, r: Request, *, build: BuildBuiltin | None = None, load_adapter: exports.LoadAdapter | None = None) -> dict[str, Any]:
     """The fine-tuned model and its base, side by side, as one JSON-ready dict."""
     tok = exports.load_tokenizer(export)
-    ids, labels, source = held_out(export, r.data)
+    ids, labels, docs, source = held_out(export, r.data)
     prompts = list(r.prompts) or default_prompts(tok, ids)
     model = exports.load_model(export, device=r.device, build=build, load_adapter=load_adapter)
-    tuned = one(model, tok, ids, labels, prompts, r)
+    tuned = one(model, tok, (ids, labels, docs), prompts, r)
     del model
     base_model = exports.load_base(export, device=r.device, build=build, override=r.compare) if r.base else None
-    base = one(base_model, tok, ids, labels, prompts, r) if base_model is not None else None
+    base = one(base_model, tok, (ids, labels, docs), prompts, r) if base_model is not None else None
     b = {"path": r.compare} if r.compare else (export.base or {})
     return {
         "export": str(export.root),

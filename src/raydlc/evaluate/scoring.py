@@ -26,9 +26,12 @@ class Score:
         return {"loss": self.loss, "perplexity": self.perplexity, "tokens": self.tokens, "rows": self.rows}
 
 
-def rows_of(dest: str, rows: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, labels) of a prepared dataset's `rows` (None: its first MAX_ROWS), read as the workers read them."""
+def rows_of(dest: str, rows: Sequence[int] | None, *, masking: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(ids, labels, documents) of a prepared dataset's `rows` (None: its first MAX_ROWS), read as the workers
+    read them: with `masking` (the run's DOCUMENT_MASKING), a packed block's documents are scored each alone,
+    as training's eval loss scored them (train.documents)."""
     from raydlc.data.shards import Rows, read_manifest
+    from raydlc.train import documents
 
     m = read_manifest(dest)
     if m is None:
@@ -37,15 +40,17 @@ def rows_of(dest: str, rows: Sequence[int] | None) -> tuple[np.ndarray, np.ndarr
     chosen = np.asarray(rows if rows is not None else range(min(MAX_ROWS, len(reader))), dtype=np.int64)
     if not len(chosen):
         raise InputError(f"{dest}: no rows to evaluate on")
-    return reader.take(chosen)
+    return documents.read(reader, chosen, masking=masking)
 
 
-def score(model: Any, ids: np.ndarray, labels: np.ndarray, *, batch_size: int = 4) -> Score:
-    """Mean next-token loss over the label tokens of these rows, in fp32."""
+def score(model: Any, ids: np.ndarray, labels: np.ndarray, docs: np.ndarray | None = None, *, batch_size: int = 4) -> Score:
+    """Mean next-token loss over the label tokens of these rows, in fp32; with `docs`, each token attends
+    within its own document, positions restarting per document (train.documents)."""
     import torch
     import torch.nn.functional as F
 
     from raydlc.data.encode import IGNORE
+    from raydlc.train.documents import model_inputs
 
     device = next(model.parameters()).device
     total, count = 0.0, 0
@@ -53,7 +58,8 @@ def score(model: Any, ids: np.ndarray, labels: np.ndarray, *, batch_size: int = 
         for i in range(0, len(ids), batch_size):
             x = torch.as_tensor(ids[i : i + batch_size], dtype=torch.long, device=device)
             y = torch.as_tensor(labels[i : i + batch_size], dtype=torch.long, device=device)[:, 1:]
-            logits = model(input_ids=x).logits[:, :-1].float()
+            extra = {} if docs is None else model_inputs(model, torch.as_tensor(docs[i : i + batch_size], device=device))
+            logits = model(input_ids=x, **extra).logits[:, :-1].float()
             total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE, reduction="sum"))
             count += int((y != IGNORE).sum())
     if count == 0:

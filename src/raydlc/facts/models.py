@@ -117,6 +117,39 @@ class ModelSpec:
     def optional_tensors(self) -> set[str]:
         return {"lm_head.weight"} if self.tie_embeddings else set()
 
+    def projection_names(self) -> dict[str, str]:
+        """Each block's projections by full module name (model.layers.0.self_attn.q_proj -> q_proj): what LORA_TARGET_REGEX is matched against."""
+        part = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+        return {f"model.layers.{i}.{part[p]}.{p}": p for i in range(self.num_layers) for p in self.projections()}
+
+
+def lora_targets_of(spec: ModelSpec, names: tuple[str, ...], regex: str | None) -> tuple[str, ...]:
+    """The projections LoRA adapts in some block: LORA_TARGETS, or those LORA_TARGET_REGEX matches whole in any block, or the family's."""
+    if regex:
+        import re
+
+        pattern = re.compile(regex)
+        return tuple(dict.fromkeys(p for full, p in spec.projection_names().items() if pattern.fullmatch(full)))
+    return names or LORA_DEFAULT_TARGETS[spec.architecture]
+
+
+def saved_params(spec: ModelSpec, names: tuple[str, ...]) -> int:
+    """LORA_MODULES_TO_SAVE's parameters as the planner counts them: the embedding and the head (one weight when tied);
+    other modules (a norm) are too small to count."""
+    parts = {n.rpartition(".")[2] for n in names} & {"embed_tokens", "lm_head"}
+    return spec.embedding_params() * (1 if spec.tie_embeddings else len(parts)) if parts else 0
+
+
+def lora_params_of(spec: ModelSpec, rank: int, names: tuple[str, ...], regex: str | None) -> int:
+    """Adapter parameters as trained: with a pattern, only the blocks it matches count (it may pick a layer range)."""
+    if not regex:
+        return spec.lora_params(rank, names or None)
+    import re
+
+    pattern, shapes = re.compile(regex), spec.projections()
+    return sum(rank * sum(shapes[p]) for full, p in spec.projection_names().items() if pattern.fullmatch(full))
+
 
 def _qwen(name: str, hub: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool, positions: int, eps: float) -> ModelSpec:
     return ModelSpec(name, h, layers, heads, kv, inter, vocab, tied, max_position_embeddings=positions, rope_theta=1_000_000.0, rms_norm_eps=eps, hub_id=hub)

@@ -71,10 +71,8 @@ def submit_builtin(cfg: Config, request: JobRequest, *, write: Write, notice: Wr
     """Run raydlc's training program with the config's settings; the budget and, locally, the model and data are checked first."""
     from raydlc.render.raycluster import price_env
 
-    if cfg.cluster.attach and cfg.train.max_cost_usd is not None and request.target.kind == targets.CLUSTER:
-        from raydlc.lifecycle.attach import priced_as_found
-
-        cfg = priced_as_found(cfg)  # the budget is kept at the found GPU type's price (unknown: refused, never $0)
+    if cfg.cluster.attach and request.target.kind == targets.CLUSTER:
+        cfg = _as_found(cfg)
     prices = _check_budget(cfg, request.target) if cfg.train.max_cost_usd is not None else None
     if request.target.kind == targets.LOCAL:
         _check_local_inputs(cfg)
@@ -90,7 +88,7 @@ def submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, wr
     """
     from raydlc.jobs import rayjob
 
-    cfg, bucket, doc = _rendered_rayjob(cfg)
+    cfg, bucket, doc = _rendered_rayjob(_as_found(cfg) if cfg.cluster.attach else cfg)
     target = targets.JobTarget(targets.CLUSTER)
     with targets.reach(target, cfg) as reached:
         cold = cold_start_of(reached, cfg, gpus_needed(cfg, gpus, builtin=True))
@@ -107,6 +105,15 @@ def submit_rayjob(cfg: Config, *, yes: bool, no_wait: bool, gpus: int | None, wr
             job = control.follow(reached.dashboard, job_id, write)
         summary = control.training_summary(reached.dashboard.logs(job_id))
     return Submitted(job, attached=False, waited=True, builtin=True, summary=summary, warm_up=warm_up, rayjob=applied)
+
+
+def _as_found(cfg: Config) -> Config:
+    """Attached, the GPU type and GPUs per node of the RayCluster's workers as `up --attach` rendered them on the found
+    nodes: the built-in program's workers (one per GPU) and its budget (that type's price; unknown: refused, never
+    $0) follow them, not GPU_NODE_TYPE's defaults."""
+    from raydlc.lifecycle.attach import priced_as_found
+
+    return priced_as_found(cfg)  # type: ignore[no-any-return]
 
 
 def gpus_needed(cfg: Config, gpus: int | None, *, builtin: bool) -> int:

@@ -308,8 +308,11 @@ def port_forward(runner: Runner, kubeconfig: Path, head: ClusterHead, context: s
             m = running.wait_for(r"Forwarding from 127\.0\.0\.1:(\d+)", FORWARD_TIMEOUT_S)
         except ToolFailed as e:
             last = next((ln for ln in reversed(e.lines) if ln.strip()), "")
+            forbidden = " is forbidden: " in last  # the API server refused this user the port-forward (RBAC)
+            hint = (f"`raydlc render --only rbac` prints the Role that grants it in {head.namespace}" if forbidden
+                    else "`raydlc status` shows whether the head is up; kubectl must reach the cluster")
             raise RayError(f"cannot port-forward to {head.service}:{head.port} in {head.namespace}: {e.message}" + (f" ({last.strip()})" if last else ""),
-                           hint="`raydlc status` shows whether the head is up; kubectl must reach the cluster") from None
+                           hint=hint) from None
         yield f"http://127.0.0.1:{m.group(1)}"
 
 

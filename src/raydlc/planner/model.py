@@ -168,6 +168,7 @@ class Workload:
     compile: bool = True  # each block torch.compile'd (the GPU default); the assumed MFU depends on it
     lora_rank: int = 0  # 0 = full fine-tuning; else LoRA adapters of this rank on a frozen base
     lora_targets: tuple[str, ...] = ()  # the projections LoRA adapts; () = the family's (facts.models.LORA_DEFAULT_TARGETS)
+    lora_saved_params: int = 0  # LORA_MODULES_TO_SAVE's parameters, trained in full beside the adapters (facts.models.saved_params)
     lora_dropout: float = 0.0  # LoRA's dropout on the adapters' input; above 0 it saves masks (`lora_dropout_bytes`)
 
     def __post_init__(self) -> None:
@@ -243,8 +244,9 @@ class Workload:
         return self.spec.lora_params(self.lora_rank, self.targets) if self.lora else 0
 
     def trained_params(self) -> int:
-        """Parameters that carry gradients and optimizer state: every one, or with LoRA the adapters only."""
-        return self.adapter_params() if self.lora else self.spec.param_count()
+        """Parameters that carry gradients and optimizer state: every one, or with LoRA the adapters and the modules saved
+        whole (LORA_MODULES_TO_SAVE; their frozen compute copy stays counted in the base: a small overcount)."""
+        return self.adapter_params() + self.lora_saved_params if self.lora else self.spec.param_count()
 
 
 @dataclass(frozen=True)

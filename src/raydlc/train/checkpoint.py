@@ -352,10 +352,13 @@ def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     only (by key: torch's `ignore_frozen_params` alone would still save a tied head)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from raydlc.train.lora import adapter_state, is_adapter_key
+    from raydlc.train.lora import is_adapter_key, is_trained_key, state_name
 
     msd, osd = get_state_dict(model, optimizer)
-    return (adapter_state(msd) if any(is_adapter_key(k) for k in msd) else msd), osd
+    if not any(is_adapter_key(k) for k in msd):
+        return msd, osd
+    saved = {state_name(n) for n, p in model.named_parameters() if p.requires_grad and not is_adapter_key(n)}  # a tied head once
+    return {k: v for k, v in msd.items() if is_trained_key(k, saved)}, osd  # the adapters and LORA_MODULES_TO_SAVE's weights
 
 
 def lora_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -365,6 +368,9 @@ def lora_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
     if rank_then != rank_now:
         return [f"lora_rank: checkpoint {rank_then}, now {rank_now}"]
     found = [f"{k}: checkpoint {saved.get(k)}, now {now[k]}" for k in ("lora_alpha", "lora_targets") if k in now and saved.get(k) != now[k]]
+    for k in ("lora_target_regex", "lora_modules_to_save"):  # absent: targets chosen by name (LORA_TARGETS), no module saved whole
+        if saved.get(k) != now.get(k):
+            found.append(f"{k}: checkpoint {saved.get(k)}, now {now.get(k)}")
     rs_then, rs_now = bool(saved.get("lora_rslora", False)), bool(now.get("lora_rslora", False))  # absent: off
     return found + ([f"lora_rslora: checkpoint {rs_then}, now {rs_now}"] if rs_then != rs_now else [])
 
@@ -472,7 +478,7 @@ def _load_local(d: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, 
     diff = lora_differences(m.meta, lora) if lora is not None else []
     if diff:
         raise CheckpointError(f"checkpoint {d} was written with other LoRA settings ({'; '.join(diff)})",
-                              hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS, or start without --resume")
+                              hint="resume with the checkpoint's LORA_RANK, LORA_ALPHA and LORA_TARGETS (or LORA_TARGET_REGEX), or start without --resume")
     msd, osd = model_state(model, optimizer)
     state = {"model": msd, "optim": osd}
     from torch.distributed.checkpoint.api import CheckpointException
@@ -662,7 +668,8 @@ def export_hf(model: nn.Module, out_dir: Path, *, rank: int, tokenizer: Any, dty
 
     lora_export.write(out_dir, sd, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"],
                       base_model=lora.get("base_model"), merge=bool(lora.get("merge", True)), save_merged=save_merged,
-                      rslora=bool(lora.get("rslora", False)), base_dir=lora.get("base_dir"))
+                      rslora=bool(lora.get("rslora", False)), base_dir=lora.get("base_dir"), target_regex=lora.get("target_regex"),
+                      modules_to_save=lora.get("modules_to_save", ()))
 
 
 def save_hf(config: Any, sd: Mapping[str, Any], out_dir: Path, *, tokenizer: Any, dtype: torch.dtype | None = None) -> None:

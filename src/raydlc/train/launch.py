@@ -439,10 +439,16 @@ def trained_params(spec: RunSpec, p: Prepared) -> dict[str, Any]:
     out: dict[str, Any] = {"lora": None, "params": None}
     if s.lora_rank > 0:
         meta = s.lora_meta()  # the alpha and targets the workers use (blank: 2 x rank, the family's seven projections)
-        out["lora"] = {"rank": s.lora_rank, "alpha": meta["lora_alpha"], "targets": meta["lora_targets"].split(","),
+        targets = meta["lora_targets"].split(",") if "lora_targets" in meta else [meta["lora_target_regex"]]  # names, or the one pattern
+        out["lora"] = {"rank": s.lora_rank, "alpha": meta["lora_alpha"], "targets": targets,
                        "merged": s.lora_merge, "adapter": f"{spec.run_dir}/export/adapter"}
+        if s.lora_modules_to_save:
+            out["lora"]["modules_to_save"] = list(s.lora_modules_to_save_list)
     if model is not None:
+        from raydlc.facts.models import lora_params_of, saved_params
+
         base = model.param_count()
-        adapters = model.lora_params(s.lora_rank, tuple(out["lora"]["targets"]) or None) if out["lora"] else 0
-        out["params"] = {"trainable": adapters or base, "total": base + adapters}
+        adapters = lora_params_of(model, s.lora_rank, s.lora_targets_list, s.lora_target_regex) if out["lora"] else 0
+        trained = adapters + saved_params(model, s.lora_modules_to_save_list) if out["lora"] else base
+        out["params"] = {"trainable": trained, "total": base + adapters}
     return out

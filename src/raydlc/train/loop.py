@@ -278,7 +278,7 @@ def add_lora(model: nn.Module, settings: TrainConfig, *, bf16: bool) -> nn.Modul
     return with_lora(
         model, rank=settings.lora_rank, alpha=default_alpha(settings.lora_rank, settings.lora_alpha), dropout=settings.lora_dropout,
         targets=targets_of(model.config, settings.lora_targets_list), seed=settings.seed, base_dtype=torch.bfloat16 if bf16 else None,
-        rslora=settings.lora_rslora,
+        rslora=settings.lora_rslora, target_regex=settings.lora_target_regex, modules_to_save=settings.lora_modules_to_save_list,
     )
 
 
@@ -295,26 +295,30 @@ class StepOutput:
     skipped: torch.Tensor  # True: the loss or the gradient norm was not finite, and AdamW left the weights alone
 
 
-Batch = tuple["torch.Tensor", "torch.Tensor"]
+Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]  # ids, labels, documents (train.documents; None: unmasked)
 
 
-def to_batch(ids: np.ndarray, labels: np.ndarray, device: torch.device) -> Batch:
+def to_batch(ids: np.ndarray, labels: np.ndarray, device: torch.device, docs: np.ndarray | None = None) -> Batch:
     """On CUDA through pinned memory without blocking: a pageable copy would wait for the GPU."""
     import torch
 
-    if device.type != "cuda":
-        return torch.as_tensor(ids, dtype=torch.long, device=device), torch.as_tensor(labels, dtype=torch.long, device=device)
-    a, b = (torch.as_tensor(x, dtype=torch.long).pin_memory() for x in (ids, labels))
-    return a.to(device, non_blocking=True), b.to(device, non_blocking=True)
+    def move(x: np.ndarray) -> torch.Tensor:
+        if device.type != "cuda":
+            return torch.as_tensor(x, dtype=torch.long, device=device)
+        return torch.as_tensor(x, dtype=torch.long).pin_memory().to(device, non_blocking=True)
+
+    return move(ids), move(labels), None if docs is None else move(docs)
 
 
-def micro_batches(ids: np.ndarray, labels: np.ndarray, rows: np.ndarray, micro_batch: int, device: torch.device) -> list[Batch]:
+def micro_batches(ids: np.ndarray, labels: np.ndarray, rows: np.ndarray, micro_batch: int, device: torch.device,
+                  docs: np.ndarray | None = None) -> list[Batch]:
     """A rank's share of the global batch (`rows`) cut into consecutive micro-batches.
 
     The global batch of a step does not depend on how it is cut, so N micro-batches of B and
     one of N x B read the same sequences.
     """
-    return [to_batch(ids[rows[i : i + micro_batch]], labels[rows[i : i + micro_batch]], device) for i in range(0, len(rows), micro_batch)]
+    return [to_batch(ids[part], labels[part], device, None if docs is None else docs[part])
+            for part in (rows[i : i + micro_batch] for i in range(0, len(rows), micro_batch))]
 
 
 def causal_masks(model: nn.Module) -> dict[str, None] | None:
@@ -329,20 +333,23 @@ def causal_masks(model: nn.Module) -> dict[str, None] | None:
     return {"full_attention": None} if kinds and all(k == "full_attention" for k in kinds) else None
 
 
-def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, docs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (fp32) and the number of target tokens it covers: chunked
-    inside the head (train.loss) when the model has a `ChunkedHead`, else over the full logits."""
+    inside the head (train.loss) when the model has a `ChunkedHead`, else over the full logits.
+    With `docs`, each token attends within its own document (train.documents)."""
     import torch.nn.functional as F
 
     from raydlc.data.encode import IGNORE
+    from raydlc.train.documents import model_inputs
     from raydlc.train.loss import head_of, targets
 
     y = labels[:, 1:]
     head = head_of(model)
+    inputs = {"attention_mask": causal_masks(model)} if docs is None else model_inputs(model, docs)
     if head is not None:
         with targets(head, labels):
-            return model(input_ids=ids, attention_mask=causal_masks(model)).logits, (y != IGNORE).sum()
-    logits = model(input_ids=ids, attention_mask=causal_masks(model)).logits[:, :-1]
+            return model(input_ids=ids, **inputs).logits, (y != IGNORE).sum()
+    logits = model(input_ids=ids, **inputs).logits[:, :-1]
     total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return total, (y != IGNORE).sum()
 
@@ -357,7 +364,7 @@ def target_tokens(t: Trainer, batches: list[Batch]) -> torch.Tensor:
 
     from raydlc.data.encode import IGNORE
 
-    n = torch.stack([(labels[:, 1:] != IGNORE).sum() for _, labels in batches]).sum()
+    n = torch.stack([(b[1][:, 1:] != IGNORE).sum() for b in batches]).sum()  # b: (ids, labels[, documents])
     dist.all_reduce(n)
     return n
 
@@ -460,7 +467,7 @@ class Unread:
 # ---- evaluate ----------------------------------------------------------------------------------
 
 
-def evaluate(t: Trainer, ids: np.ndarray, labels: np.ndarray, *, rank: int, batch_size: int) -> float:
+def evaluate(t: Trainer, ids: np.ndarray, labels: np.ndarray, *, rank: int, batch_size: int, docs: np.ndarray | None = None) -> float:
     """Mean eval loss over every rank's equal share of the held-out sequences."""
     import torch
     import torch.distributed as dist
@@ -473,7 +480,7 @@ def evaluate(t: Trainer, ids: np.ndarray, labels: np.ndarray, *, rank: int, batc
     with torch.no_grad():
         for i in range(0, len(idx), batch_size):
             part = idx[i : i + batch_size]
-            s, n = loss_sum(t.model, *to_batch(ids[part], labels[part], t.device))
+            s, n = loss_sum(t.model, *to_batch(ids[part], labels[part], t.device, None if docs is None else docs[part]))
             tot += torch.stack([s.double(), n.double()])
     dist.all_reduce(tot)
     t.model.train()
@@ -652,7 +659,7 @@ def finalize(t: Trainer, run: RunSpec, history: list[dict[str, Any]], *, rank: i
 
 def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | None:
     """What the export needs to write a LoRA run's adapter (and merged model); None for full fine-tuning."""
-    from raydlc.train.lora import adapted_targets, default_alpha
+    from raydlc.train.lora import adapted_targets, default_alpha, saved_parameters
     from raydlc.train.lora_export import BASE_DIR
 
     s = run.train
@@ -660,6 +667,7 @@ def lora_export_settings(model: nn.Module, run: RunSpec) -> dict[str, Any] | Non
         return None
     return {"rank": s.lora_rank, "alpha": default_alpha(s.lora_rank, s.lora_alpha), "dropout": s.lora_dropout,
             "targets": adapted_targets(model), "base_model": s.model_id, "merge": s.lora_merge, "rslora": s.lora_rslora,
+            "target_regex": s.lora_target_regex, "modules_to_save": sorted(saved_parameters(model, s.lora_modules_to_save_list)),
             "base_dir": f"{run.run_dir.rstrip('/')}/export/{BASE_DIR}" if run.spec is not None else None}
 
 
@@ -741,6 +749,7 @@ class RankData:
     held: np.ndarray
     eval_ids: np.ndarray
     eval_labels: np.ndarray
+    eval_docs: np.ndarray | None = None  # with document masking (train.documents)
 
 
 def heartbeat(run: RunSpec, session: Any, rank: int, device: torch.device) -> Any:
@@ -763,6 +772,7 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
     import torch
 
     from raydlc.data.dataset import TrainData
+    from raydlc.train import documents
     from raydlc.train.layout import check_nodes, check_placement
 
     rank = session.rank
@@ -779,10 +789,10 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
     # The prepared dataset by index: this rank reads its own rows of each step, and the eval rows once.
     view = TrainData.from_dict(session.fetch(data))
     rows, held = view.open(), np.asarray(view.eval_rows, dtype=np.int64)
-    eval_ids, eval_labels = rows.take(held)
+    eval_ids, eval_labels, eval_docs = documents.read(rows, held, masking=run.train.document_masking)
 
     with heartbeat(run, session, rank, device) as beat:
-        _train(run, session, RankData(view, rows, held, eval_ids, eval_labels), device, beat, hooks or NoHooks(), nodes=nodes)
+        _train(run, session, RankData(view, rows, held, eval_ids, eval_labels, eval_docs), device, beat, hooks or NoHooks(), nodes=nodes)
 
 
 def device_name(device: torch.device) -> str | None:
@@ -804,13 +814,14 @@ def reported_nodes(session: Any) -> list[str]:
 def run_step(t: Trainer, run: RunSpec, data: RankData, step: int, *, rank: int, world: int) -> tuple[float, str, StepOutput]:
     """One optimizer step on this rank's rows of the step's global batch: its learning rate, the batch's fingerprint, its outputs."""
     from raydlc.data.order import global_batch, rank_slice, train_rows
+    from raydlc.train import documents
     from raydlc.train.schedule import lr_at
 
     s = run.train
     lr = lr_at(step, s)
     gidx = global_batch(step, data.view.n_train, run.global_batch, s.seed)
-    ids, labels = data.rows.take(train_rows(rank_slice(gidx, rank, world), data.held))
-    return lr, batch_fingerprint(gidx), train_step(t, micro_batches(ids, labels, np.arange(len(ids)), s.batch_size, t.device), lr)
+    ids, labels, docs = documents.read(data.rows, train_rows(rank_slice(gidx, rank, world), data.held), masking=s.document_masking)
+    return lr, batch_fingerprint(gidx), train_step(t, micro_batches(ids, labels, np.arange(len(ids)), s.batch_size, t.device, docs), lr)
 
 
 def on_nodes(nodes: list[str] | tuple[str, ...]) -> str | None:
@@ -831,6 +842,10 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     s, rank = run.train, session.rank
     beat.phase = "building the model"
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
+    if data.eval_docs is not None or (s.document_masking and data.view.documents):
+        from raydlc.train.documents import use_flex
+
+        use_flex(t.model, device, compile=bool(s.compile))  # before the first forward compiles the blocks
     start_step, history, from_ray = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
         session.progress([{"step": start_step, "resumed": True, "node": on_nodes(nodes)}])  # a restart, or --resume: the driver says so
@@ -884,7 +899,7 @@ def read_due(t: Trainer, run: RunSpec, data: RankData, unread: Unread, history: 
     history.extend(unread.read(tokens_per_step=run.global_batch * s.seq_len, device=t.device))
     check_finite(history, s.max_nonfinite_steps, s.checkpoint_every)
     if validate:
-        history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size)})
+        history.append({"step": step, "eval_loss": evaluate(t, data.eval_ids, data.eval_labels, rank=rank, batch_size=s.batch_size, docs=data.eval_docs)})
     return history[first_new:]
 
 

@@ -14,6 +14,7 @@ on neither the number of ranks nor the units. The names and shapes are those pef
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -78,26 +79,77 @@ class LoRALinear(nn.Linear):
         return f"{super().extra_repr()}, rank={self.rank}, scaling={self.scaling:g}"
 
 
-def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int, rslora: bool = False) -> list[str]:
-    """Replace every nn.Linear whose attribute name is in `targets` with a LoRALinear (on any device,
-    meta included), freeze every other parameter, and return the replaced modules' names.
+def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int, rslora: bool = False,
+               target_regex: str | None = None, modules_to_save: Sequence[str] = ()) -> list[str]:
+    """Replace every nn.Linear whose attribute name is in `targets` (or, with `target_regex`, whose full
+    state-dict name the pattern matches whole: peft's `re.fullmatch` of a string `target_modules`) with a
+    LoRALinear (on any device, meta included), freeze every other parameter, and return the replaced modules' names.
 
     On a materialised model the adapters are initialised here (`init_adapters`); on the meta
     device that is the builder's job after `to_empty`.
     """
-    wanted = set(targets)
+    chosen = _chooser(model, targets, target_regex)
     replaced: list[str] = []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
-            if child_name in wanted and isinstance(child, nn.Linear) and not isinstance(child, LoRALinear):
+            full = f"{parent_name}.{child_name}" if parent_name else child_name
+            if isinstance(child, nn.Linear) and not isinstance(child, LoRALinear) and chosen(child_name, state_name(full)):
                 setattr(parent, child_name, LoRALinear(child, rank=rank, alpha=alpha, dropout=dropout, rslora=rslora))
-                replaced.append(f"{parent_name}.{child_name}" if parent_name else child_name)
+                replaced.append(full)
+    saved = saved_parameters(model, modules_to_save)
     for name, p in model.named_parameters():
-        p.requires_grad_(is_adapter_key(name))
+        p.requires_grad_(is_adapter_key(name) or state_name(name) in saved)
     if replaced and not any(p.is_meta for p in model.parameters()):
         with torch.no_grad():
             init_adapters(model, seed=seed)
     return [state_name(n) for n in replaced]
+
+
+def _chooser(model: nn.Module, targets: Sequence[str], target_regex: str | None) -> Any:
+    """(attribute name, full name) -> adapt it?  A pattern that also matches something other than a block's projection
+    (an embedding, the head, a block) is refused: peft would adapt (or fail on) that module too, and the planner and the
+    export count projections only."""
+    if target_regex is None:
+        wanted = set(targets)
+        return lambda attr, _full: attr in wanted
+    pattern = re.compile(target_regex)
+    projections = {t for family in LORA_DEFAULT_TARGETS.values() for t in family}
+    for name, module in model.named_modules():
+        key = state_name(name)
+        if name and pattern.fullmatch(key) and not (isinstance(module, nn.Linear) and key.rpartition(".")[2] in projections):
+            from raydlc.errors import TrainError
+
+            raise TrainError(f"LORA_TARGET_REGEX {target_regex!r} matches {key} ({type(module).__name__}), which is not a block's projection: "
+                             "LoRA adapts q/k/v/o/gate/up/down_proj only", hint="narrow the pattern, e.g. .*\\.(q|v)_proj")
+    return lambda _attr, full: pattern.fullmatch(full) is not None
+
+
+def saved_modules(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Module]:
+    """LORA_MODULES_TO_SAVE's modules by full state-dict name, matched as peft matches `modules_to_save` (the whole name,
+    or its last parts: `lm_head`, `embed_tokens`); a name that matches no module is refused naming the field."""
+    found: dict[str, nn.Module] = {}
+    for wanted in names:
+        hits = {state_name(n): m for n, m in model.named_modules() if n and (state_name(n) == wanted or state_name(n).endswith("." + wanted))}
+        if not hits or any(isinstance(m, LoRALinear) for m in hits.values()):
+            from raydlc.errors import TrainError
+
+            why = "is a LoRA target too (peft never adapts a module it saves whole)" if hits else "names no module of the model"
+            raise TrainError(f"LORA_MODULES_TO_SAVE {wanted!r} {why}", hint="name modules such as embed_tokens or lm_head, outside the LoRA targets")
+        found |= hits
+    return found
+
+
+def saved_parameters(model: nn.Module, names: Sequence[str]) -> set[str]:
+    """The state-dict names of the parameters LORA_MODULES_TO_SAVE trains in full (a tied head's is the embedding's)."""
+    if not names:
+        return set()
+    ids = {id(p) for m in saved_modules(model, names).values() for p in m.parameters()}
+    return {state_name(n) for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+def is_trained_key(name: str, saved: set[str]) -> bool:
+    """Whether a LoRA run trains (and so checkpoints) this state-dict key: an adapter's, or a saved module's."""
+    return is_adapter_key(name) or state_name(name) in saved
 
 
 def init_adapters(model: nn.Module, *, seed: int) -> None:
@@ -144,16 +196,23 @@ def targets_of(config: Any, chosen: Sequence[str] = ()) -> tuple[str, ...]:
 
 
 def with_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str], seed: int,
-              base_dtype: torch.dtype | None = None, rslora: bool = False) -> nn.Module:
+              base_dtype: torch.dtype | None = None, rslora: bool = False, target_regex: str | None = None,
+              modules_to_save: Sequence[str] = ()) -> nn.Module:
     """The builder's step before `fully_shard`: the frozen base's parameters stored in `base_dtype`
     (bf16 compute: never upcast, half the bytes of fp32 master weights), then the fp32 adapters.
-    Buffers (RoPE's frequencies) keep their dtype."""
+    LORA_MODULES_TO_SAVE's modules stay fp32 like the adapters: AdamW updates them. Buffers (RoPE's frequencies) keep their dtype."""
+    saved = saved_parameters(model, modules_to_save)
     if base_dtype is not None:
-        for p in model.parameters():
-            p.data = p.data.to(base_dtype)
-    if not apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed, rslora=rslora):
+        for name, p in model.named_parameters():
+            if state_name(name) not in saved:
+                p.data = p.data.to(base_dtype)
+    if not apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed, rslora=rslora, target_regex=target_regex,
+                      modules_to_save=modules_to_save):
         from raydlc.errors import TrainError
 
+        if target_regex is not None:
+            raise TrainError(f"LORA_TARGET_REGEX {target_regex!r} matches no linear layer of the model (matched whole against names "
+                             "such as model.layers.0.self_attn.q_proj), so nothing would train", hint="e.g. .*\\.layers\\.[0-3]\\..*_proj")
         raise TrainError(f"LORA_TARGETS {','.join(targets)}: no linear layer of the model has one of these names, so nothing would train",
                          hint="name projections the model has (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
     return model

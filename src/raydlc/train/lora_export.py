@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -102,11 +103,12 @@ def peft_adapter_state(adapters: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], base_model: str | None,
-                   rslora: bool = False) -> dict[str, Any]:
+                   rslora: bool = False, target_regex: str | None = None, modules_to_save: Sequence[str] = ()) -> dict[str, Any]:
     """peft's LoraConfig as saved (`PeftConfigMixin.save_pretrained`): LoRA (rsLoRA with `rslora`: peft's `use_rslora`,
     scaling alpha / sqrt(r)) on a causal LM, the fields peft 0.17+ reads; those left out take LoraConfig's defaults,
-    which are what raydlc trains (no DoRA, no bias)."""
-    _check_hyper(rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+    which are what raydlc trains (no DoRA, no bias). With `target_regex`, `target_modules` is that string, which peft
+    matches whole against each module's full name (`tuners_utils.check_target_module_exists`, `re.fullmatch`)."""
+    _check_hyper(rank=rank, alpha=alpha, dropout=dropout, targets=targets, target_regex=target_regex)
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -116,14 +118,14 @@ def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence
         "r": rank,
         "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
         "lora_dropout": dropout,
-        "target_modules": sorted(set(targets)),
+        "target_modules": target_regex if target_regex is not None else sorted(set(targets)),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": bool(rslora),
         "use_dora": False,
         "lora_bias": False,
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": saved_module_names(modules_to_save) or None,
         "layers_to_transform": None,
         "layers_pattern": None,
         "rank_pattern": {},
@@ -131,7 +133,23 @@ def adapter_config(*, rank: int, alpha: float, dropout: float, targets: Sequence
     }
 
 
-def _check_hyper(*, rank: int, alpha: float, dropout: float, targets: Sequence[str]) -> None:
+def saved_module_names(keys: Sequence[str]) -> list[str]:
+    """peft's `modules_to_save` of the saved parameters' keys: each module's last name (embed_tokens, lm_head), which peft
+    matches as `(^|.*\\.)name($|\\..*)` against module names (`tuners_utils.check_target_module_exists`)."""
+    return sorted({k.rpartition(".")[0].rpartition(".")[2] for k in keys})
+
+
+def saved_tensors(state: Mapping[str, Tensor], keys: Sequence[str]) -> dict[str, Tensor]:
+    """LORA_MODULES_TO_SAVE's trained weights under peft's saved keys, `base_model.model.<module>.<param>` (the
+    ModulesToSaveWrapper's `modules_to_save.default.` removed, `utils/save_and_load.py`); a tied head is saved under
+    both names, since peft wraps (and loads) the embedding and the head apart."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise LoRAExportError(f"LoRA export: {missing[0]} (LORA_MODULES_TO_SAVE) is not in the state", hint=_PAIR_HINT)
+    return {PEFT_PREFIX + k: state[k].detach().to("cpu").clone() for k in keys}  # a copy each: safetensors refuses shared memory
+
+
+def _check_hyper(*, rank: int, alpha: float, dropout: float, targets: Sequence[str], target_regex: str | None = None) -> None:
     """The run's settings, again at the export: a bad one would write a config peft loads into a different model."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise LoRAExportError(f"LoRA export: rank {rank!r} is not a LoRA rank (1 or more)", hint="LORA_RANK=0 is full fine-tuning, which has no adapter")
@@ -139,19 +157,25 @@ def _check_hyper(*, rank: int, alpha: float, dropout: float, targets: Sequence[s
         raise LoRAExportError(f"LoRA export: alpha {alpha!r} must be positive")
     if not 0 <= dropout < 1:
         raise LoRAExportError(f"LoRA export: dropout {dropout!r} must be in [0, 1)")
-    if isinstance(targets, str) or not targets or any(not t or "." in t for t in targets):
+    if target_regex is not None:
+        try:
+            re.compile(target_regex)
+        except re.error as e:
+            raise LoRAExportError(f"LoRA export: target pattern {target_regex!r} is not a regular expression ({e})") from None
+    elif isinstance(targets, str) or not targets or any(not t or "." in t for t in targets):
         raise LoRAExportError(f"LoRA export: targets {targets!r} must be module names such as q_proj")
 
 
-def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequence[str]) -> dict[str, Tensor]:
-    """The adapters, once every one has its pair, its base weight, the run's rank and a target's name: what peft
-    needs to load the file with no missing or unexpected key (it adapts every Linear named in target_modules)."""
+def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequence[str], target_regex: str | None = None) -> dict[str, Tensor]:
+    """The adapters, once every one has its pair, its base weight, the run's rank and a target's name (or a module the
+    pattern matches whole): what peft needs to load the file with no missing or unexpected key (it adapts every Linear
+    target_modules names, or every module its string matches)."""
     base, adapters = split(state)
     if not adapters:
         raise LoRAExportError("LoRA export: the state holds no adapter weights (no key ends in .lora_A.weight)", hint=_PAIR_HINT)
     found = pairs(adapters)
-    bare = [k for k in base if k.endswith(".weight") and k.removesuffix(".weight").rpartition(".")[2] in targets
-            and k.removesuffix(".weight") not in found]
+    chosen = _targeted(targets, target_regex)
+    bare = [k for k in base if k.endswith(".weight") and chosen(k.removesuffix(".weight")) and k.removesuffix(".weight") not in found]
     if bare:
         raise LoRAExportError(f"LoRA export: {bare[0]} is a target's weight with no adapter beside it ({len(bare)} such)",
                               hint="peft adapts every module named in target_modules; the run's adapters must cover them all")
@@ -159,15 +183,24 @@ def checked_adapters(state: Mapping[str, Tensor], *, rank: int, targets: Sequenc
         _check_shapes(module, a, b, base.get(module + ".weight"))
         if a.shape[0] != rank:
             raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} has rank {a.shape[0]}, the run's rank is {rank}")
-        if module.rpartition(".")[2] not in targets:
-            raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} adapts {module.rpartition('.')[2]}, which is not among the targets {sorted(targets)}",
-                                  hint="peft adapts only the modules named in target_modules; the run's LORA_TARGETS must name it")
+        if not chosen(module):
+            among = f"the pattern {target_regex!r} does not match it whole" if target_regex is not None else f"which is not among the targets {sorted(targets)}"
+            raise LoRAExportError(f"LoRA export: {module}{A_SUFFIX} adapts {module.rpartition('.')[2]}, {among}",
+                                  hint="peft adapts only the modules target_modules names (or its string matches); the run's LORA_TARGETS must name it")
     return adapters
+
+
+def _targeted(targets: Sequence[str], target_regex: str | None) -> Callable[[str], bool]:
+    """Whether peft adapts the module of this full name: its last part in the list, or the whole name matched by the string."""
+    if target_regex is not None:
+        pattern = re.compile(target_regex)
+        return lambda module: pattern.fullmatch(module) is not None
+    return lambda module: module.rpartition(".")[2] in targets
 
 
 def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float, dropout: float, targets: Sequence[str],
           base_model: str | None, merge: bool, save_merged: Callable[[dict[str, Tensor], Path], None], rslora: bool = False,
-          base_dir: str | None = None) -> None:
+          base_dir: str | None = None, target_regex: str | None = None, modules_to_save: Sequence[str] = ()) -> None:
     """`out_dir/adapter/` (peft's two files) and, if `merge`, the merged weights handed to `save_merged(weights, folder)`,
     which writes the HF model and tokenizer into that folder (it is `out_dir` once renamed).
 
@@ -178,8 +211,9 @@ def write(out_dir: Path, state: Mapping[str, Tensor], *, rank: int, alpha: float
     Everything is checked and merged before the disk is touched; the files go into a folder beside `out_dir` that
     is renamed into place at the end, so on any error (here or in `save_merged`) nothing is left.
     """
-    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_dir or base_model, rslora=rslora)
-    tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets))
+    config = adapter_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets, base_model=base_dir or base_model, rslora=rslora,
+                            target_regex=target_regex, modules_to_save=modules_to_save)
+    tensors = peft_adapter_state(checked_adapters(state, rank=rank, targets=targets, target_regex=target_regex)) | saved_tensors(state, modules_to_save)
     weights = merged(state, scaling=alpha / (math.sqrt(rank) if rslora else rank)) if merge else None
     _refuse_foreign(out_dir)
     with _staged(out_dir) as folder:

@@ -79,18 +79,30 @@ def check_lora(train: TrainConfig, model: ModelSpec | None) -> None:
     """LoRA settings that would change nothing: given with LoRA off (LORA_RANK 0), or a rank above a targeted
     projection's smaller side (beyond min(in, out) the update is no longer low-rank, only bigger)."""
     if train.lora_rank == 0:
-        given = [n for n, v in (("LORA_ALPHA", train.lora_alpha), ("LORA_TARGETS", train.lora_targets),
+        given = [n for n, v in (("LORA_ALPHA", train.lora_alpha), ("LORA_TARGETS", train.lora_targets), ("LORA_TARGET_REGEX", train.lora_target_regex),
+                                ("LORA_MODULES_TO_SAVE", train.lora_modules_to_save),
                                 ("LORA_DROPOUT", train.lora_dropout or None), ("LORA_MERGE", None if train.lora_merge else False)) if v is not None]
         if given:
             raise InputError(f"{', '.join(given)} given while LORA_RANK is 0 (LoRA off, full fine-tuning): they would change nothing",
                              hint="set --lora-rank N to train LoRA adapters, or drop those settings")
         return
+    if train.lora_targets and train.lora_target_regex:
+        raise InputError("LORA_TARGETS and LORA_TARGET_REGEX both given: the adapter has one target_modules, a list or a pattern",
+                         hint="keep one of them")
     if model is None:
         return
-    from raydlc.facts.models import LORA_DEFAULT_TARGETS
+    modules = {k.rpartition(".")[0] for k in model.tensor_shapes()}
+    unknown = [n for n in train.lora_modules_to_save_list if not any(m == n or m.endswith("." + n) for m in modules)]
+    if unknown:
+        raise InputError(f"LORA_MODULES_TO_SAVE {unknown[0]!r} names no module of {model.name}",
+                         hint="name modules such as embed_tokens or lm_head (the embedding and the head)")
+    from raydlc.facts.models import lora_targets_of
 
     shapes = model.projections()
-    targets = train.lora_targets_list or LORA_DEFAULT_TARGETS[model.architecture]
+    targets = lora_targets_of(model, train.lora_targets_list, train.lora_target_regex)
+    if not targets:
+        raise InputError(f"LORA_TARGET_REGEX {train.lora_target_regex!r} matches no projection of {model.name} (matched whole against "
+                         "names such as model.layers.0.self_attn.q_proj)", hint="e.g. .*\\.layers\\.[0-3]\\..*_proj")
     smallest, name = min((min(shapes[t]), t) for t in targets if t in shapes)
     if train.lora_rank > smallest:
         raise InputError(f"--lora-rank {train.lora_rank} is above {name}'s smaller side ({smallest}) in {model.name}: "
@@ -114,6 +126,9 @@ def prepare(
     address, log, env = (where.address, where.log_to_driver, where.env) if where is not None else (None, True, {})
     with dataset.writing(c.plan), ray_runtime.connected(address, workers=c.world, log_to_driver=log, env=env):
         made = dataset.make(c.plan, on_progress=None if on_progress is None else lambda r: on_progress({"stage": "preparing", **r}))
+    if on_progress is not None and train.document_masking and not made.manifest.documents:
+        on_progress({"stage": "notice", "text": f"{made.dest} was prepared before documents were recorded: each block is one document "
+                                                 "(no document masking); prepare it again to mask"})
     t = made.tokenizer
     info = TokenizerInfo(eos_id=t.eos_id, vocab_size=t.vocab_size, tokenizer_json=t.tokenizer_json, pretrained=t.pretrained,
                          template=t.template)

@@ -145,7 +145,8 @@ def lora_text(s: dict[str, Any]) -> str | None:
     if not lora:
         return f"off (full fine-tuning){trained}" if params else None
     merged = "; the export holds the merged weights" if lora.get("merged") else "; no merged weights (LORA_MERGE=false)"
-    return f"rank {lora['rank']}, alpha {lora['alpha']:g} on {', '.join(lora['targets'])}{trained}{merged}"
+    whole = f" (and {', '.join(lora['modules_to_save'])} in full)" if lora.get("modules_to_save") else ""
+    return f"rank {lora['rank']}, alpha {lora['alpha']:g} on {', '.join(lora['targets'])}{whole}{trained}{merged}"
 
 
 def _count(n: int) -> str:
