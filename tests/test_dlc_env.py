@@ -250,6 +250,9 @@ print(json.dumps({"measurements": len(r.measurements), "backend": r.backend}))
     assert got["measurements"] > 0 and got["backend"] == "gloo"
 
 
+DEADLINE_S = 150  # past Ray's job start, the data's preparation and the workers' start on a loaded two-core CI machine (60 was not)
+
+
 @pytest.mark.slow
 def test_the_builtin_job_given_a_deadline_stops_itself_there(guard: Path, head: dict[str, Any], tmp_path: Path) -> None:
     """As a RayJob carries it (RAYDLC_JOB_DEADLINE_S = activeDeadlineSeconds): the driver aborts the run at the deadline,
@@ -264,9 +267,9 @@ def test_the_builtin_job_given_a_deadline_stops_itself_there(guard: Path, head: 
                 "CHECKPOINT_EVERY": 0, "DATA": str(corpus), "STORAGE_PATH": str(tmp_path / "runs")}
     began = time.monotonic()
     done = D.run(["-m", "raydlc.train", *(a for k, v in settings.items() for a in ("--set", f"{k}={v}"))], guard,
-                 extra_env={"RAY_ADDRESS": head["gcs"], "RAYDLC_JOB_DEADLINE_S": "60"}, timeout=400)
+                 extra_env={"RAY_ADDRESS": head["gcs"], "RAYDLC_JOB_DEADLINE_S": str(DEADLINE_S)}, timeout=DEADLINE_S + 300)
     took = time.monotonic() - began
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
     assert "past its deadline" in done.stderr and "deadline: training run" in done.stdout
-    assert 60 <= took < 240, took
-    assert "loss" in done.stdout  # it was training when the deadline came
+    assert DEADLINE_S <= took < DEADLINE_S + 180, took
+    assert "loss" in done.stdout, done.stderr[-3000:]  # it was training when the deadline came
