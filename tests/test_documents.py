@@ -1,4 +1,4 @@
-"""Document masking (train.documents): the packer records each token's document in the shards, and a
+"""Document masking (data.documents): the packer records each token's document in the shards, and a
 packed block's per-token losses through the loop's loss path are each document's alone.
 A dataset of the older shard format still reads, as one document per block."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from raydlc.data import documents as D
 from raydlc.data import pipeline, shards
 from raydlc.data.encode import IGNORE, _table
 from raydlc.data.manifest import FORMAT, OLD_FORMAT, Counts, Manifest
 from raydlc.facts.models import ModelSpec
-from raydlc.train import documents as D
 from raydlc.train.loop import loss_sum, micro_batches, to_batch
 from raydlc.train.loss import use_chunked_loss
 from raydlc.train.model import build_model

@@ -1,6 +1,6 @@
 """`raydlc eval`'s held-out loss is the training's eval loss: the same rows of a prepared dataset, the same
 next-token cross-entropy over the label tokens (train.loop.loss_sum), packed documents masked as the run
-masked them (train.documents), so its perplexity is exp(eval loss).
+masked them (data.documents), so its perplexity is exp(eval loss).
 Without Ray: the dataset is written with the pipeline's own shard and manifest writers."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
 
 def training_eval_loss(model: object, dest: Path, rows: list[int], *, masking: bool = True) -> float:
     """As the loop reads and scores its held-out rows (train.loop: documents.read, then loss_sum)."""
+    from raydlc.data.documents import read
     from raydlc.data.shards import Rows, read_manifest
-    from raydlc.train.documents import read
 
     x, y, d = read(Rows.open(str(dest), read_manifest(str(dest))), np.asarray(rows), masking=masking)
     with torch.no_grad():

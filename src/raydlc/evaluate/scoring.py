@@ -29,9 +29,9 @@ class Score:
 def rows_of(dest: str, rows: Sequence[int] | None, *, masking: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(ids, labels, documents) of a prepared dataset's `rows` (None: its first MAX_ROWS), read as the workers
     read them: with `masking` (the run's DOCUMENT_MASKING), a packed block's documents are scored each alone,
-    as training's eval loss scored them (train.documents)."""
+    as training's eval loss scored them (data.documents)."""
+    from raydlc.data import documents
     from raydlc.data.shards import Rows, read_manifest
-    from raydlc.train import documents
 
     m = read_manifest(dest)
     if m is None:
@@ -45,12 +45,12 @@ def rows_of(dest: str, rows: Sequence[int] | None, *, masking: bool = True) -> t
 
 def score(model: Any, ids: np.ndarray, labels: np.ndarray, docs: np.ndarray | None = None, *, batch_size: int = 4) -> Score:
     """Mean next-token loss over the label tokens of these rows, in fp32; with `docs`, each token attends
-    within its own document, positions restarting per document (train.documents)."""
+    within its own document, positions restarting per document (data.documents)."""
     import torch
     import torch.nn.functional as F
 
+    from raydlc.data.documents import model_inputs
     from raydlc.data.encode import IGNORE
-    from raydlc.train.documents import model_inputs
 
     device = next(model.parameters()).device
     total, count = 0.0, 0

@@ -295,7 +295,7 @@ class StepOutput:
     skipped: torch.Tensor  # True: the loss or the gradient norm was not finite, and AdamW left the weights alone
 
 
-Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]  # ids, labels, documents (train.documents; None: unmasked)
+Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]  # ids, labels, documents (data.documents; None: unmasked)
 
 
 def to_batch(ids: np.ndarray, labels: np.ndarray, device: torch.device, docs: np.ndarray | None = None) -> Batch:
@@ -336,11 +336,11 @@ def causal_masks(model: nn.Module) -> dict[str, None] | None:
 def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, docs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (fp32) and the number of target tokens it covers: chunked
     inside the head (train.loss) when the model has a `ChunkedHead`, else over the full logits.
-    With `docs`, each token attends within its own document (train.documents)."""
+    With `docs`, each token attends within its own document (data.documents)."""
     import torch.nn.functional as F
 
+    from raydlc.data.documents import model_inputs
     from raydlc.data.encode import IGNORE
-    from raydlc.train.documents import model_inputs
     from raydlc.train.loss import head_of, targets
 
     y = labels[:, 1:]
@@ -749,7 +749,7 @@ class RankData:
     held: np.ndarray
     eval_ids: np.ndarray
     eval_labels: np.ndarray
-    eval_docs: np.ndarray | None = None  # with document masking (train.documents)
+    eval_docs: np.ndarray | None = None  # with document masking (data.documents)
 
 
 def heartbeat(run: RunSpec, session: Any, rank: int, device: torch.device) -> Any:
@@ -771,8 +771,8 @@ def run_loop(run: RunSpec, session: Any, data: Any, hooks: StepHooks | None = No
     """The worker's run: its device, its view of the prepared data, then the loop under the rank's heartbeat."""
     import torch
 
+    from raydlc.data import documents
     from raydlc.data.dataset import TrainData
-    from raydlc.train import documents
     from raydlc.train.layout import check_nodes, check_placement
 
     rank = session.rank
@@ -813,8 +813,8 @@ def reported_nodes(session: Any) -> list[str]:
 
 def run_step(t: Trainer, run: RunSpec, data: RankData, step: int, *, rank: int, world: int) -> tuple[float, str, StepOutput]:
     """One optimizer step on this rank's rows of the step's global batch: its learning rate, the batch's fingerprint, its outputs."""
+    from raydlc.data import documents
     from raydlc.data.order import global_batch, rank_slice, train_rows
-    from raydlc.train import documents
     from raydlc.train.schedule import lr_at
 
     s = run.train
@@ -843,7 +843,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     beat.phase = "building the model"
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
     if data.eval_docs is not None or (s.document_masking and data.view.documents):
-        from raydlc.train.documents import use_flex
+        from raydlc.data.documents import use_flex
 
         use_flex(t.model, device, compile=bool(s.compile))  # before the first forward compiles the blocks
     start_step, history, from_ray = restore(t, run, session, rank)
