@@ -842,10 +842,7 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     s, rank = run.train, session.rank
     beat.phase = "building the model"
     t = build(s, spec=run.spec, mesh=run.mesh, device=device, bf16=run.bf16)
-    if data.eval_docs is not None or (s.document_masking and data.view.documents):
-        from raydlc.data.documents import use_flex
-
-        use_flex(t.model, device, compile=bool(s.compile))  # before the first forward compiles the blocks
+    attend_within_documents(t, s, data, device)
     start_step, history, from_ray = restore(t, run, session, rank)
     if rank == 0 and start_step > 0:
         session.progress([{"step": start_step, "resumed": True, "node": on_nodes(nodes)}])  # a restart, or --resume: the driver says so
@@ -890,6 +887,15 @@ def _train(run: RunSpec, session: Any, data: RankData, device: torch.device, bea
     if start_step >= s.steps and not from_ray:
         save_again(saver, t, s, history, step=start_step, beat=beat)
     end_attempt(t, run, history, saver=saver, progress=progress, track=track, watch=watch, beat=beat, rank=rank, stopped=stopped)
+
+
+def attend_within_documents(t: Trainer, s: Any, data: RankData, device: torch.device) -> None:
+    """Swap in document-masked attention before the first forward compiles the blocks; only when some
+    batch carries document bounds (packed training rows, or the held-out documents), else SDPA stays."""
+    if data.eval_docs is not None or (s.document_masking and data.view.documents):
+        from raydlc.data.documents import use_flex
+
+        use_flex(t.model, device, compile=bool(s.compile))
 
 
 def read_due(t: Trainer, run: RunSpec, data: RankData, unread: Unread, history: list[dict[str, Any]], *, step: int,
