@@ -76,6 +76,25 @@ def test_eks_token_prints_only_the_exec_credential_and_loads_no_heavy_module(aws
     assert r.stdout.count("\n") == 1
 
 
+FAST = ("import runpy, sys; sys.argv = ['raydlc', *sys.argv[1:]]\n"
+        "try:\n    runpy.run_module('raydlc', run_name='__main__')\nexcept SystemExit as e:\n    rc = e.code\n"
+        "sys.stderr.write(repr(sorted(m for m in ('raydlc.cli', 'typer', 'rich', 'raydlc.config') if m in sys.modules)))\n"
+        "sys.exit(rc)")
+
+
+@pytest.mark.parametrize(("args", "cli"), [
+    (["eks-token", "--cluster", "c1", "--region", "eu-central-1"], []),  # the kubeconfig's form: the fast path
+    (["eks-token", "--region", "eu-central-1", "--cluster", "c1"], ["raydlc.cli", "raydlc.config", "rich", "typer"]),
+])
+def test_python_m_raydlc_mints_the_kubeconfigs_form_without_the_cli_and_leaves_any_other_to_it(
+        aws_env: str, args: list[str], cli: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-c", FAST, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == repr(cli), r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert (doc["kind"], doc["apiVersion"]) == ("ExecCredential", "client.authentication.k8s.io/v1beta1")
+    assert url_of(doc["status"]["token"]).startswith(aws_env)
+
+
 def test_eks_token_without_credentials_is_one_error_line(aws_env: str, monkeypatch) -> None:
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")

@@ -124,3 +124,19 @@ def exec_credential(cluster: str, region: str, *, now: float | None = None) -> d
         "status": {"expirationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", expires),
                    "token": mint(aws.session(region), cluster)},
     }
+
+
+def plugin(cluster: str, region: str) -> int:
+    """`raydlc eks-token` without the CLI (`python -m raydlc`'s fast path): the ExecCredential on stdout, or
+    the CLI's own `error:`/`hint:` lines on stderr and its exit code; never a traceback, never the token elsewhere."""
+    import sys
+
+    from raydlc.errors import RaydlcError
+
+    try:
+        doc = exec_credential(cluster, region)
+    except RaydlcError as e:
+        sys.stderr.write(f"error: {e.message}\n" + (f"  hint: {e.hint}\n" if e.hint else ""))
+        return e.exit_code
+    sys.stdout.write(json.dumps(doc) + "\n")
+    return 0
