@@ -278,11 +278,6 @@ class KubeServer:
         return asyncio.run_coroutine_threadsafe(read(), self.loop).result(10)
 
 
-# The RayJob and cold-submit tests keep kmock's whole log (their modules set this False): with it trimmed,
-# their job reads through the port-forward are cut ("Remote end closed connection"), for a reason not found yet.
-KEEP_ONLY_IN_FLIGHT = True
-
-
 @contextlib.contextmanager
 def kube_server(patch: Callable[[Any, str, Any], None], *, gate: Callable[[Any, Any], tuple[int, Any] | None] | None = None,
                 resources: tuple[str, ...] = ()) -> Iterator[KubeServer]:
@@ -309,8 +304,7 @@ def kube_server(patch: Callable[[Any, str, Any], None], *, gate: Callable[[Any, 
             # most of a lifecycle test's CPU. No test reads the log, so it keeps only the requests in flight:
             # the one being matched is always among them.
             inflight.add(id(request))
-            if KEEP_ONLY_IN_FLIGHT:
-                self._requests[:] = [r for r in self._requests if id(r) in inflight]
+            self._requests[:] = [r for r in self._requests if id(r) in inflight]
             try:
                 answer = gate(request, self) if gate is not None else None
                 if answer is None:

@@ -43,9 +43,6 @@ from world import Kube, node_allocatable  # noqa: E402
 _world = servers.lifecycle_world("lifecycle_world_cold")  # the lifecycle tests' world, reused
 
 
-@pytest.fixture(autouse=True)
-def _kmock_keeps_its_whole_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(servers, "KEEP_ONLY_IN_FLIGHT", False)  # tests/doubles/servers.py says why
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 NS, RC, CLUSTER, NODEGROUP = "ray-train", "ray-train-cluster", "eks-cluster", "gpu-workers"

@@ -45,9 +45,6 @@ WHERE = "import raydlc, sys; print('raydlc from', raydlc.__file__, flush=True)"
 _world = servers.lifecycle_world("lifecycle_world_rayjob")  # the lifecycle tests' world, reused
 
 
-@pytest.fixture(autouse=True)
-def _kmock_keeps_its_whole_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(servers, "KEEP_ONLY_IN_FLIGHT", False)  # tests/doubles/servers.py says why
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 
