@@ -41,8 +41,6 @@ import servers  # noqa: E402
 from world import Kube, node_allocatable  # noqa: E402
 
 _world = servers.lifecycle_world("lifecycle_world_cold")  # the lifecycle tests' world, reused
-
-
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 NS, RC, CLUSTER, NODEGROUP = "ray-train", "ray-train-cluster", "eks-cluster", "gpu-workers"

@@ -43,8 +43,6 @@ WHERE = "import raydlc, sys; print('raydlc from', raydlc.__file__, flush=True)"
 
 
 _world = servers.lifecycle_world("lifecycle_world_rayjob")  # the lifecycle tests' world, reused
-
-
 moto_server, kube_server, world = _world.moto_server, _world.kube_server, _world.world
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from raydlc.edges import aws
-from raydlc.errors import CredentialsError, InputError
+from raydlc.errors import CredentialsError, InputError, RaydlcError
 
 if TYPE_CHECKING:
     import boto3
@@ -129,10 +130,6 @@ def exec_credential(cluster: str, region: str, *, now: float | None = None) -> d
 def plugin(cluster: str, region: str) -> int:
     """`raydlc eks-token` without the CLI (`python -m raydlc`'s fast path): the ExecCredential on stdout, or
     the CLI's own `error:`/`hint:` lines on stderr and its exit code; never a traceback, never the token elsewhere."""
-    import sys
-
-    from raydlc.errors import RaydlcError
-
     try:
         doc = exec_credential(cluster, region)
     except RaydlcError as e:
